@@ -1,0 +1,88 @@
+"""The `pyllama` command: the Typer app, its subcommands, and the one error boundary."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import typer
+
+from .errors import Interrupted, PyllamaError
+
+# (command name, module under pyllama_cli.commands, function). Modules import nothing heavy at
+# module level, so building the app for `--help` stays fast.
+COMMANDS = [
+    ("info", "info", "info"),
+]
+
+app = typer.Typer(
+    name="pyllama",
+    help="llama.cpp's command-line tools in Python: chat, complete, serve, bench, perplexity, tokenize, quantize, info.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 120},
+)
+
+
+def _register() -> None:
+    for name, module_name, attr in COMMANDS:
+        module = importlib.import_module(f"{__package__}.commands.{module_name}")
+        app.command(name, epilog=getattr(module, "EXAMPLES", None))(getattr(module, attr))
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", help="Show pyllama's version and exit.", is_eager=True),
+) -> None:
+    if version:
+        from . import __version__
+
+        typer.echo(f"pyllama {__version__}")
+        raise typer.Exit()
+
+
+_register()
+
+
+def run(argv: list[str] | None = None) -> int:
+    """Run the CLI and return its exit code; the single place where errors become output."""
+    try:
+        app(args=argv, prog_name="pyllama")
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except Interrupted as exc:
+        _flush_stdout()
+        print(f"\n{exc.message}", file=sys.stderr)
+        return exc.exit_code
+    except PyllamaError as exc:
+        if os.environ.get("PYLLAMA_DEBUG"):
+            raise
+        from .console import print_error
+
+        _flush_stdout()
+        print_error(exc.message, exc.hint or "set PYLLAMA_DEBUG=1 for a traceback")
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+def _flush_stdout() -> None:
+    try:
+        sys.stdout.flush()
+    except (BrokenPipeError, ValueError):
+        pass
+
+
+def main() -> None:
+    code = run()
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader went away (`| head`): quiet exit, as other Unix tools do.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        code = code or 141
+    sys.exit(code)

@@ -1,0 +1,86 @@
+"""`pyllama info`: what a GGUF holds, read from its header without loading weights."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+import typer
+
+from ..console import human_count, human_size, out
+from ..core.model_info import ModelInfo, describe_model, metadata_summary
+from ..core.resolve import ModelRequest
+from ..errors import InputError
+from ..options import JsonOpt, model_options
+from .common import resolve
+
+EXAMPLES = """\
+Examples:
+  pyllama info -m model.gguf
+  pyllama info -hf ggml-org/gemma-3-1b-it-GGUF --json
+  pyllama info -m model.gguf --template
+  pyllama info -m model.gguf --metadata
+"""
+
+
+@model_options(load=False)
+def info(
+    model: ModelRequest,
+    as_json: JsonOpt = False,
+    template: Annotated[bool, typer.Option("--template", help="Print the chat template.")] = False,
+    metadata: Annotated[bool, typer.Option("--metadata", help="Print every metadata key.")] = False,
+) -> None:
+    """Show what a GGUF model holds: architecture, size, quantization, vocab, template."""
+    details, head = describe_model(resolve(model))
+    if template:
+        text = head.get("tokenizer.chat_template")
+        if not text:
+            raise InputError(f"{details.path} has no chat template",
+                             hint="chat and serve then need --chat-template NAME|FILE")
+        typer.echo(text)
+    elif metadata:
+        _print_metadata(metadata_summary(head), as_json)
+    elif as_json:
+        typer.echo(json.dumps(details.to_dict(), indent=2, ensure_ascii=False))
+    else:
+        _print_info(details)
+
+
+def _print_metadata(summary: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        typer.echo(json.dumps(summary, indent=2, ensure_ascii=False, default=str))
+        return
+    width = max((len(k) for k in summary), default=0)
+    for key, value in summary.items():
+        if isinstance(value, dict) and "length" in value:
+            shown = f"{value['type']} of {value['length']}: {value['first']} ..."
+        else:
+            shown = json.dumps(value, ensure_ascii=False) if isinstance(value, (str, list)) else str(value)
+        if len(shown) > 200:
+            shown = shown[:200] + f"... ({len(shown)} chars)"
+        typer.echo(f"{key:<{width}}  {shown}")
+
+
+def _print_info(d: ModelInfo) -> None:
+    heads = f"{d.head_count}" + (f" (kv {d.head_count_kv})" if d.head_count_kv is not None else "")
+    rows = [
+        ("Model", None),
+        ("name", d.name), ("architecture", d.architecture),
+        ("parameters", human_count(d.parameters)), ("file size", human_size(d.file_size)),
+        ("quantization", d.quantization), ("layers", d.layers), ("embedding length", d.embedding_length),
+        ("feed forward length", d.feed_forward_length), ("attention heads", heads),
+        ("context length", d.context_length), ("vocab size", d.vocab_size), ("vocab type", d.vocab_type),
+        ("chat template", "yes" if d.chat_template else "no"),
+    ]
+    if d.split_count > 1:
+        rows.append(("split parts", d.split_count))
+    if d.special_tokens:
+        rows.append(("Special tokens", None))
+        rows += [(name, f"{tok['id']}  {tok['text']!r}" if tok["text"] is not None else tok["id"])
+                 for name, tok in d.special_tokens.items()]
+    console = out()
+    for label, value in rows:
+        if value is None and label[0].isupper():
+            console.print(f"  [bold]{label}[/bold]")
+        elif value is not None:
+            console.print(f"    {label:<22}{value}", markup=False)

@@ -1,0 +1,128 @@
+"""Terminal output: data goes to stdout, everything for the human (errors, progress, stats) to stderr.
+
+Progress bars appear only when stderr is a terminal.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import lru_cache
+from typing import Any
+
+from rich.console import Console
+from rich.theme import Theme
+
+THEME = Theme({"error": "bold red", "hint": "yellow", "muted": "dim", "accent": "cyan", "warn": "yellow"})
+
+
+@lru_cache(maxsize=1)
+def err() -> Console:
+    """The stderr console (human-facing chrome)."""
+    return Console(stderr=True, theme=THEME, highlight=False, soft_wrap=True)
+
+
+@lru_cache(maxsize=1)
+def out() -> Console:
+    """A stdout console for rendered data (tables); plain text when stdout is not a terminal."""
+    return Console(theme=THEME, highlight=False, soft_wrap=True)
+
+
+def stderr_is_tty() -> bool:
+    return sys.stderr.isatty() and os.environ.get("TERM") != "dumb"
+
+
+def stdout_is_tty() -> bool:
+    return sys.stdout.isatty()
+
+
+def print_error(message: str, hint: str | None = None) -> None:
+    from rich.markup import escape
+
+    console = err()
+    console.print(f"[error]Error:[/error] {escape(message)}", highlight=False, emoji=False)
+    if hint:
+        console.print(f"[hint]Hint:[/hint] {escape(hint)}", highlight=False, emoji=False)
+
+
+def warn(message: str) -> None:
+    from rich.markup import escape
+
+    err().print(f"[warn]Warning:[/warn] {escape(message)}", emoji=False)
+
+
+def info(message: str) -> None:
+    err().print(message, style="muted", markup=False, emoji=False)
+
+
+def make_progress(transient: bool = True) -> Any:
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
+
+    return Progress(
+        TextColumn("[accent]{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+        TimeRemainingColumn(), console=err(), transient=transient,
+    )
+
+
+def download_tqdm() -> type | None:
+    """A tqdm-compatible class that draws huggingface_hub downloads as rich bars (None off a terminal)."""
+    if not stderr_is_tty():
+        return None
+    from tqdm.auto import tqdm as base
+
+    progress = make_progress(transient=False)
+
+    class RichTqdm(base):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any):
+            kwargs["disable"] = True  # tqdm draws nothing; rich does
+            super().__init__(*args, **kwargs)
+            progress.start()
+            name = str(kwargs.get("desc") or "download")
+            self._task = progress.add_task(name[-40:], total=kwargs.get("total"), completed=kwargs.get("initial", 0))
+
+        def update(self, n: float | None = 1) -> bool | None:
+            progress.advance(self._task, n or 0)
+            return None
+
+        def close(self) -> None:
+            progress.stop()
+
+    return RichTqdm
+
+
+@contextmanager
+def load_progress(label: str) -> Iterator[Callable[[float], None] | None]:
+    """A callback for model-load progress (0..1), drawn as a transient bar on terminals."""
+    if not stderr_is_tty():
+        yield None
+        return
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("[accent]{task.description}"), BarColumn(), TimeElapsedColumn(),
+                  console=err(), transient=True) as progress:
+        task = progress.add_task(label, total=1.0)
+        yield lambda fraction: progress.update(task, completed=fraction)
+
+
+def human_size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.2f} {unit}" if unit != "B" else f"{n} B"
+        n /= 1024  # type: ignore[assignment]
+    return f"{n} B"
+
+
+def human_count(n: int) -> str:
+    for threshold, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= threshold:
+            return f"{n / threshold:.2f}{suffix}"
+    return str(n)

@@ -1,0 +1,396 @@
+"""The one place that talks to libllama (through llama-cpp-python's ctypes bindings).
+
+`Model` and `Context` own native handles and free them deterministically. Everything else in
+pyllama uses these classes, or `lib` for the few hot loops that call llama.cpp directly.
+llama.cpp's own log is routed through `llama_log_set`: silent by default, to stderr with
+--verbose, to a file with --log-file.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any
+
+import llama_cpp as lib
+import numpy as np
+
+from ..errors import Interrupted, ModelLoadError
+from .settings import LoadSettings
+
+_backend_lock = threading.Lock()
+_backend_ready = False
+
+
+# ---------------------------------------------------------------- logging
+
+
+class _LogRouter:
+    """Receives every llama.cpp/ggml log line; forwards it to the sink and any listeners."""
+
+    def __init__(self) -> None:
+        self.sink: IO[str] | None = None
+        self.listeners: list[Callable[[int, str], None]] = []
+        # The ctypes callback must stay referenced for as long as llama.cpp may call it.
+        self.callback = lib.llama_log_callback(self._on_log)
+
+    def _on_log(self, level: int, text: bytes, _user: Any) -> None:
+        try:
+            line = text.decode("utf-8", errors="replace")
+            if self.sink is not None:
+                self.sink.write(line)
+                self.sink.flush()
+            for listener in list(self.listeners):
+                listener(level, line)
+        except BaseException:  # noqa: BLE001 - an exception must never cross back into C
+            pass
+
+
+_router = _LogRouter()
+
+
+def configure_logging(verbose: bool = False, log_file: Path | None = None) -> None:
+    """Route llama.cpp's log: nowhere (default), stderr (verbose), or appended to a file."""
+    _ensure_backend()
+    if log_file is not None:
+        _router.sink = open(log_file, "a", encoding="utf-8")  # noqa: SIM115 - lives for the process
+    else:
+        _router.sink = sys.stderr if verbose else None
+
+
+@contextmanager
+def log_listener(fn: Callable[[int, str], None]) -> Iterator[None]:
+    """Call `fn(level, text)` for each llama.cpp log line while the block runs."""
+    _ensure_backend()
+    _router.listeners.append(fn)
+    try:
+        yield
+    finally:
+        _router.listeners.remove(fn)
+
+
+def _ensure_backend() -> None:
+    global _backend_ready
+    with _backend_lock:
+        if not _backend_ready:
+            lib.llama_log_set(_router.callback, ctypes.c_void_p(0))
+            lib.llama_backend_init()
+            _backend_ready = True
+
+
+def system_info() -> str:
+    _ensure_backend()
+    return lib.llama_print_system_info().decode("utf-8", errors="replace").strip()
+
+
+def supports_gpu_offload() -> bool:
+    _ensure_backend()
+    return bool(lib.llama_supports_gpu_offload())
+
+
+# ---------------------------------------------------------------- model
+
+
+class Model:
+    """A loaded llama.cpp model (or just its vocabulary) and its tokenizer."""
+
+    def __init__(self, handle: Any, path: Path):
+        self.handle = handle
+        self.path = path
+        self.vocab = lib.llama_model_get_vocab(handle)
+        self.n_vocab = lib.llama_vocab_n_tokens(self.vocab)
+
+    @classmethod
+    def load(
+        cls,
+        path: Path,
+        settings: LoadSettings,
+        *,
+        vocab_only: bool = False,
+        on_progress: Callable[[float], None] | None = None,
+    ) -> Model:
+        """Load a GGUF file (the first part of a split model loads every part).
+
+        Raises:
+            ModelLoadError: llama.cpp refused the file.
+            Interrupted: Ctrl-C during the load.
+        """
+        configure_logging(settings.verbose, settings.log_file)
+        params = lib.llama_model_default_params()
+        params.vocab_only = vocab_only
+        params.n_gpu_layers = settings.n_gpu_layers if settings.n_gpu_layers >= 0 else 999
+        params.load_mode = _load_mode(settings)
+        interrupted = False
+
+        def progress(fraction: float, _user: Any) -> bool:
+            nonlocal interrupted
+            try:
+                if on_progress is not None:
+                    on_progress(fraction)
+                return True
+            except BaseException:  # noqa: BLE001 - Ctrl-C lands here; tell llama.cpp to stop
+                interrupted = True
+                return False
+
+        callback = lib.llama_progress_callback(progress)
+        params.progress_callback = callback
+        handle = lib.llama_model_load_from_file(str(path).encode(), params)
+        if interrupted:
+            if handle:
+                lib.llama_model_free(handle)
+            raise Interrupted("model loading interrupted")
+        if not handle:
+            raise ModelLoadError(
+                f"llama.cpp could not load {path}",
+                hint="run again with --verbose to see llama.cpp's reason (unsupported architecture or a damaged file)",
+            )
+        return cls(handle, path)
+
+    def close(self) -> None:
+        if self.handle:
+            lib.llama_model_free(self.handle)
+            self.handle = None
+
+    def __enter__(self) -> Model:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- description
+
+    @property
+    def description(self) -> str:
+        buf = ctypes.create_string_buffer(256)
+        lib.llama_model_desc(self.handle, buf, ctypes.sizeof(buf))
+        return buf.value.decode("utf-8", errors="replace")
+
+    @property
+    def size_bytes(self) -> int:
+        return int(lib.llama_model_size(self.handle))
+
+    @property
+    def n_params(self) -> int:
+        return int(lib.llama_model_n_params(self.handle))
+
+    @property
+    def n_ctx_train(self) -> int:
+        return int(lib.llama_model_n_ctx_train(self.handle))
+
+    @property
+    def n_embd(self) -> int:
+        return int(lib.llama_model_n_embd(self.handle))
+
+    def meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(4096)
+        n = lib.llama_model_meta_val_str(self.handle, key.encode(), buf, ctypes.sizeof(buf))
+        if n < 0:
+            return None
+        if n >= ctypes.sizeof(buf):
+            buf = ctypes.create_string_buffer(n + 1)
+            lib.llama_model_meta_val_str(self.handle, key.encode(), buf, ctypes.sizeof(buf))
+        return buf.value.decode("utf-8", errors="replace")
+
+    def chat_template(self, name: str | None = None) -> str | None:
+        raw = lib.llama_model_chat_template(self.handle, name.encode() if name else None)
+        return raw.decode("utf-8", errors="replace") if raw else None
+
+    # ---- vocabulary
+
+    @property
+    def bos(self) -> int:
+        return int(lib.llama_vocab_bos(self.vocab))
+
+    @property
+    def eos(self) -> int:
+        return int(lib.llama_vocab_eos(self.vocab))
+
+    @property
+    def eot(self) -> int:
+        return int(lib.llama_vocab_eot(self.vocab))
+
+    @property
+    def add_bos(self) -> bool:
+        return bool(lib.llama_vocab_get_add_bos(self.vocab))
+
+    def is_eog(self, token: int) -> bool:
+        return bool(lib.llama_vocab_is_eog(self.vocab, token))
+
+    def tokenize(self, text: bytes, *, add_special: bool = True, parse_special: bool = False) -> np.ndarray:
+        """Token ids of `text` as an int32 array (BOS added when the vocab wants it and add_special)."""
+        n_max = len(text) + 8
+        buf = (lib.llama_token * n_max)()
+        n = lib.llama_tokenize(self.vocab, text, len(text), buf, n_max, add_special, parse_special)
+        if n < 0:
+            n_max = -n
+            buf = (lib.llama_token * n_max)()
+            n = lib.llama_tokenize(self.vocab, text, len(text), buf, n_max, add_special, parse_special)
+        return np.frombuffer(buf, dtype=np.int32, count=n).copy()
+
+    def token_to_piece(self, token: int, *, special: bool = True) -> bytes:
+        buf = ctypes.create_string_buffer(64)
+        n = lib.llama_token_to_piece(self.vocab, token, buf, 64, 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = lib.llama_token_to_piece(self.vocab, token, buf, -n, 0, special)
+        return buf.raw[:n]
+
+    def detokenize(self, tokens: list[int] | np.ndarray, *, remove_special: bool = False,
+                   unparse_special: bool = True) -> bytes:
+        ids = (lib.llama_token * len(tokens))(*[int(t) for t in tokens])
+        size = max(64, len(tokens) * 8)
+        buf = ctypes.create_string_buffer(size)
+        n = lib.llama_detokenize(self.vocab, ids, len(tokens), buf, size, remove_special, unparse_special)
+        if n < 0:
+            size = -n
+            buf = ctypes.create_string_buffer(size)
+            n = lib.llama_detokenize(self.vocab, ids, len(tokens), buf, size, remove_special, unparse_special)
+        return buf.raw[:n]
+
+
+def _load_mode(settings: LoadSettings) -> int:
+    if settings.mmap and settings.mlock:
+        return lib.LLAMA_LOAD_MODE_MMAP_MLOCK
+    if settings.mlock:
+        return lib.LLAMA_LOAD_MODE_MLOCK
+    return lib.LLAMA_LOAD_MODE_MMAP if settings.mmap else lib.LLAMA_LOAD_MODE_NONE
+
+
+# ---------------------------------------------------------------- context
+
+
+_FLASH_ATTN = {"auto": "LLAMA_FLASH_ATTN_TYPE_AUTO", "on": "LLAMA_FLASH_ATTN_TYPE_ENABLED",
+               "off": "LLAMA_FLASH_ATTN_TYPE_DISABLED"}
+
+
+class Context:
+    """A llama.cpp context (KV cache + compute buffers) over a loaded model.
+
+    `abort_requested` is polled by llama.cpp between graph nodes while `abortable()` is active, so a
+    Ctrl-C stops even a long prompt evaluation.
+    """
+
+    def __init__(self, model: Model, settings: LoadSettings, *, n_ctx: int | None = None,
+                 n_seq_max: int = 1, embeddings: bool = False, kv_unified: bool = False, **extra: Any):
+        params = lib.llama_context_default_params()
+        params.n_ctx = n_ctx if n_ctx is not None else (settings.n_ctx or model.n_ctx_train)
+        params.n_batch = min(settings.n_batch, params.n_ctx) if settings.n_batch > 0 else params.n_ctx
+        params.n_ubatch = min(settings.n_ubatch, params.n_batch)
+        params.n_seq_max = n_seq_max
+        params.n_threads = settings.resolved_threads()
+        params.n_threads_batch = settings.resolved_threads_batch()
+        params.flash_attn_type = getattr(lib, _FLASH_ATTN[settings.flash_attn])
+        params.embeddings = embeddings
+        params.kv_unified = kv_unified
+        params.no_perf = False
+        for key, value in extra.items():
+            setattr(params, key, value)
+        self.abort_requested = False
+        self._abort_cb = lib.ggml_abort_callback(self._should_abort)
+        handle = lib.llama_init_from_model(model.handle, params)
+        if not handle:
+            raise ModelLoadError(
+                f"llama.cpp could not create a context of {params.n_ctx} tokens for {model.path.name}",
+                hint="lower -c/--ctx-size, or run with --verbose for llama.cpp's reason (often: not enough memory)",
+            )
+        self.handle = handle
+        self.model = model
+        self.n_ctx = int(lib.llama_n_ctx(handle))
+        self.n_batch = int(params.n_batch)
+        self.n_ubatch = int(params.n_ubatch)
+        self.memory = lib.llama_get_memory(handle)
+
+    def close(self) -> None:
+        if self.handle:
+            lib.llama_free(self.handle)
+            self.handle = None
+
+    def __enter__(self) -> Context:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _should_abort(self, _data: Any) -> bool:
+        return self.abort_requested
+
+    @contextmanager
+    def abortable(self) -> Iterator[None]:
+        """Let `abort_requested` stop llama_decode mid-graph (costs a Python call per graph node)."""
+        lib.llama_set_abort_callback(self.handle, self._abort_cb, None)
+        try:
+            yield
+        finally:
+            lib.llama_set_abort_callback(self.handle, lib.ggml_abort_callback(0), None)
+
+    def decode(self, batch: Any) -> None:
+        """Run llama_decode; raise on failure or abort."""
+        rc = lib.llama_decode(self.handle, batch.raw if isinstance(batch, Batch) else batch)
+        if rc == 0:
+            return
+        if rc == 2 or self.abort_requested:
+            raise Interrupted("evaluation interrupted")
+        if rc == 1:
+            raise ModelLoadError("no room left in the KV cache for this batch", hint="raise -c/--ctx-size")
+        raise ModelLoadError(f"llama_decode failed with code {rc}")
+
+    def logits(self, i: int = -1) -> np.ndarray:
+        """A view of the logits of output `i` of the last batch (n_vocab float32)."""
+        ptr = lib.llama_get_logits_ith(self.handle, i)
+        return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,))
+
+    def clear_memory(self) -> None:
+        lib.llama_memory_clear(self.memory, True)
+
+    def remove_tokens(self, seq_id: int, start: int, end: int = -1) -> bool:
+        return bool(lib.llama_memory_seq_rm(self.memory, seq_id, start, end))
+
+    def synchronize(self) -> None:
+        lib.llama_synchronize(self.handle)
+
+
+class Batch:
+    """A reusable llama_batch for up to `capacity` tokens."""
+
+    def __init__(self, capacity: int, n_seq_max: int = 1):
+        self.capacity = capacity
+        self.raw = lib.llama_batch_init(capacity, 0, n_seq_max)
+        self.n_tokens = 0
+
+    def close(self) -> None:
+        if self.raw is not None:
+            lib.llama_batch_free(self.raw)
+            self.raw = None
+
+    def __enter__(self) -> Batch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def clear(self) -> None:
+        self.n_tokens = 0
+        self.raw.n_tokens = 0
+
+    def add(self, token: int, pos: int, seq_ids: tuple[int, ...] = (0,), logits: bool = False) -> None:
+        i = self.n_tokens
+        raw = self.raw
+        raw.token[i] = token
+        raw.pos[i] = pos
+        raw.n_seq_id[i] = len(seq_ids)
+        for j, s in enumerate(seq_ids):
+            raw.seq_id[i][j] = s
+        raw.logits[i] = logits
+        self.n_tokens = i + 1
+        raw.n_tokens = self.n_tokens
+
+    def fill(self, tokens: list[int] | np.ndarray, start_pos: int, seq_id: int = 0, logits_last: bool = True) -> None:
+        """Replace the batch with `tokens` at consecutive positions of one sequence."""
+        self.clear()
+        n = len(tokens)
+        for k, tok in enumerate(tokens):
+            self.add(int(tok), start_pos + k, (seq_id,), logits_last and k == n - 1)

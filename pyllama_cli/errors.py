@@ -1,0 +1,64 @@
+"""The errors pyllama raises for conditions a user can fix.
+
+Core code raises these with a message and, where there is one, a hint naming the next step.
+`cli.main()` is the only place that turns them into output and an exit code.
+"""
+
+from __future__ import annotations
+
+
+class PyllamaError(Exception):
+    """A user-fixable failure: shown as one `Error:` line plus an optional hint, exit code 1."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+
+class UsageError(PyllamaError):
+    """Options that do not fit together (checked after parsing)."""
+
+
+class ModelNotFound(PyllamaError):
+    """A local path or Hugging Face repo/file that does not exist."""
+
+
+class NoModelGiven(PyllamaError):
+    """A command that needs a model was run without -m or -hf."""
+
+
+class InvalidGGUF(PyllamaError):
+    """A file that is not a complete, readable GGUF model."""
+
+
+class QuantNotFound(PyllamaError):
+    """A `repo:quant` tag that matches none of the repo's GGUF files."""
+
+
+class OfflineMiss(PyllamaError):
+    """Offline mode with nothing usable in the local cache."""
+
+
+class HubError(PyllamaError):
+    """The Hugging Face Hub refused or failed a request."""
+
+
+class ModelLoadError(PyllamaError):
+    """llama.cpp could not load a model or create a context for it."""
+
+
+class ContextOverflow(PyllamaError):
+    """A prompt or conversation that does not fit in the context window."""
+
+
+class InputError(PyllamaError):
+    """Bad user input other than a model: an unreadable file, malformed JSON, an id out of range."""
+
+
+class Interrupted(PyllamaError):
+    """The user stopped an operation (Ctrl-C) at a point where the core had to unwind."""
+
+    exit_code = 130

@@ -1,0 +1,151 @@
+"""Options shared by every command, declared once so a flag has one name, help and default everywhere.
+
+Flag names follow llama.cpp's (`-m`, `-hf`, `-c`, `-t`, `-ngl`, `-fa`, `-b`, `-ub`, `-s`, `-v`).
+`model_options` adds the model-naming flags (and, with `load=True`, the load flags) to a command
+and hands it a `ModelRequest` (and a `LoadSettings`).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import typing
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from .core.resolve import ModelRequest
+from .core.settings import (
+    DEFAULT_N_BATCH,
+    DEFAULT_N_CTX,
+    DEFAULT_N_GPU_LAYERS,
+    DEFAULT_N_UBATCH,
+    DEFAULT_SEED,
+    FLASH_ATTN_CHOICES,
+    LoadSettings,
+)
+
+MODEL_PANEL = "Model"
+LOAD_PANEL = "Loading"
+
+ModelPathOpt = Annotated[Optional[str], typer.Option(
+    "-m", "--model", help="Local GGUF model file.", rich_help_panel=MODEL_PANEL, show_default=False)]
+HfRepoOpt = Annotated[Optional[str], typer.Option(
+    "-hf", "--hf-repo", help="Hugging Face repo as user/repo[:quant] (default quant: Q4_K_M, else the first GGUF).",
+    rich_help_panel=MODEL_PANEL, show_default=False)]
+HfFileOpt = Annotated[Optional[str], typer.Option(
+    "-hff", "--hf-file", help="Exact GGUF file in the -hf repo (overrides the quant tag).",
+    rich_help_panel=MODEL_PANEL, show_default=False)]
+HfTokenOpt = Annotated[Optional[str], typer.Option(
+    "-hft", "--hf-token", help="Hugging Face token for gated or private repos (default: $HF_TOKEN).",
+    rich_help_panel=MODEL_PANEL, show_default=False)]
+OfflineOpt = Annotated[bool, typer.Option(
+    "--offline", help="Resolve -hf from the local cache only, with no network call (also HF_HUB_OFFLINE=1).",
+    rich_help_panel=MODEL_PANEL)]
+
+CtxSizeOpt = Annotated[int, typer.Option(
+    "-c", "--ctx-size", min=0, help="Context size in tokens (0 = the model's trained context).",
+    rich_help_panel=LOAD_PANEL)]
+ThreadsOpt = Annotated[int, typer.Option(
+    "-t", "--threads", help="CPU threads (-1 = physical cores).", rich_help_panel=LOAD_PANEL)]
+GpuLayersOpt = Annotated[int, typer.Option(
+    "-ngl", "--n-gpu-layers", "--gpu-layers", min=-1, help="Layers to offload to the GPU (-1 = all).",
+    rich_help_panel=LOAD_PANEL)]
+FlashAttnOpt = Annotated[str, typer.Option(
+    "-fa", "--flash-attn", help="Flash attention: auto, on or off.", rich_help_panel=LOAD_PANEL)]
+BatchOpt = Annotated[int, typer.Option(
+    "-b", "--batch-size", min=1, help="Logical batch size (tokens per llama_decode).", rich_help_panel=LOAD_PANEL)]
+UBatchOpt = Annotated[int, typer.Option(
+    "-ub", "--ubatch-size", min=1, help="Physical batch size.", rich_help_panel=LOAD_PANEL)]
+MlockOpt = Annotated[bool, typer.Option(
+    "--mlock", help="Keep the model in RAM (no swapping).", rich_help_panel=LOAD_PANEL)]
+NoMmapOpt = Annotated[bool, typer.Option(
+    "--no-mmap", help="Read the model into memory instead of mapping it.", rich_help_panel=LOAD_PANEL)]
+SeedOpt = Annotated[int, typer.Option(
+    "-s", "--seed", help="Random seed (-1 = random).", rich_help_panel=LOAD_PANEL)]
+VerboseOpt = Annotated[bool, typer.Option(
+    "-v", "--verbose", help="Show llama.cpp's own log on stderr.", rich_help_panel=LOAD_PANEL)]
+LogFileOpt = Annotated[Optional[Path], typer.Option(
+    "--log-file", help="Append llama.cpp's log to this file.", rich_help_panel=LOAD_PANEL, show_default=False,
+    dir_okay=False)]
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")]
+
+
+def _param(name: str, annotation: Any, default: Any) -> inspect.Parameter:
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation, default=default)
+
+
+_MODEL_PARAMS = [
+    _param("model_path", ModelPathOpt, None),
+    _param("hf_repo", HfRepoOpt, None),
+    _param("hf_file", HfFileOpt, None),
+    _param("hf_token", HfTokenOpt, None),
+    _param("offline", OfflineOpt, False),
+]
+_LOAD_PARAMS = [
+    _param("ctx_size", CtxSizeOpt, DEFAULT_N_CTX),
+    _param("threads", ThreadsOpt, -1),
+    _param("n_gpu_layers", GpuLayersOpt, DEFAULT_N_GPU_LAYERS),
+    _param("flash_attn", FlashAttnOpt, "auto"),
+    _param("batch_size", BatchOpt, DEFAULT_N_BATCH),
+    _param("ubatch_size", UBatchOpt, DEFAULT_N_UBATCH),
+    _param("mlock", MlockOpt, False),
+    _param("no_mmap", NoMmapOpt, False),
+    _param("seed", SeedOpt, DEFAULT_SEED),
+    _param("verbose", VerboseOpt, False),
+    _param("log_file", LogFileOpt, None),
+]
+
+
+def model_request(kwargs: dict[str, Any]) -> ModelRequest:
+    """Pop the model-naming flags out of a command's keyword arguments."""
+    return ModelRequest(
+        model=kwargs.pop("model_path"), hf_repo=kwargs.pop("hf_repo"), hf_file=kwargs.pop("hf_file"),
+        hf_token=kwargs.pop("hf_token"), offline=kwargs.pop("offline"),
+    )
+
+
+def load_settings(kwargs: dict[str, Any]) -> LoadSettings:
+    """Pop the load flags out of a command's keyword arguments."""
+    flash = kwargs.pop("flash_attn").lower()
+    if flash not in FLASH_ATTN_CHOICES:
+        raise typer.BadParameter(f"{flash!r} is not one of {', '.join(FLASH_ATTN_CHOICES)}", param_hint="'-fa'")
+    return LoadSettings(
+        n_ctx=kwargs.pop("ctx_size"), n_threads=kwargs.pop("threads"), n_gpu_layers=kwargs.pop("n_gpu_layers"),
+        flash_attn=flash, n_batch=kwargs.pop("batch_size"), n_ubatch=kwargs.pop("ubatch_size"),
+        mlock=kwargs.pop("mlock"), mmap=not kwargs.pop("no_mmap"), seed=kwargs.pop("seed"),
+        verbose=kwargs.pop("verbose"), log_file=kwargs.pop("log_file"),
+    )
+
+
+def model_options(load: bool = True) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Give a command the shared model flags (and load flags when `load`).
+
+    The command declares `model: ModelRequest` (and `load: LoadSettings`) parameters; the wrapper
+    replaces them with the individual flags in `--help` and builds the objects from them.
+    """
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        sig = inspect.signature(fn)
+        # Resolve string annotations (PEP 563) in the command's own module, where its names live.
+        hints = typing.get_type_hints(fn, include_extras=True)
+        own = [p.replace(annotation=hints.get(name, p.annotation))
+               for name, p in sig.parameters.items() if name not in ("model", "load")]
+        added = _MODEL_PARAMS + (_LOAD_PARAMS if load else [])
+
+        @functools.wraps(fn)
+        def wrapper(**kwargs: Any) -> Any:
+            kwargs["model"] = model_request(kwargs)
+            if load:
+                kwargs["load"] = load_settings(kwargs)
+            return fn(**kwargs)
+
+        wrapper.__signature__ = sig.replace(parameters=own + added)  # type: ignore[attr-defined]
+        wrapper.__annotations__ = {p.name: p.annotation for p in own + added}
+        del wrapper.__wrapped__  # typer must read the new signature, not the original's
+        return wrapper
+
+    return decorate

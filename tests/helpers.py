@@ -1,0 +1,57 @@
+"""Run pyllama in-process or as a real process and capture what it prints."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+from contextlib import ExitStack
+from dataclasses import dataclass
+from unittest import mock
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@dataclass
+class CliResult:
+    exit_code: int
+    stdout: str
+    stderr: str
+
+    @property
+    def first_stderr_line(self) -> str:
+        return self.stderr.strip().splitlines()[0] if self.stderr.strip() else ""
+
+
+def _text_stream(data: bytes = b"") -> io.TextIOWrapper:
+    return io.TextIOWrapper(io.BytesIO(data), encoding="utf-8", newline="", write_through=True)
+
+
+def run_cli(*args: str, stdin: str = "") -> CliResult:
+    """Run `pyllama ARGS` in this process through cli.run, with fresh stdio streams."""
+    from pyllama_cli.cli import run
+
+    out, err, inp = _text_stream(), _text_stream(), _text_stream(stdin.encode())
+    with ExitStack() as stack:
+        stack.enter_context(mock.patch.object(sys, "stdout", out))
+        stack.enter_context(mock.patch.object(sys, "stderr", err))
+        stack.enter_context(mock.patch.object(sys, "stdin", inp))
+        code = run(list(args))
+    return CliResult(code, _read(out), _read(err))
+
+
+def _read(stream: io.TextIOWrapper) -> str:
+    stream.flush()
+    return stream.buffer.getvalue().decode("utf-8", errors="replace")  # type: ignore[attr-defined]
+
+
+def run_process(*args: str, stdin: str | bytes = b"", env: dict[str, str] | None = None,
+                timeout: float = 120) -> CliResult:
+    """Run `python -m pyllama_cli ARGS` as a real process (exit codes, signals, tracebacks)."""
+    data = stdin.encode() if isinstance(stdin, str) else stdin
+    proc = subprocess.run(
+        [sys.executable, "-m", "pyllama_cli", *args], input=data, capture_output=True,
+        env={**os.environ, **(env or {})}, timeout=timeout, cwd=REPO_ROOT,
+    )
+    return CliResult(proc.returncode, proc.stdout.decode("utf-8", "replace"), proc.stderr.decode("utf-8", "replace"))
