@@ -42,8 +42,9 @@ def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def tiny_llm(tiny_gguf: Path):
+    # One thread: llama.cpp workers spin while waiting, which crawls on a busy 2-core machine.
     llama_cpp = pytest.importorskip("llama_cpp")
-    return llama_cpp.Llama(model_path=str(tiny_gguf), n_ctx=256, n_threads=2, verbose=False)
+    return llama_cpp.Llama(model_path=str(tiny_gguf), n_ctx=256, n_threads=1, verbose=False)
 
 
 def _greedy(llm, prompt: str = "hello world") -> dict:
@@ -132,7 +133,7 @@ def test_split_model_loads_and_matches_single_file(tmp_path: Path, tiny_llm) -> 
     import llama_cpp
 
     first_part = write_split_gguf(tmp_path / "tiny", TINY, 3)[0]
-    split_llm = llama_cpp.Llama(model_path=str(first_part), vocab_only=False, n_ctx=64, n_threads=2, verbose=False)
+    split_llm = llama_cpp.Llama(model_path=str(first_part), vocab_only=False, n_ctx=64, n_threads=1, verbose=False)
     assert split_llm.tokenize(b"hello world") == HELLO_WORLD_IDS
     assert _greedy(split_llm)["choices"][0]["text"] == _greedy(tiny_llm)["choices"][0]["text"]
 
@@ -142,7 +143,7 @@ def test_quantized_copy_loads(tmp_path: Path, tiny_gguf: Path, type_name: str, f
     llama_cpp = pytest.importorskip("llama_cpp")
     out = write_quantized(tiny_gguf, tmp_path / f"tiny-{type_name}.gguf", type_name)
     assert _field(gguf.GGUFReader(out), "general.file_type") == file_type
-    llm = llama_cpp.Llama(model_path=str(out), n_ctx=64, n_threads=2, verbose=False)
+    llm = llama_cpp.Llama(model_path=str(out), n_ctx=64, n_threads=1, verbose=False)
     assert llm.tokenize(b"hello world") == HELLO_WORLD_IDS
 
 
