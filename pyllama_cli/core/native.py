@@ -56,6 +56,8 @@ _router = _LogRouter()
 def configure_logging(verbose: bool = False, log_file: Path | None = None) -> None:
     """Route llama.cpp's log: nowhere (default), stderr (verbose), or appended to a file."""
     _ensure_backend()
+    # Re-install the callback: other code in the process (tests, fixtures) may have replaced it.
+    lib.llama_log_set(_router.callback, ctypes.c_void_p(0))
     if log_file is not None:
         _router.sink = open(log_file, "a", encoding="utf-8")  # noqa: SIM115 - lives for the process
     else:
@@ -290,6 +292,7 @@ class Context:
         for key, value in extra.items():
             setattr(params, key, value)
         self.abort_requested = False
+        self.abort_check: Callable[[], bool] | None = None
         self._abort_cb = lib.ggml_abort_callback(self._should_abort)
         handle = lib.llama_init_from_model(model.handle, params)
         if not handle:
@@ -316,7 +319,11 @@ class Context:
         self.close()
 
     def _should_abort(self, _data: Any) -> bool:
-        return self.abort_requested
+        try:
+            return bool(self.abort_requested or (self.abort_check is not None and self.abort_check()))
+        except BaseException:  # noqa: BLE001 - a Ctrl-C raised here must not cross into C
+            self.abort_requested = True
+            return True
 
     @contextmanager
     def abortable(self) -> Iterator[None]:
@@ -332,7 +339,7 @@ class Context:
         rc = lib.llama_decode(self.handle, batch.raw if isinstance(batch, Batch) else batch)
         if rc == 0:
             return
-        if rc == 2 or self.abort_requested:
+        if rc == 2 or self.abort_requested or (self.abort_check is not None and self.abort_check()):
             raise Interrupted("evaluation interrupted")
         if rc == 1:
             raise ModelLoadError("no room left in the KV cache for this batch", hint="raise -c/--ctx-size")

@@ -1,0 +1,98 @@
+"""Shared pieces of the side-by-side benchmarks: finding llama.cpp's tools, the realistic-shape
+model, timing a process, and printing ratios.
+
+Benchmarks are scripts, not tests: they print figures for a human and exit 0 unless a run failed.
+Speed figures are ratios from one run (pyllama vs llama.cpp interleaved), never absolute times
+alone, because the machine they run on is shared and noisy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT))
+
+DEFAULT_REF_BIN = Path("~/.cache/pyllama-ref/bin").expanduser()
+BENCH_DIR = Path(os.environ.get("PYLLAMA_BENCH_DIR", "~/.cache/pyllama-bench")).expanduser()
+
+
+def base_parser(description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--llama-cpp-bin", type=Path, default=None,
+                   help="folder with llama.cpp's tools (default: $LLAMA_CPP_BIN, else ~/.cache/pyllama-ref/bin)")
+    p.add_argument("-m", "--model", type=Path, default=None,
+                   help="GGUF to run (default: the realistic-shape Q4_0 model, made on first use)")
+    p.add_argument("-t", "--threads", type=int, default=os.cpu_count() or 2)
+    p.add_argument("--repeat", type=int, default=3, help="interleaved runs of each tool (median reported)")
+    return p
+
+
+def llama_cpp_bin(arg: Path | None) -> Path:
+    """The folder holding llama.cpp's tools; exit with a clear message when absent."""
+    folder = arg or (Path(os.environ["LLAMA_CPP_BIN"]) if os.environ.get("LLAMA_CPP_BIN") else DEFAULT_REF_BIN)
+    if not (folder / "llama-bench").exists() and not any(folder.glob("llama-*")):
+        sys.exit(f"llama.cpp tools not found in {folder}: build them with shared/tools/build-llamacpp-ref.sh "
+                 "or pass --llama-cpp-bin DIR")
+    return folder
+
+
+def pyllama_cmd() -> list[str]:
+    exe = shutil.which("pyllama")
+    return [exe] if exe else [sys.executable, "-m", "pyllama_cli"]
+
+
+def bench_model(kind: str = "Q4_0") -> Path:
+    """The realistic-shape model (1024 wide, 16 layers, 32k vocab), made once and cached.
+
+    `kind` is "F16" (the converter output) or a quantization type made from it with llama.cpp.
+    """
+    from tests.fixtures.make_gguf import BENCH, write_llama_gguf, write_quantized
+
+    BENCH_DIR.mkdir(parents=True, exist_ok=True)
+    f16 = BENCH_DIR / "bench-F16.gguf"
+    if not f16.exists():
+        print(f"writing the realistic-shape F16 model to {f16} (once)...", file=sys.stderr)
+        write_llama_gguf(f16.with_suffix(".tmp"), BENCH).rename(f16)
+    if kind.upper() == "F16":
+        return f16
+    out = BENCH_DIR / f"bench-{kind.upper()}.gguf"
+    if not out.exists():
+        print(f"quantizing it to {kind} (once)...", file=sys.stderr)
+        tmp = out.with_suffix(".tmp")
+        write_quantized(f16, tmp, kind.upper())
+        tmp.rename(out)
+    return out
+
+
+def run_timed(cmd: Sequence[str], *, stdin: bytes | None = None, env: dict[str, str] | None = None,
+              check: bool = True) -> tuple[float, subprocess.CompletedProcess[bytes]]:
+    """Run a command to completion; return its wall time in seconds and the finished process."""
+    start = time.perf_counter()
+    proc = subprocess.run(list(cmd), input=stdin, capture_output=True, env={**os.environ, **(env or {})})
+    elapsed = time.perf_counter() - start
+    if check and proc.returncode != 0:
+        sys.stderr.write(proc.stderr.decode(errors="replace")[-3000:])
+        raise SystemExit(f"command failed ({proc.returncode}): {' '.join(map(str, cmd))}")
+    return elapsed, proc
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values)
+
+
+def print_ratio_table(rows: Sequence[tuple[str, float, float, str]], *, higher_is_better: bool) -> None:
+    """Print `metric | llama.cpp | pyllama | ratio | target` rows; ratio = pyllama / llama.cpp."""
+    print(f"{'metric':<28} {'llama.cpp':>12} {'pyllama':>12} {'ratio':>8}  target")
+    for name, ref, ours, target in rows:
+        ratio = ours / ref if ref else float("nan")
+        print(f"{name:<28} {ref:>12.3f} {ours:>12.3f} {ratio:>8.3f}  {target}")
+    print("(ratio = pyllama / llama.cpp; " + ("higher is better)" if higher_is_better else "lower is better)"))

@@ -1,0 +1,138 @@
+"""Sampling settings (llama.cpp's names and defaults) and the llama.cpp sampler chain built from them."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+DEFAULT_TEMPERATURE = 0.8
+DEFAULT_TOP_K = 40
+DEFAULT_TOP_P = 0.95
+DEFAULT_MIN_P = 0.05
+DEFAULT_TYPICAL_P = 1.0
+DEFAULT_REPEAT_PENALTY = 1.0
+DEFAULT_REPEAT_LAST_N = 64
+DEFAULT_MIROSTAT_LR = 0.1  # eta
+DEFAULT_MIROSTAT_ENT = 5.0  # tau
+RANDOM_SEED = -1
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """How the next token is picked; `seed=-1` draws a random seed (see `with_seed`)."""
+
+    temperature: float = DEFAULT_TEMPERATURE
+    top_k: int = DEFAULT_TOP_K
+    top_p: float = DEFAULT_TOP_P
+    min_p: float = DEFAULT_MIN_P
+    typical_p: float = DEFAULT_TYPICAL_P
+    repeat_penalty: float = DEFAULT_REPEAT_PENALTY
+    repeat_last_n: int = DEFAULT_REPEAT_LAST_N
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    mirostat: int = 0
+    mirostat_lr: float = DEFAULT_MIROSTAT_LR
+    mirostat_ent: float = DEFAULT_MIROSTAT_ENT
+    seed: int = RANDOM_SEED
+    ignore_eos: bool = False
+    logit_bias: tuple[tuple[int, float], ...] = field(default_factory=tuple)
+    grammar: str | None = None  # GBNF text, already validated
+
+    def with_seed(self) -> SamplingSettings:
+        """A copy whose seed is concrete, so a run can report the seed that reproduces it."""
+        if self.seed >= 0:
+            return self
+        return replace(self, seed=random.randrange(0, 2**32 - 1))
+
+
+class Sampler:
+    """A llama.cpp sampler chain; `sample(ctx, i)` picks from output i's logits and records the token."""
+
+    def __init__(self, model: Any, settings: SamplingSettings):
+        from .native import lib
+
+        self._lib = lib
+        self.settings = settings.with_seed()
+        params = lib.llama_sampler_chain_default_params()
+        params.no_perf = True
+        self.chain = lib.llama_sampler_chain_init(params)
+        for stage in _stages(lib, model, self.settings):
+            lib.llama_sampler_chain_add(self.chain, stage)
+
+    def sample(self, ctx: Any, index: int = -1) -> int:
+        # llama_sampler_sample also accepts the token (penalties, grammar and mirostat state advance).
+        return int(self._lib.llama_sampler_sample(self.chain, ctx.handle, index))
+
+    def accept(self, token: int) -> None:
+        """Record a token the sampler did not pick (e.g. a prompt token for the repetition penalty)."""
+        self._lib.llama_sampler_accept(self.chain, token)
+
+    def reset(self) -> None:
+        self._lib.llama_sampler_reset(self.chain)
+
+    def close(self) -> None:
+        if self.chain:
+            self._lib.llama_sampler_free(self.chain)
+            self.chain = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+
+def _stages(lib: Any, model: Any, s: SamplingSettings) -> list[Any]:
+    """The chain in llama.cpp's default order: grammar, bias, penalties, truncation, temperature, pick."""
+    stages = []
+    if s.grammar:
+        grammar = lib.llama_sampler_init_grammar(model.vocab, s.grammar.encode(), b"root")
+        if not grammar:
+            from ..errors import InputError
+
+            raise InputError("llama.cpp could not parse the grammar", hint="check it with --verbose")
+        stages.append(grammar)
+    bias = _logit_bias(model, s)
+    if bias:
+        stages.append(bias)
+    if s.repeat_penalty != 1.0 or s.presence_penalty or s.frequency_penalty:
+        last_n = model.n_ctx_train if s.repeat_last_n == -1 else s.repeat_last_n
+        stages.append(lib.llama_sampler_init_penalties(model.n_vocab, last_n, s.repeat_penalty, s.frequency_penalty,
+                                                       s.presence_penalty))
+    if s.temperature <= 0:
+        stages.append(lib.llama_sampler_init_greedy())
+        return stages
+    if s.mirostat == 1:
+        stages.append(lib.llama_sampler_init_temp(s.temperature))
+        stages.append(lib.llama_sampler_init_mirostat(model.n_vocab, s.seed, s.mirostat_ent, s.mirostat_lr, 100))
+        return stages
+    if s.mirostat == 2:
+        stages.append(lib.llama_sampler_init_temp(s.temperature))
+        stages.append(lib.llama_sampler_init_mirostat_v2(s.seed, s.mirostat_ent, s.mirostat_lr))
+        return stages
+    if s.top_k > 0:
+        stages.append(lib.llama_sampler_init_top_k(s.top_k))
+    if s.typical_p < 1.0:
+        stages.append(lib.llama_sampler_init_typical(s.typical_p, 1))
+    if s.top_p < 1.0:
+        stages.append(lib.llama_sampler_init_top_p(s.top_p, 1))
+    if s.min_p > 0.0:
+        stages.append(lib.llama_sampler_init_min_p(s.min_p, 1))
+    stages.append(lib.llama_sampler_init_temp(s.temperature))
+    stages.append(lib.llama_sampler_init_dist(s.seed))
+    return stages
+
+
+def _logit_bias(model: Any, s: SamplingSettings) -> Any:
+    from .native import lib
+
+    biases = list(s.logit_bias)
+    if s.ignore_eos:
+        biases += [(t, float("-inf")) for t in range(model.n_vocab) if model.is_eog(t)]
+    if not biases:
+        return None
+    arr = (lib.llama_logit_bias * len(biases))()
+    for i, (token, bias) in enumerate(biases):
+        arr[i].token, arr[i].bias = token, bias
+    return lib.llama_sampler_init_logit_bias(model.n_vocab, len(biases), arr)
