@@ -1,0 +1,403 @@
+"""GBNF grammars: find them (shipped name, file, inline text), check their syntax, make them from JSON schemas.
+
+The checker follows llama.cpp's grammar parser closely enough that a grammar it accepts is one
+llama.cpp accepts, and it reports the first problem with a line and column before any model loads
+(llama.cpp itself only logs a message and returns no sampler).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import InputError, UsageError
+
+_NAME_CHARS = re.compile(r"[A-Za-z0-9-]")
+_SHIPPED_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
+_ESCAPES = {"t": "\t", "r": "\r", "n": "\n", "\\": "\\", '"': '"', "[": "[", "]": "]"}
+_HEX_ESCAPES = {"x": 2, "u": 4, "U": 8}
+
+
+# ---------------------------------------------------------------- finding grammars
+
+
+def grammar_dir() -> Path:
+    """Where the shipped grammars live: package data when installed, the repo's grammars/ otherwise."""
+    try:
+        from importlib.resources import files
+
+        path = Path(str(files("pyllama_cli.grammars")))
+        if path.is_dir():
+            return path
+    except (ModuleNotFoundError, TypeError):
+        pass
+    return Path(__file__).resolve().parents[2] / "grammars"
+
+
+def shipped_grammars() -> list[str]:
+    """Names of the grammars that ship with pyllama (usable as `--grammar NAME`)."""
+    return sorted(p.stem for p in grammar_dir().glob("*.gbnf"))
+
+
+def load_shipped(name: str) -> str:
+    path = grammar_dir() / f"{name}.gbnf"
+    if not path.is_file():
+        raise InputError(f"no shipped grammar named {name!r}",
+                         hint=f"shipped grammars: {', '.join(shipped_grammars())}; or give GBNF text or --grammar-file")
+    return path.read_text(encoding="utf-8")
+
+
+def resolve_grammar(
+    *,
+    grammar: str | None = None,
+    grammar_file: Path | None = None,
+    json_schema: str | None = None,
+    json_schema_file: Path | None = None,
+) -> str | None:
+    """The checked GBNF text the flags ask for, or None when no constraint was given.
+
+    Raises:
+        UsageError: more than one source given.
+        InputError: an unreadable file, an unknown name, or a grammar/schema that does not parse.
+    """
+    given = [flag for flag, value in (("--grammar", grammar), ("--grammar-file", grammar_file),
+                                      ("-j/--json-schema", json_schema), ("-jf/--json-schema-file", json_schema_file))
+             if value is not None]
+    if len(given) > 1:
+        raise UsageError(f"{' and '.join(given)} cannot be used together", hint="give one output constraint")
+    if grammar is not None:
+        if "::=" not in grammar and _SHIPPED_NAME.match(grammar.strip()):
+            text, source = load_shipped(grammar.strip()), f"grammar {grammar.strip()!r}"
+        else:
+            text, source = grammar, "--grammar"
+    elif grammar_file is not None:
+        text, source = _read(grammar_file, "grammar"), str(grammar_file)
+    elif json_schema is not None:
+        text, source = schema_to_grammar(json_schema, "-j/--json-schema"), "-j/--json-schema"
+    elif json_schema_file is not None:
+        text = schema_to_grammar(_read(json_schema_file, "JSON schema"), str(json_schema_file))
+        source = str(json_schema_file)
+    else:
+        return None
+    check_grammar(text, source)
+    return text
+
+
+def _read(path: Path, what: str) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(f"{what} file not found: {path}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read {what} file {path}: {exc}") from None
+
+
+# ---------------------------------------------------------------- JSON schema
+
+
+def schema_to_grammar(schema: str, source: str = "the JSON schema") -> str:
+    """Turn a JSON schema (JSON text) into GBNF, using llama-cpp-python's public converter."""
+    try:
+        parsed = json.loads(schema)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{source}: not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}",
+                         hint="quote the schema for the shell, e.g. -j '{\"type\": \"object\"}'") from None
+    if not isinstance(parsed, (dict, bool)):
+        raise InputError(f"{source}: a JSON schema must be an object, not {type(parsed).__name__}")
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+    try:
+        return json_schema_to_gbnf(json.dumps(parsed))
+    except Exception as exc:  # noqa: BLE001 - the converter raises bare exceptions for unsupported schemas
+        raise InputError(f"{source}: cannot turn this schema into a grammar: {exc}",
+                         hint="simplify the schema, or write the grammar yourself with --grammar-file") from None
+
+
+# ---------------------------------------------------------------- syntax check
+
+
+class GrammarSyntaxError(Exception):
+    def __init__(self, message: str, pos: int):
+        super().__init__(message)
+        self.message = message
+        self.pos = pos
+
+
+def check_grammar(text: str, source: str = "grammar") -> None:
+    """Raise InputError naming the line and column of the first problem in GBNF `text`."""
+    try:
+        _Checker(text).check()
+    except GrammarSyntaxError as exc:
+        line, col = line_col(text, exc.pos)
+        raise InputError(f"{source}: {exc.message} at line {line}, column {col}",
+                         hint="GBNF rules look like: root ::= \"yes\" | \"no\"") from None
+
+
+def line_col(text: str, pos: int) -> tuple[int, int]:
+    """1-based line and column of character offset `pos`."""
+    line = text.count("\n", 0, pos) + 1
+    return line, pos - (text.rfind("\n", 0, pos) + 1) + 1
+
+
+@dataclass
+class _Rule:
+    pos: int
+    # Alternatives, each a list of elements: ("lit", nullable) for terminals, ("ref", name, pos), ("group", alts, mod)
+    alternatives: list[list[tuple]] = field(default_factory=list)
+
+
+class _Checker:
+    """A recursive-descent reading of GBNF with llama.cpp's rules for spaces, names, escapes and repeats."""
+
+    def __init__(self, text: str):
+        self.text = text
+        self.rules: dict[str, _Rule] = {}
+
+    def check(self) -> None:
+        pos = self.space(0, newlines=True)
+        while pos < len(self.text):
+            pos = self.rule(pos)
+        if "root" not in self.rules:
+            raise GrammarSyntaxError("the grammar has no 'root' rule", len(self.text))
+        self.check_references()
+        self.check_left_recursion()
+
+    # ---- lexical helpers
+
+    def peek(self, pos: int) -> str:
+        return self.text[pos] if pos < len(self.text) else ""
+
+    def space(self, pos: int, newlines: bool) -> int:
+        while pos < len(self.text):
+            c = self.text[pos]
+            if c in " \t" or (newlines and c in "\r\n"):
+                pos += 1
+            elif c == "#":
+                while pos < len(self.text) and self.text[pos] not in "\r\n":
+                    pos += 1
+            else:
+                break
+        return pos
+
+    def name(self, pos: int) -> tuple[str, int]:
+        end = pos
+        while end < len(self.text) and _NAME_CHARS.match(self.text[end]):
+            end += 1
+        if end == pos:
+            raise GrammarSyntaxError(f"expected a rule name, found {self.describe(pos)}", pos)
+        return self.text[pos:end], end
+
+    def describe(self, pos: int) -> str:
+        return "the end of the grammar" if pos >= len(self.text) else repr(self.text[pos])
+
+    def char(self, pos: int) -> int:
+        """Skip one (possibly escaped) character of a literal or class."""
+        if pos >= len(self.text):
+            raise GrammarSyntaxError("unexpected end of the grammar", pos)
+        if self.text[pos] != "\\":
+            return pos + 1
+        esc = self.peek(pos + 1)
+        if esc in _ESCAPES:
+            return pos + 2
+        if esc in _HEX_ESCAPES:
+            digits = self.text[pos + 2:pos + 2 + _HEX_ESCAPES[esc]]
+            if len(digits) != _HEX_ESCAPES[esc] or not all(c in "0123456789abcdefABCDEF" for c in digits):
+                raise GrammarSyntaxError(f"expected {_HEX_ESCAPES[esc]} hex digits after \\{esc}", pos)
+            return pos + 2 + len(digits)
+        if not esc:
+            raise GrammarSyntaxError("unexpected end of the grammar", pos)
+        raise GrammarSyntaxError(f"unknown escape \\{esc}", pos)
+
+    # ---- grammar structure
+
+    def rule(self, pos: int) -> int:
+        start = pos
+        name, pos = self.name(pos)
+        pos = self.space(pos, newlines=False)
+        if not self.text.startswith("::=", pos):
+            raise GrammarSyntaxError(f"expected '::=' after rule name {name!r}, found {self.describe(pos)}", pos)
+        pos = self.space(pos + 3, newlines=True)
+        rule = _Rule(start)
+        pos = self.alternates(pos, rule.alternatives, nested=False)
+        if name in self.rules:
+            raise GrammarSyntaxError(f"rule {name!r} is defined twice", start)
+        self.rules[name] = rule
+        if pos < len(self.text) and self.text[pos] not in "\r\n":
+            raise GrammarSyntaxError(f"expected the end of the line, found {self.describe(pos)}", pos)
+        return self.space(pos, newlines=True)
+
+    def alternates(self, pos: int, out: list[list[tuple]], nested: bool) -> int:
+        seq: list[tuple] = []
+        pos = self.sequence(pos, seq, nested)
+        out.append(seq)
+        while self.peek(pos) == "|":
+            pos = self.space(pos + 1, newlines=True)
+            seq = []
+            pos = self.sequence(pos, seq, nested)
+            out.append(seq)
+        return pos
+
+    def sequence(self, pos: int, seq: list[tuple], nested: bool) -> int:
+        while pos < len(self.text):
+            c = self.text[pos]
+            if c == '"':
+                pos, element = self.literal(pos)
+            elif c == "[":
+                pos, element = self.char_class(pos)
+            elif c == "(":
+                alts: list[list[tuple]] = []
+                pos = self.alternates(self.space(pos + 1, newlines=True), alts, nested=True)
+                if self.peek(pos) != ")":
+                    raise GrammarSyntaxError(f"expected ')', found {self.describe(pos)}", pos)
+                pos, element = pos + 1, ("group", alts, "")
+            elif c == ".":
+                pos, element = pos + 1, ("lit", False)
+            elif c in "!<":
+                pos, element = self.token(pos)
+            elif _NAME_CHARS.match(c):
+                ref_pos = pos
+                name, pos = self.name(pos)
+                element = ("ref", name, ref_pos)
+            elif c in "*+?{":
+                if not seq:
+                    raise GrammarSyntaxError(f"{c!r} must follow something to repeat", pos)
+                pos, seq[-1] = self.repetition(pos, seq[-1])
+                pos = self.space(pos, nested)
+                continue
+            else:
+                break
+            seq.append(element)
+            pos = self.space(pos, nested)
+        return pos
+
+    def literal(self, pos: int) -> tuple[int, tuple]:
+        start, pos = pos, pos + 1
+        while self.peek(pos) != '"':
+            if pos >= len(self.text):
+                raise GrammarSyntaxError("unterminated string literal", start)
+            pos = self.char(pos)
+        return pos + 1, ("lit", pos == start + 1)
+
+    def char_class(self, pos: int) -> tuple[int, tuple]:
+        start, pos = pos, pos + 1
+        if self.peek(pos) == "^":
+            pos += 1
+        while self.peek(pos) != "]":
+            if pos >= len(self.text):
+                raise GrammarSyntaxError("unterminated character class", start)
+            pos = self.char(pos)
+            if self.peek(pos) == "-" and self.peek(pos + 1) not in ("]", ""):
+                pos = self.char(pos + 1)
+        return pos + 1, ("lit", False)
+
+    def token(self, pos: int) -> tuple[int, tuple]:
+        """A token reference such as <[1234]> or <|im_end|>, optionally negated with '!'."""
+        start = pos
+        if self.peek(pos) == "!":
+            pos += 1
+        if self.peek(pos) != "<":
+            raise GrammarSyntaxError(f"expected '<' after '!', found {self.describe(pos)}", pos)
+        end = self.text.find(">", pos)
+        if end < 0 or "\n" in self.text[pos:end]:
+            raise GrammarSyntaxError("unterminated token reference", start)
+        return end + 1, ("lit", False)
+
+    def repetition(self, pos: int, element: tuple) -> tuple[int, tuple]:
+        c = self.text[pos]
+        if c in "*?":
+            return pos + 1, ("group", [[element]], "optional")
+        if c == "+":
+            return pos + 1, element
+        brace, pos = pos, self.space(pos + 1, newlines=False)
+        low, pos = self.integer(pos, optional=True)
+        pos = self.space(pos, newlines=False)
+        high: int | None = low
+        if self.peek(pos) == ",":
+            pos = self.space(pos + 1, newlines=False)
+            high, pos = self.integer(pos, optional=True)
+            pos = self.space(pos, newlines=False)
+        if self.peek(pos) != "}":
+            raise GrammarSyntaxError(f"expected '}}' to close the repetition, found {self.describe(pos)}", pos)
+        if low is None and high is None:
+            raise GrammarSyntaxError("a repetition needs a count, as in {2}, {1,3} or {2,}", brace)
+        if low is not None and high is not None and high < low:
+            raise GrammarSyntaxError(f"repetition {{{low},{high}}} has a maximum below its minimum", brace)
+        return pos + 1, (element if low else ("group", [[element]], "optional"))
+
+    def integer(self, pos: int, optional: bool) -> tuple[int | None, int]:
+        end = pos
+        while self.peek(end).isdigit() and self.peek(end).isascii():
+            end += 1
+        if end == pos:
+            if optional:
+                return None, pos
+            raise GrammarSyntaxError(f"expected a number, found {self.describe(pos)}", pos)
+        return int(self.text[pos:end]), end
+
+    # ---- whole-grammar checks
+
+    def references(self, alts: list[list[tuple]]):  # noqa: ANN201 - generator of ("ref", name, pos)
+        for seq in alts:
+            for element in seq:
+                if element[0] == "ref":
+                    yield element
+                elif element[0] == "group":
+                    yield from self.references(element[1])
+
+    def check_references(self) -> None:
+        for rule in self.rules.values():
+            for _, name, pos in self.references(rule.alternatives):
+                if name not in self.rules:
+                    raise GrammarSyntaxError(f"rule {name!r} is used but never defined", pos)
+
+    def nullable_rules(self) -> set[str]:
+        """Rules that can match the empty string (fixed point)."""
+        nullable: set[str] = set()
+        changed = True
+        while changed:
+            changed = False
+            for name, rule in self.rules.items():
+                if name not in nullable and self._alts_nullable(rule.alternatives, nullable):
+                    nullable.add(name)
+                    changed = True
+        return nullable
+
+    def _alts_nullable(self, alts: list[list[tuple]], nullable: set[str]) -> bool:
+        return any(all(self._nullable(e, nullable) for e in seq) for seq in alts)
+
+    def _nullable(self, element: tuple, nullable: set[str]) -> bool:
+        if element[0] == "lit":
+            return element[1]
+        if element[0] == "ref":
+            return element[1] in nullable
+        return element[2] == "optional" or self._alts_nullable(element[1], nullable)
+
+    def _left_refs(self, alts: list[list[tuple]], nullable: set[str]) -> set[str]:
+        """Rules that can be the first thing matched (llama.cpp cannot run left recursion)."""
+        found: set[str] = set()
+        for seq in alts:
+            for element in seq:
+                if element[0] == "ref":
+                    found.add(element[1])
+                elif element[0] == "group":
+                    found |= self._left_refs(element[1], nullable)
+                if not self._nullable(element, nullable):
+                    break
+        return found
+
+    def check_left_recursion(self) -> None:
+        nullable = self.nullable_rules()
+        edges = {name: self._left_refs(rule.alternatives, nullable) for name, rule in self.rules.items()}
+        for name in self.rules:
+            seen: set[str] = set()
+            todo = list(edges[name])
+            while todo:
+                current = todo.pop()
+                if current == name:
+                    raise GrammarSyntaxError(f"rule {name!r} is left-recursive, which llama.cpp cannot run",
+                                             self.rules[name].pos)
+                if current not in seen:
+                    seen.add(current)
+                    todo.extend(edges.get(current, ()))
