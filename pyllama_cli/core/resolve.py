@@ -282,15 +282,37 @@ def _token(explicit: str | None) -> str | None:
 
 
 def _list_repo_files(repo: str, token: str | None) -> list[str]:
-    from huggingface_hub import HfApi
+    """The repo's file paths, in one attempt: an unreachable Hub fails at once instead of after the
+    client's ~20 s of retries (HfApi.list_repo_files retries connection errors five times)."""
+    from urllib.parse import quote
 
+    from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+
+    _quiet_hub_logging()
+    url = f"{_hub_endpoint() or 'https://huggingface.co'}/api/models/{quote(repo)}/tree/main"
+    params: dict[str, str] | None = {"recursive": "true", "expand": "false"}
+    files: list[str] = []
     with _hub_errors(repo):
-        return HfApi(endpoint=_hub_endpoint()).list_repo_files(repo, token=_token(token))
+        while url:
+            response = get_session().get(url, params=params, headers=build_hf_headers(token=_token(token)),
+                                         timeout=30, follow_redirects=True)
+            hf_raise_for_status(response)
+            files += [e["path"] for e in response.json() if e.get("type") == "file"]
+            url, params = (response.links.get("next") or {}).get("url"), None
+    return files
+
+
+def _quiet_hub_logging() -> None:
+    # huggingface_hub logs retries and warnings through `logging`, which would land on stderr.
+    from huggingface_hub.utils import logging as hub_logging
+
+    hub_logging.set_verbosity_error()
 
 
 def _download(repo: str, filename: str, token: str | None, tqdm_class: Any) -> Path:
     from huggingface_hub import hf_hub_download
 
+    _quiet_hub_logging()
     with _hub_errors(repo, filename):
         return Path(
             hf_hub_download(
@@ -344,8 +366,8 @@ def translate_hub_error(exc: BaseException, repo: str, filename: str | None) -> 
 
 
 def _is_network_error(exc: BaseException) -> bool:
-    import httpx
-
-    return isinstance(exc, (httpx.TransportError, ConnectionError, TimeoutError)) or type(exc).__name__ in {
+    # huggingface_hub's HTTP stack (httpx or its successor httpx2) raises TransportError subclasses.
+    transport = any(cls.__name__ == "TransportError" for cls in type(exc).__mro__)
+    return transport or isinstance(exc, (ConnectionError, TimeoutError)) or type(exc).__name__ in {
         "OfflineModeIsEnabled", "LocalEntryNotFoundError",
     }

@@ -1,0 +1,72 @@
+"""`pyllama info`: what a GGUF holds, from its header."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.fixtures.make_gguf import TINY
+from tests.helpers import REPO_ROOT, run_cli
+
+
+def test_info_json_reports_architecture_layers_and_vocab(tiny_model: Path) -> None:
+    result = run_cli("info", "-m", str(tiny_model), "--json")
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["architecture"] == "llama"
+    assert data["layers"] == TINY.n_layer == 2
+    assert data["vocab_size"] == TINY.n_vocab == 1024
+    assert data["embedding_length"] == 256
+    assert data["head_count"] == 4 and data["head_count_kv"] == 2
+    assert data["context_length"] == 2048
+    assert data["quantization"] == "F32"
+    assert data["parameters"] == 1_705_216
+    assert data["file_size"] == tiny_model.stat().st_size
+    assert data["chat_template"] is True
+    assert data["vocab_type"] == "llama"
+    assert data["special_tokens"]["bos"] == {"id": 1, "text": "<s>"}
+    assert data["special_tokens"]["eos"] == {"id": 2, "text": "</s>"}
+    assert data["special_tokens"]["eot"] == {"id": 260, "text": "<|im_end|>"}
+    assert result.stderr == ""
+
+
+def test_info_text_lists_the_model_section(tiny_model: Path) -> None:
+    result = run_cli("info", "-m", str(tiny_model))
+    assert result.exit_code == 0
+    lines = [line.strip() for line in result.stdout.splitlines()]
+    assert lines[0] == "Model"
+    assert "architecture          llama" in lines
+    assert "layers                2" in lines
+    assert "vocab size            1024" in lines
+    assert "chat template         yes" in lines
+    assert "bos                   1  '<s>'" in lines
+
+
+def test_info_template_prints_the_chat_template(tiny_model: Path) -> None:
+    result = run_cli("info", "-m", str(tiny_model), "--template")
+    assert result.exit_code == 0
+    assert result.stdout == TINY.chat_template + "\n"
+
+
+def test_info_metadata_summarizes_long_arrays(tiny_model: Path) -> None:
+    result = run_cli("info", "-m", str(tiny_model), "--metadata", "--json")
+    assert result.exit_code == 0
+    data = json.loads(result.stdout)
+    assert data["general.architecture"] == "llama"
+    assert data["llama.block_count"] == 2
+    tokens = data["tokenizer.ggml.tokens"]
+    assert tokens["type"] == "array[str]" and tokens["length"] == 1024
+    assert tokens["first"][:3] == ["<unk>", "<s>", "</s>"]
+
+
+def test_help_imports_neither_llama_cpp_nor_the_hub() -> None:
+    code = (
+        "import sys\n"
+        "from pyllama_cli.cli import run\n"
+        "try:\n    run(['--help'])\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in ('llama_cpp', 'huggingface_hub', 'numpy', 'fastapi') if m in sys.modules))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT, timeout=60)
+    assert proc.stdout.strip().splitlines()[-1] == "[]"
