@@ -116,6 +116,7 @@ class Generator:
         max_tokens: int = -1,
         stop: Sequence[str] = (),
         stop_flag: Callable[[], bool] = lambda: False,
+        on_token: Callable[[int], None] | None = None,
     ) -> Iterator[str]:
         """Yield generated text for `prompt`; `self.stats` is complete once the iterator ends.
 
@@ -125,6 +126,8 @@ class Generator:
             max_tokens: tokens to generate at most (-1: until end of generation or a full context).
             stop: strings that end generation; they are never yielded.
             stop_flag: polled between tokens and during the prompt evaluation; True stops the run.
+            on_token: called with each generated token as soon as it is sampled, while `ctx.logits(-1)`
+                still holds the distribution it was drawn from (the server's logprobs read it).
         """
         stats = self.stats = GenerationStats(n_prompt=len(prompt))
         start = time.perf_counter()
@@ -138,12 +141,13 @@ class Generator:
             raise
         stats.prompt_ms = (time.perf_counter() - start) * 1000
         try:
-            yield from self._token_loop(sampler, max_tokens, stop, stop_flag, start)
+            yield from self._token_loop(sampler, max_tokens, stop, stop_flag, start, on_token)
         finally:
             sampler.close()
 
     def _token_loop(self, sampler: Sampler, max_tokens: int, stop: Sequence[str],
-                    stop_flag: Callable[[], bool], start: float) -> Iterator[str]:
+                    stop_flag: Callable[[], bool], start: float,
+                    on_token: Callable[[int], None] | None = None) -> Iterator[str]:
         stats, model, ctx, batch = self.stats, self.model, self.ctx, self.batch
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         held = _StopMatcher(stop)
@@ -168,6 +172,8 @@ class Generator:
                 break
             stats.n_generated += 1
             stats.tokens.append(token)
+            if on_token is not None:
+                on_token(token)
             text, hit = held.feed(decoder.decode(model.token_to_piece(token, special=False)))
             if text:
                 yield text
