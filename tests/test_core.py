@@ -1,0 +1,85 @@
+"""The shared core: llama.cpp's log routing, download progress, the Ctrl-C boundary."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from pyllama_cli.core.native import Model
+from pyllama_cli.core.settings import LoadSettings
+from tests.helpers import REPO_ROOT
+
+LOAD_SCRIPT = """
+import sys
+from pathlib import Path
+from pyllama_cli.core.native import Model
+from pyllama_cli.core.settings import LoadSettings
+verbose = sys.argv[2] == "verbose"
+log_file = Path(sys.argv[3]) if len(sys.argv) > 3 else None
+with Model.load(Path(sys.argv[1]), LoadSettings(verbose=verbose, log_file=log_file)) as m:
+    print(m.n_vocab)
+"""
+
+
+def _load_in_process(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", LOAD_SCRIPT, *args], capture_output=True, text=True,
+                          cwd=REPO_ROOT, timeout=60)
+
+
+def test_llama_log_is_silent_by_default(tiny_model: Path) -> None:
+    proc = _load_in_process(str(tiny_model), "quiet")
+    assert proc.returncode == 0
+    assert proc.stdout == "1024\n"
+    assert proc.stderr == ""
+
+
+def test_verbose_sends_llama_log_to_stderr(tiny_model: Path) -> None:
+    proc = _load_in_process(str(tiny_model), "verbose")
+    assert proc.stdout == "1024\n"
+    assert "llama_model_loader" in proc.stderr
+
+
+def test_log_file_receives_the_log(tiny_model: Path, tmp_path: Path) -> None:
+    log = tmp_path / "llama.log"
+    proc = _load_in_process(str(tiny_model), "quiet", str(log))
+    assert proc.stdout == "1024\n" and proc.stderr == ""
+    assert "llama_model_loader" in log.read_text()
+
+
+def test_model_tokenizes_with_the_vocab(tiny_model: Path) -> None:
+    with Model.load(tiny_model, LoadSettings(), vocab_only=True) as model:
+        assert model.tokenize(b"hello world").tolist() == [1, 263, 264]
+        assert model.tokenize(b"hello world", add_special=False).tolist() == [263, 264]
+        assert model.detokenize([263, 264]) == b"hello world"  # SPM drops the first piece's space
+        assert (model.bos, model.eos, model.eot) == (1, 2, 260)
+
+
+def test_ctrl_c_exits_130_without_traceback() -> None:
+    script = textwrap.dedent("""
+        from pyllama_cli import cli
+        @cli.app.command("sleepy")
+        def sleepy():
+            raise KeyboardInterrupt
+        cli.main()
+    """)
+    proc = subprocess.run([sys.executable, "-c", script, "sleepy"], capture_output=True, text=True,
+                          cwd=REPO_ROOT, timeout=60)
+    assert proc.returncode == 130
+    assert "Traceback" not in proc.stderr
+
+
+def test_download_progress_class_drives_a_real_download(tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pyllama_cli import console
+    from pyllama_cli.core.resolve import ModelRequest, resolve_model
+    from tests.fixtures.fake_hf import FakeHub
+
+    monkeypatch.setattr(console, "stderr_is_tty", lambda: True)
+    with FakeHub() as hub:
+        hub.add_repo("org/p-GGUF", {"p-F32.gguf": tiny_model})
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        resolved = resolve_model(ModelRequest(hf_repo="org/p-GGUF"), tqdm_class=console.download_tqdm())
+    assert resolved.path.read_bytes() == tiny_model.read_bytes()
