@@ -14,6 +14,8 @@ from .errors import Interrupted, PyllamaError
 # module level, so building the app for `--help` stays fast.
 COMMANDS = [
     ("info", "info", "info"),
+    ("tokenize", "tokenize", "tokenize"),
+    ("detokenize", "tokenize", "detokenize"),
 ]
 
 app = typer.Typer(

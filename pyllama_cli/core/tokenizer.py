@@ -1,0 +1,272 @@
+"""Tokenizing and detokenizing the way llama-tokenize does, with output built in bulk.
+
+The ids come from llama.cpp itself (`llama_tokenize`), with the same flags llama-tokenize passes,
+so they are identical by construction. What lives here is everything around that call: escape
+processing of the input, rendering of `%6d -> '%s'` lines and `[1, 2, 3]` lists for millions of
+tokens without a Python call per token, chat prompts, and detokenizing that undoes tokenizing.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from ..errors import InputError
+from .native import Model, lib
+
+# string_process_escapes (llama.cpp common): `\n \r \t \' \" \\` and `\xHH`; any other `\c` stays.
+_SIMPLE_ESCAPES = {ord("n"): b"\n", ord("r"): b"\r", ord("t"): b"\t",
+                   ord("'"): b"'", ord('"'): b'"', ord("\\"): b"\\"}
+_HEX = frozenset(b"0123456789abcdefABCDEF")
+_C_SPACE = frozenset(b" \t\n\v\f\r")
+
+# Tokens that llama.cpp's tokenizer splits the text at (its "special tokens cache").
+_SPECIAL_ATTRS = lib.LLAMA_TOKEN_ATTR_CONTROL | lib.LLAMA_TOKEN_ATTR_USER_DEFINED | lib.LLAMA_TOKEN_ATTR_UNKNOWN
+
+
+def process_escapes(data: bytes) -> bytes:
+    """Unescape `data` exactly as llama.cpp's string_process_escapes does (bytes in, bytes out).
+
+    Jumps from backslash to backslash, so text with few of them costs one bulk copy.
+    """
+    out = bytearray()
+    i, n = 0, len(data)
+    while True:
+        j = data.find(b"\\", i)
+        if j < 0 or j + 1 >= n:  # a lone trailing backslash stays as it is
+            out += data[i:]
+            return bytes(out)
+        out += data[i:j]
+        c = data[j + 1]
+        i = j + 2
+        if c in _SIMPLE_ESCAPES:
+            out += _SIMPLE_ESCAPES[c]
+            continue
+        if c == ord("x") and j + 3 < n:
+            value = _strtol_hex2(data[j + 2:j + 4])
+            if value is not None:
+                out.append(value & 0xFF)
+                i = j + 4
+                continue
+        out += b"\\" + bytes([c])
+
+
+def _strtol_hex2(two: bytes) -> int | None:
+    """The value of C's strtol(two, &end, 16) when it consumes both bytes, else None.
+
+    strtol accepts leading whitespace and a sign, so `\\x 7` and `\\x-1` are escapes too.
+    """
+    first, second = two[0], two[1]
+    if second not in _HEX:
+        return None
+    if first in _HEX:
+        return int(two, 16)
+    if first in _C_SPACE or first == ord("+"):
+        return int(bytes([second]), 16)
+    if first == ord("-"):
+        return -int(bytes([second]), 16)
+    return None
+
+
+def tokenize_text(model: Model, text: bytes, *, add_bos: bool = True, parse_special: bool = True) -> np.ndarray:
+    """Token ids for `text` as llama-tokenize computes them.
+
+    Args:
+        model: a (vocab-only) model.
+        text: the input bytes, already unescaped.
+        add_bos: add the BOS token when the vocab wants one (llama-tokenize's `!--no-bos`). Like
+            llama-tokenize, this is llama.cpp's add_special: it also governs an automatic EOS.
+        parse_special: turn special-token text such as `<|im_start|>` into its token.
+    """
+    return model.tokenize(text, add_special=model.add_bos and add_bos, parse_special=parse_special)
+
+
+# ---------------------------------------------------------------- output
+
+
+# Tokens rendered per output chunk: large enough that the joins dominate, small enough to stream.
+_CHUNK = 1 << 18
+
+
+def _unique_ids(ids: np.ndarray) -> list[int]:
+    return np.unique(ids).tolist() if len(ids) else []
+
+
+def _chunks(ids: np.ndarray) -> Iterator[list[int]]:
+    for start in range(0, len(ids), _CHUNK):
+        yield ids[start:start + _CHUNK].tolist()
+
+
+def render_token_lines(model: Model, ids: np.ndarray) -> Iterator[bytes]:
+    """llama-tokenize's default output, `%6d -> '%s'` per token, in chunks of bytes.
+
+    The piece is printed with C's `%s`, so it stops at a NUL byte, and invalid UTF-8 goes out
+    as raw bytes (llama-tokenize flags it only on Windows consoles). Each distinct id is rendered
+    once and each chunk joined in one go: millions of tokens cost a list lookup each.
+    """
+    table: list[bytes] = [b""] * model.n_vocab
+    for token in _unique_ids(ids):
+        piece = model.token_to_piece(token, special=True).split(b"\0", 1)[0]
+        table[token] = b"%6d -> '%s'\n" % (token, piece)
+    for chunk in _chunks(ids):
+        yield b"".join(map(table.__getitem__, chunk))
+
+
+def render_id_list(ids: np.ndarray) -> Iterator[bytes]:
+    """llama-tokenize's `--ids` output, `[1, 2, 3]` and a newline, in chunks of bytes."""
+    table: list[str] = [""] * (int(ids.max()) + 1 if len(ids) else 0)
+    for token in _unique_ids(ids):
+        table[token] = str(token)
+    yield b"["
+    for i, chunk in enumerate(_chunks(ids)):
+        yield (", " if i else "").encode() + ", ".join(map(table.__getitem__, chunk)).encode()
+    yield b"]\n"
+
+
+def render_count(ids: np.ndarray) -> bytes:
+    return b"Total number of tokens: %d\n" % len(ids)
+
+
+def token_pieces(model: Model, ids: np.ndarray) -> list[str]:
+    """Each token's full piece as text; bytes that are not UTF-8 on their own show as `\\xNN`."""
+    table = {t: model.token_to_piece(t, special=True).decode("utf-8", "backslashreplace") for t in _unique_ids(ids)}
+    return [table[t] for t in ids.tolist()]
+
+
+def render_json(model: Model, ids: np.ndarray, prompt: str | None = None) -> bytes:
+    """`{"ids": [...], "pieces": [...], "count": N}` (plus "prompt" for a chat)."""
+    doc: dict[str, Any] = {"ids": ids.tolist(), "pieces": token_pieces(model, ids), "count": len(ids)}
+    if prompt is not None:
+        doc["prompt"] = prompt
+    return json.dumps(doc, ensure_ascii=False).encode() + b"\n"
+
+
+# ---------------------------------------------------------------- chat
+
+
+def parse_messages(data: bytes, source: str) -> list[dict[str, Any]]:
+    """Parse a JSON list of chat messages read from `source` (named in errors)."""
+    from .chat_template import validate_messages
+
+    try:
+        value = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{source} is not UTF-8 text (byte {exc.start})") from exc
+    except json.JSONDecodeError as exc:
+        near = exc.doc[exc.pos:exc.pos + 20]
+        raise InputError(f"{source} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno} "
+                         f"(near {near!r})",
+                         hint='give a list like [{"role": "user", "content": "Hi"}]') from exc
+    return validate_messages(value)
+
+
+def chat_prompt(model: Model, messages: list[dict[str, Any]], template: str | None = None,
+                *, add_bos: bool = True) -> str:
+    """The text a chat renders to, ready to tokenize.
+
+    As llama.cpp does after rendering, a leading BOS text (and a trailing EOS text) is dropped when
+    tokenizing will add that token anyway, so the model never sees it twice.
+    """
+    from .chat_template import render_chat
+
+    prompt = render_chat(model, messages, template, add_generation_prompt=True)
+    if model.add_bos and add_bos and model.bos >= 0:
+        bos = _special_text(model, model.bos)
+        if bos and prompt.startswith(bos):
+            prompt = prompt[len(bos):]
+    if _add_eos(model) and add_bos and model.eos >= 0:
+        eos = _special_text(model, model.eos)
+        if eos and prompt.endswith(eos):
+            prompt = prompt[:-len(eos)]
+    return prompt
+
+
+def _special_text(model: Model, token: int) -> str:
+    return model.token_to_piece(token, special=True).decode("utf-8", "replace")
+
+
+def _add_eos(model: Model) -> bool:
+    return bool(lib.llama_vocab_get_add_eos(model.vocab))
+
+
+# ---------------------------------------------------------------- detokenize
+
+_ID_SEPARATORS = re.compile(r"[\s,]+")
+
+
+def parse_ids(text: str) -> list[int]:
+    """Token ids from `1 2 3`, `1,2,3`, tokenize's `[1, 2, 3]`, or its `--json` object.
+
+    Raises:
+        InputError: a value that is not an integer, naming it.
+    """
+    stripped = text.strip()
+    if stripped.startswith("{"):
+        return _ids_from_json(stripped)
+    if stripped.startswith("[") and stripped.endswith("]"):
+        stripped = stripped[1:-1]
+    ids = []
+    for word in _ID_SEPARATORS.split(stripped):
+        if not word:
+            continue
+        try:
+            ids.append(int(word))
+        except ValueError:
+            raise InputError(f"{word[:40]!r} is not a token id",
+                             hint="give integers, e.g. 1 15043 3186 or [1, 15043, 3186]") from None
+    return ids
+
+
+def _ids_from_json(text: str) -> list[int]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"the ids are not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from exc
+    ids = value.get("ids") if isinstance(value, dict) else None
+    if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        raise InputError('a JSON input must be an object with an "ids" list of integers (tokenize --json output)')
+    return ids
+
+
+def check_ids(model: Model, ids: list[int]) -> None:
+    """Raise InputError naming the first id outside the vocab."""
+    for token in ids:
+        if not 0 <= token < model.n_vocab:
+            raise InputError(f"token id {token} is out of range: the vocab has {model.n_vocab} tokens "
+                             f"(0..{model.n_vocab - 1})")
+
+
+def detokenize_ids(model: Model, ids: list[int]) -> bytes:
+    """The text that tokenizes to `ids`: the inverse of tokenize_text on its own output.
+
+    llama.cpp's tokenizer adds the BOS (and EOS) the vocab asks for, and before each run of text
+    that starts the input or follows a special token it may insert one space (SentencePiece's
+    prefix). So the automatic BOS/EOS are dropped and each text run is detokenized on its own,
+    which lets llama_detokenize remove exactly that one space; special tokens print as their text.
+
+    Raises:
+        InputError: an id outside the vocab.
+    """
+    check_ids(model, ids)
+    if ids and model.add_bos and ids[0] == model.bos:
+        ids = ids[1:]
+    if ids and _add_eos(model) and ids[-1] == model.eos:
+        ids = ids[:-1]
+    special = {t for t in set(ids) if lib.llama_vocab_get_attr(model.vocab, t) & _SPECIAL_ATTRS}
+    parts: list[bytes] = []
+    run: list[int] = []
+    for token in ids:
+        if token in special:
+            if run:
+                parts.append(model.detokenize(run, remove_special=False, unparse_special=True))
+                run = []
+            parts.append(model.token_to_piece(token, special=True))
+        else:
+            run.append(token)
+    if run:
+        parts.append(model.detokenize(run, remove_special=False, unparse_special=True))
+    return b"".join(parts)
