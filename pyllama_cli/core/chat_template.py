@@ -24,6 +24,77 @@ BUILTIN_TEMPLATES: dict[str, str] = {
         "{%- endfor -%}"
         "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
     ),
+    # Llama 2 chat: the system prompt sits in <<SYS>> inside the first [INST]; every exchange is
+    # wrapped in BOS ... EOS.
+    "llama2": (
+        "{%- set ns = namespace(system='') -%}"
+        "{%- for m in messages -%}"
+        "{%- if m['role'] == 'system' -%}{%- set ns.system = m['content'] -%}"
+        "{%- elif m['role'] == 'user' -%}"
+        "{{- bos_token + '[INST] ' -}}"
+        "{%- if ns.system -%}{{- '<<SYS>>\\n' + ns.system + '\\n<</SYS>>\\n\\n' -}}{%- set ns.system = '' -%}{%- endif -%}"
+        "{{- m['content'] | trim + ' [/INST]' -}}"
+        "{%- else -%}{{- ' ' + m['content'] | trim + ' ' + eos_token -}}"
+        "{%- endif -%}"
+        "{%- endfor -%}"
+    ),
+    # Llama 3 / 3.x instruct: header-delimited turns, each closed by <|eot_id|>.
+    "llama3": (
+        "{{- bos_token -}}"
+        "{%- for m in messages -%}"
+        "{{- '<|start_header_id|>' + m['role'] + '<|end_header_id|>\\n\\n' + m['content'] | trim + '<|eot_id|>' -}}"
+        "{%- endfor -%}"
+        "{%- if add_generation_prompt -%}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' -}}{%- endif -%}"
+    ),
+    # Mistral instruct (v1-v3): no system role, so the system prompt leads the first user turn.
+    "mistral": (
+        "{%- set ns = namespace(system='') -%}"
+        "{{- bos_token -}}"
+        "{%- for m in messages -%}"
+        "{%- if m['role'] == 'system' -%}{%- set ns.system = m['content'] -%}"
+        "{%- elif m['role'] == 'user' -%}"
+        "{{- '[INST] ' -}}"
+        "{%- if ns.system -%}{{- ns.system + '\\n\\n' -}}{%- set ns.system = '' -%}{%- endif -%}"
+        "{{- m['content'] + '[/INST]' -}}"
+        "{%- else -%}{{- ' ' + m['content'] + eos_token -}}"
+        "{%- endif -%}"
+        "{%- endfor -%}"
+    ),
+    # Gemma: roles user/model; no system role, so the system prompt leads the first user turn.
+    "gemma": (
+        "{%- set ns = namespace(system='') -%}"
+        "{{- bos_token -}}"
+        "{%- for m in messages -%}"
+        "{%- if m['role'] == 'system' -%}{%- set ns.system = m['content'] -%}"
+        "{%- else -%}"
+        "{{- '<start_of_turn>' + ('model' if m['role'] == 'assistant' else m['role']) + '\\n' -}}"
+        "{%- if ns.system and m['role'] == 'user' -%}{{- ns.system + '\\n\\n' -}}{%- set ns.system = '' -%}{%- endif -%}"
+        "{{- m['content'] | trim + '<end_of_turn>\\n' -}}"
+        "{%- endif -%}"
+        "{%- endfor -%}"
+        "{%- if add_generation_prompt -%}{{- '<start_of_turn>model\\n' -}}{%- endif -%}"
+    ),
+    # Phi-3: <|role|> headers, each turn closed by <|end|>.
+    "phi3": (
+        "{%- for m in messages -%}"
+        "{{- '<|' + m['role'] + '|>\\n' + m['content'] + '<|end|>\\n' -}}"
+        "{%- endfor -%}"
+        "{%- if add_generation_prompt -%}{{- '<|assistant|>\\n' -}}{%- endif -%}"
+    ),
+    # Zephyr: <|role|> headers, each turn closed by the EOS token.
+    "zephyr": (
+        "{%- for m in messages -%}"
+        "{{- '<|' + m['role'] + '|>\\n' + m['content'] + eos_token + '\\n' -}}"
+        "{%- endfor -%}"
+        "{%- if add_generation_prompt -%}{{- '<|assistant|>\\n' -}}{%- endif -%}"
+    ),
+}
+
+# Text that ends a turn in each built-in format: a stop string in case the model's vocabulary does
+# not treat it as an end-of-generation token (a template forced onto another model family).
+TURN_END_MARKERS: dict[str, tuple[str, ...]] = {
+    "chatml": ("<|im_end|>",), "llama3": ("<|eot_id|>",), "gemma": ("<end_of_turn>",),
+    "phi3": ("<|end|>",), "llama2": (), "mistral": (), "zephyr": (),
 }
 
 
