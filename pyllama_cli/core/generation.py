@@ -117,6 +117,7 @@ class Generator:
         stop: Sequence[str] = (),
         stop_flag: Callable[[], bool] = lambda: False,
         on_token: Callable[[int], None] | None = None,
+        after_prefill: Callable[[], None] | None = None,
     ) -> Iterator[str]:
         """Yield generated text for `prompt`; `self.stats` is complete once the iterator ends.
 
@@ -128,6 +129,8 @@ class Generator:
             stop_flag: polled between tokens and during the prompt evaluation; True stops the run.
             on_token: called with each generated token as soon as it is sampled, while `ctx.logits(-1)`
                 still holds the distribution it was drawn from (the server's logprobs read it).
+            after_prefill: called once the prompt is in the KV cache, before the first token is sampled
+                (complete's --prompt-cache saves the state there).
         """
         stats = self.stats = GenerationStats(n_prompt=len(prompt))
         start = time.perf_counter()
@@ -141,6 +144,8 @@ class Generator:
             raise
         stats.prompt_ms = (time.perf_counter() - start) * 1000
         try:
+            if after_prefill is not None:
+                after_prefill()
             yield from self._token_loop(sampler, max_tokens, stop, stop_flag, start, on_token)
         finally:
             sampler.close()
@@ -180,6 +185,8 @@ class Generator:
             if hit:
                 reason = STOP_STOP
                 break
+            if stats.n_generated == max_tokens:
+                break  # the budget is spent: evaluating this last token would be wasted work
             batch.clear()
             batch.add(token, len(self.cached), (0,), True)
             ctx.decode(batch)
