@@ -20,7 +20,7 @@ import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 
@@ -37,6 +37,7 @@ from .core.sampling import (
     RANDOM_SEED,
     SamplingSettings,
 )
+from .errors import UsageError
 
 SAMPLING_PANEL = "Sampling"
 CONSTRAINT_PANEL = "Output constraints"
@@ -77,23 +78,23 @@ MirostatEntOpt = Annotated[float, typer.Option(
 IgnoreEosOpt = Annotated[bool, typer.Option(
     "--ignore-eos", help="Never stop at end-of-generation tokens (their logits are set to -inf).",
     rich_help_panel=SAMPLING_PANEL)]
-ReversePromptOpt = Annotated[Optional[list[str]], typer.Option(
+ReversePromptOpt = Annotated[list[str] | None, typer.Option(
     "-r", "--reverse-prompt", help="Stop when this text is generated; it is not printed. Repeatable.",
     rich_help_panel=SAMPLING_PANEL, show_default=False)]
-LogitBiasOpt = Annotated[Optional[list[str]], typer.Option(
+LogitBiasOpt = Annotated[list[str] | None, typer.Option(
     "--logit-bias", help="Change a token's likelihood: TOKEN_ID(+|-)BIAS, e.g. 15043+1 or 2-inf. Repeatable.",
     rich_help_panel=SAMPLING_PANEL, show_default=False)]
-GrammarOpt = Annotated[Optional[str], typer.Option(
+GrammarOpt = Annotated[str | None, typer.Option(
     "--grammar", help="Constrain output with a GBNF grammar: inline text, or the name of a shipped grammar "
     "(json, json_arr, list, yes_no, arithmetic, c_identifier, chess).", rich_help_panel=CONSTRAINT_PANEL,
     show_default=False)]
-GrammarFileOpt = Annotated[Optional[Path], typer.Option(
+GrammarFileOpt = Annotated[Path | None, typer.Option(
     "--grammar-file", help="Constrain output with the GBNF grammar in this file.", rich_help_panel=CONSTRAINT_PANEL,
     show_default=False, dir_okay=False)]
-JsonSchemaOpt = Annotated[Optional[str], typer.Option(
+JsonSchemaOpt = Annotated[str | None, typer.Option(
     "-j", "--json-schema", help="Constrain output to JSON matching this JSON schema ('{}' = any object).",
     rich_help_panel=CONSTRAINT_PANEL, show_default=False)]
-JsonSchemaFileOpt = Annotated[Optional[Path], typer.Option(
+JsonSchemaFileOpt = Annotated[Path | None, typer.Option(
     "-jf", "--json-schema-file", help="Constrain output to JSON matching the JSON schema in this file.",
     rich_help_panel=CONSTRAINT_PANEL, show_default=False, dir_okay=False)]
 
@@ -116,8 +117,8 @@ def parse_logit_bias(values: list[str] | None) -> tuple[tuple[int, float], ...]:
     for value in values or ():
         match = _LOGIT_BIAS.match(value)
         if not match:
-            raise typer.BadParameter(f"{value!r} is not TOKEN_ID+BIAS or TOKEN_ID-BIAS (e.g. 15043+1, 2-inf)",
-                                     param_hint="'--logit-bias'")
+            raise UsageError(f"--logit-bias {value!r} is not TOKEN_ID+BIAS or TOKEN_ID-BIAS",
+                             hint="for example --logit-bias 15043+1 (more likely) or --logit-bias 2-inf (never)")
         bias = float(match.group(3))
         pairs.append((int(match.group(1)), -bias if match.group(2) == "-" else bias))
     return tuple(pairs)

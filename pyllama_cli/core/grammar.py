@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -338,7 +339,7 @@ class _Checker:
 
     # ---- whole-grammar checks
 
-    def references(self, alts: list[list[tuple]]):  # noqa: ANN201 - generator of ("ref", name, pos)
+    def references(self, alts: list[list[tuple]]) -> Iterator[tuple]:
         for seq in alts:
             for element in seq:
                 if element[0] == "ref":

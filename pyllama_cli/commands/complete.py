@@ -1,0 +1,187 @@
+"""`pyllama complete`: stream a one-shot completion of a prompt to stdout."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from ..console import err, warn
+from ..core.resolve import ModelRequest
+from ..core.settings import LoadSettings
+from ..errors import InputError, Interrupted, UsageError
+from ..options import model_options
+from ..sampling_options import SamplingOptions, sampling_options
+from .common import open_model
+
+EXAMPLES = """\
+Examples:
+  pyllama complete -m model.gguf -p "The capital of France is" -n 32
+  cat notes.txt | pyllama complete -m model.gguf -p "Summarize:" > summary.txt
+  pyllama complete -m model.gguf -p "Is water wet? Answer:" --grammar yes_no
+  pyllama complete -m model.gguf --chat -p "List three colors as JSON" -j '{"type": "array"}'
+  pyllama complete -m model.gguf -f long-preamble.txt --prompt-cache preamble.bin --stats
+"""
+
+PROMPT_PANEL = "Prompt"
+OUTPUT_PANEL = "Output"
+
+
+@model_options(load=True)
+@sampling_options()
+def complete(
+    model: ModelRequest,
+    load: LoadSettings,
+    sampling: SamplingOptions,
+    prompt: Annotated[str | None, typer.Option(
+        "-p", "--prompt", help="Prompt text (piped stdin, if any, is appended after it).",
+        rich_help_panel=PROMPT_PANEL, show_default=False)] = None,
+    file: Annotated[Path | None, typer.Option(
+        "-f", "--file", help="Read the prompt from this file.", rich_help_panel=PROMPT_PANEL, show_default=False,
+        dir_okay=False)] = None,
+    chat: Annotated[bool, typer.Option(
+        "--chat", help="Send the prompt as one user turn through the model's chat template (instruct models).",
+        rich_help_panel=PROMPT_PANEL)] = False,
+    system_prompt: Annotated[str | None, typer.Option(
+        "-sys", "--system-prompt", help="System message for --chat.", rich_help_panel=PROMPT_PANEL,
+        show_default=False)] = None,
+    chat_template: Annotated[str | None, typer.Option(
+        "--chat-template", help="For --chat: a built-in template name, a .jinja file or Jinja text "
+        "(default: the model's).", rich_help_panel=PROMPT_PANEL, show_default=False)] = None,
+    truncate: Annotated[bool, typer.Option(
+        "--truncate", help="If the prompt is longer than the context, keep its end (and say so) instead of failing.",
+        rich_help_panel=PROMPT_PANEL)] = False,
+    prompt_cache: Annotated[Path | None, typer.Option(
+        "--prompt-cache", help="Save the evaluated prompt's state to this file and reuse its longest matching "
+        "prefix next time.", rich_help_panel=PROMPT_PANEL, show_default=False, dir_okay=False)] = None,
+    echo: Annotated[bool, typer.Option(
+        "--echo", help="Print the prompt before the generated text.", rich_help_panel=OUTPUT_PANEL)] = False,
+    stats: Annotated[bool, typer.Option(
+        "--stats", help="Print speed and stop reason on stderr after the text (also with -v).",
+        rich_help_panel=OUTPUT_PANEL)] = False,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="With --stats: print the statistics as one JSON line on stderr.",
+        rich_help_panel=OUTPUT_PANEL)] = False,
+) -> None:
+    """Complete a prompt and stream the generated text to stdout (only the text: `> out.txt` holds it).
+
+    The prompt comes from -p, -f, or piped stdin (after -p when both are given). Sampling flags,
+    grammars and JSON schemas follow llama.cpp's names and defaults. Ctrl-C stops at once, keeps
+    what was printed and exits with 130.
+    """
+    from ..core.completion import Completion, CompletionRequest
+    from ..core.interrupt import StopFlag, catch_sigint
+    from ..core.native import Context
+
+    if system_prompt is not None and not chat:
+        raise UsageError("-sys/--system-prompt needs --chat", hint="add --chat to use the chat template")
+    request = CompletionRequest(
+        prompt=read_prompt(prompt, file), sampling=sampling.settings, n_predict=sampling.n_predict,
+        stop=sampling.stop, chat=chat, system_prompt=system_prompt, chat_template=chat_template,
+        truncate=truncate, prompt_cache=prompt_cache,
+    )
+    _, llm = open_model(model, load)
+    with llm, Context(llm, load) as ctx:
+        run = Completion(llm, ctx, request, warn=warn)
+        try:
+            interrupted = _stream(run, echo, catch_sigint, StopFlag())
+        finally:
+            run.close()
+    if stats or load.verbose:
+        _print_stats(run.report.to_dict(), as_json)
+    if interrupted:
+        raise Interrupted("Interrupted by user")
+
+
+def read_prompt(prompt: str | None, file: Path | None) -> str:
+    """The prompt from -p or -f, followed by stdin when it is piped."""
+    if prompt is not None and file is not None:
+        raise UsageError("-p/--prompt and -f/--file cannot be used together", hint="give the prompt one way")
+    text = prompt
+    if file is not None:
+        try:
+            text = file.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise InputError(f"prompt file not found: {file}") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InputError(f"cannot read prompt file {file}: {exc}") from None
+    piped = _read_stdin()
+    if piped:
+        text = f"{text}\n{piped}" if text else piped
+    if text is None:
+        raise UsageError("no prompt given", hint="pass -p TEXT, -f FILE, or pipe text on stdin")
+    return text
+
+
+def _read_stdin() -> str | None:
+    stdin = sys.stdin
+    if stdin is None or stdin.closed or stdin.isatty():
+        return None
+    try:
+        return stdin.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read the prompt from stdin: {exc}") from None
+
+
+def _stream(run: Any, echo: bool, catch_sigint: Any, flag: Any) -> bool:
+    """Write the generated text to stdout as it comes; return True when Ctrl-C stopped it."""
+    sink = _Stdout()
+    with catch_sigint(flag):
+        try:
+            if echo:
+                sink.write(run.text)
+            for piece in run.stream(stop_flag=flag.__bool__):
+                sink.write(piece)
+        except Interrupted:  # Ctrl-C during the prompt evaluation
+            return True
+        except BrokenPipeError:  # the reader went away (`| head`): stop generating, quietly
+            sink.detach()
+            return False
+    return bool(flag)
+
+
+class _Stdout:
+    """Writes UTF-8 to stdout and flushes each piece, so tokens appear as they are generated."""
+
+    def __init__(self) -> None:
+        sys.stdout.flush()
+        self.raw = getattr(sys.stdout, "buffer", None)
+
+    def write(self, text: str) -> None:
+        if self.raw is not None:
+            self.raw.write(text.encode("utf-8"))
+            self.raw.flush()
+        else:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+
+    @staticmethod
+    def detach() -> None:
+        # Point fd 1 at /dev/null so the interpreter's final flush does not fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+
+
+def _print_stats(data: dict[str, Any], as_json: bool) -> None:
+    sys.stdout.flush()
+    if as_json:
+        print(json.dumps(data), file=sys.stderr, flush=True)
+        return
+    reused = f", {data['cached_tokens']} reused" if data["cached_tokens"] else ""
+    lines = [
+        f"prompt:      {data['prompt_tokens']} tokens{reused}, {data['prompt_tps']:.1f} t/s",
+        f"generation:  {data['generated_tokens']} tokens, {data['generation_tps']:.1f} t/s",
+        f"first token: {data['ttft_ms']:.1f} ms",
+        f"stop reason: {data['stop_reason']}",
+        f"seed:        {data['seed']}",
+    ]
+    if data["truncated_tokens"]:
+        lines.insert(1, f"truncated:   {data['truncated_tokens']} prompt tokens dropped")
+    console = err()
+    console.print()
+    for line in lines:
+        console.print(line, style="muted", markup=False, highlight=False)

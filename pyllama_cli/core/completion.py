@@ -1,0 +1,165 @@
+"""One-shot completion (`pyllama complete`): prompt text -> tokens -> streamed text, with a prompt cache.
+
+Builds on the shared Generator: this module only decides what the prompt is (raw text or one chat
+turn), makes it fit the context (or says why it does not), and loads/saves `--prompt-cache`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import ContextOverflow, InputError
+from .chat_template import render_chat
+from .generation import GenerationStats, Generator
+from .native import Context, Model
+from .prompt_cache import CacheLoad, load_prompt_cache, save_prompt_cache
+from .sampling import SamplingSettings
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    prompt: str
+    sampling: SamplingSettings
+    n_predict: int = -1
+    stop: tuple[str, ...] = ()
+    chat: bool = False  # wrap the prompt as one user turn with the model's chat template
+    system_prompt: str | None = None
+    chat_template: str | None = None  # NAME|FILE|JINJA override for --chat
+    truncate: bool = False  # keep the end of a prompt longer than the context instead of failing
+    prompt_cache: Path | None = None
+
+
+@dataclass
+class CompletionReport:
+    """Everything `--stats` shows once the run is over."""
+
+    stats: GenerationStats = field(default_factory=GenerationStats)
+    truncated: int = 0  # prompt tokens dropped by --truncate
+    cache: CacheLoad | None = None
+    cache_load_ms: float = 0.0
+    cache_saved: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = self.stats.to_dict()
+        data["truncated_tokens"] = self.truncated
+        if self.cache is not None:
+            data["prompt_cache"] = {"file_tokens": len(self.cache.saved_tokens), "reused_tokens": self.stats.n_cached,
+                                    "load_ms": round(self.cache_load_ms, 3), "saved": self.cache_saved}
+        return data
+
+
+def prompt_text(model: Model, request: CompletionRequest) -> str:
+    """The text the model sees: the prompt itself, or with --chat, one rendered user turn."""
+    if not request.chat:
+        return request.prompt
+    messages = [{"role": "user", "content": request.prompt}]
+    if request.system_prompt:
+        messages.insert(0, {"role": "system", "content": request.system_prompt})
+    return render_chat(model, messages, template=request.chat_template)
+
+
+def tokenize_prompt(model: Model, text: str) -> list[int]:
+    """Token ids as llama.cpp's tools make them: BOS when the vocab wants it, special tokens parsed."""
+    ids = [int(t) for t in model.tokenize(text.encode("utf-8"), add_special=True, parse_special=True)]
+    # A chat template that writes BOS itself would otherwise give two.
+    if len(ids) >= 2 and ids[0] == ids[1] == model.bos:
+        ids.pop(0)
+    return ids
+
+
+def fit_prompt(ids: list[int], n_ctx: int, n_predict: int, truncate: bool, bos: int) -> tuple[list[int], int]:
+    """Return the prompt (cut to its end with --truncate) and how many tokens were dropped.
+
+    Raises:
+        ContextOverflow: the prompt does not fit and truncation was not asked for.
+    """
+    if len(ids) < n_ctx:
+        return ids, 0
+    if not truncate:
+        raise ContextOverflow(
+            f"the prompt has {len(ids)} tokens but the context holds {n_ctx}",
+            hint=f"raise the context with -c/--ctx-size (e.g. -c {_room_for(len(ids), n_predict)}), "
+                 "or pass --truncate to keep the end of the prompt",
+        )
+    room = min(n_predict, n_ctx // 2) if n_predict > 0 else n_ctx // 4
+    keep = max(n_ctx - max(room, 1), 1)
+    head = [ids[0]] if ids and ids[0] == bos and keep > 1 else []
+    kept = head + ids[len(ids) - (keep - len(head)):]
+    return kept, len(ids) - len(kept)
+
+
+def _room_for(n_prompt: int, n_predict: int) -> int:
+    need = n_prompt + (n_predict if n_predict > 0 else 256)
+    size = 512
+    while size < need:
+        size *= 2
+    return size
+
+
+class Completion:
+    """One completion run over a loaded model and a fresh context."""
+
+    def __init__(self, model: Model, ctx: Context, request: CompletionRequest,
+                 warn: Callable[[str], None] = lambda _: None):
+        self.model = model
+        self.ctx = ctx
+        self.request = request
+        self.warn = warn
+        self.report = CompletionReport()
+        self.generator = Generator(model, ctx)
+        self.text = prompt_text(model, request)
+        ids = tokenize_prompt(model, self.text)
+        self.tokens, self.report.truncated = fit_prompt(ids, ctx.n_ctx, request.n_predict, request.truncate,
+                                                        model.bos)
+        if self.report.truncated:
+            self.text = model.detokenize(self.tokens, remove_special=True, unparse_special=True).decode(
+                "utf-8", errors="replace")
+            warn(f"the prompt has {len(ids)} tokens but the context holds {ctx.n_ctx}: kept its last "
+                 f"{len(self.tokens)} tokens (--truncate)")
+        self._check_logit_bias()
+
+    def _check_logit_bias(self) -> None:
+        for token, _ in self.request.sampling.logit_bias:
+            if not 0 <= token < self.model.n_vocab:
+                raise InputError(f"--logit-bias token {token} is out of range: the vocabulary has "
+                                 f"{self.model.n_vocab} tokens (0..{self.model.n_vocab - 1})")
+
+    def stream(self, stop_flag: Callable[[], bool] = lambda: False) -> Iterator[str]:
+        """Yield the generated text; `self.report` is complete once the iterator ends or raises."""
+        cache_path = self.request.prompt_cache
+        if cache_path is not None:
+            self._load_cache(cache_path)
+        try:
+            yield from self.generator.stream(
+                self.tokens, self.request.sampling, max_tokens=self.request.n_predict, stop=self.request.stop,
+                stop_flag=stop_flag, after_prefill=(lambda: self._save_cache(cache_path)) if cache_path else None)
+        finally:
+            self.report.stats = self.generator.stats
+
+    def close(self) -> None:
+        self.generator.close()
+
+    def _load_cache(self, path: Path) -> None:
+        start = time.perf_counter()
+        load = load_prompt_cache(path, self.model, self.ctx, self.tokens)
+        self.report.cache_load_ms = (time.perf_counter() - start) * 1000
+        self.report.cache = load
+        if load.warning:
+            self.warn(load.warning)
+        if load.reused:
+            # Tell the generator what sequence 0 now holds, so its prefill evaluates only the rest.
+            self.generator.cached = list(self.tokens[:load.reused])
+
+    def _save_cache(self, path: Path) -> None:
+        cache = self.report.cache
+        if cache is not None and cache.saved_tokens == self.tokens:
+            return  # the file already holds exactly this prompt
+        try:
+            save_prompt_cache(path, self.model, self.ctx, self.tokens)
+            self.report.cache_saved = True
+        except InputError as exc:
+            self.warn(exc.message)

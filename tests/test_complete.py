@@ -1,0 +1,301 @@
+"""`pyllama complete` on the tiny model: reproducible sampling, grammars, schemas, stop strings, prompt cache."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pyllama_cli.core.grammar import check_grammar, load_shipped, shipped_grammars
+from pyllama_cli.errors import InputError
+from tests.helpers import REPO_ROOT, CliResult, run_cli
+
+# One thread and a small context keep each run at a few tens of milliseconds on a busy machine.
+FAST = ("-t", "1", "-c", "512")
+SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer"}},
+          "required": ["ok", "n"]}
+LONG_PROMPT = " ".join(["the quick brown fox jumps over the lazy dog"] * 20)
+
+
+def complete(model: Path, *args: str, stdin: str = "") -> CliResult:
+    return run_cli("complete", "-m", str(model), *FAST, *args, stdin=stdin)
+
+
+def stats_of(result: CliResult) -> dict:
+    """The `--stats --json` line: the last line on stderr."""
+    return json.loads(result.stderr.strip().splitlines()[-1])
+
+
+# --- reproducibility and output ----------------------------------------------------------------
+
+
+def test_same_seed_gives_identical_output_and_other_seeds_differ(tiny_model: Path) -> None:
+    first = complete(tiny_model, "-p", "Hello world", "-n", "24", "-s", "7")
+    again = complete(tiny_model, "-p", "Hello world", "-n", "24", "-s", "7")
+    other = complete(tiny_model, "-p", "Hello world", "-n", "24", "-s", "8")
+    assert first.exit_code == again.exit_code == other.exit_code == 0
+    assert first.stdout and first.stdout == again.stdout
+    assert other.stdout != first.stdout
+    assert first.stderr == ""  # nothing but the text, and only on stdout
+
+
+def test_stats_go_to_stderr_and_leave_stdout_alone(tiny_model: Path) -> None:
+    plain = complete(tiny_model, "-p", "Hello world", "-n", "10", "-s", "3")
+    with_stats = complete(tiny_model, "-p", "Hello world", "-n", "10", "-s", "3", "--stats")
+    assert with_stats.stdout == plain.stdout
+    labels = [line.split(":")[0] for line in with_stats.stderr.strip().splitlines()]
+    assert labels == ["prompt", "generation", "first token", "stop reason", "seed"]
+    assert "stop reason: length" in with_stats.stderr
+
+
+def test_json_stats_shape(tiny_model: Path) -> None:
+    stats = stats_of(complete(tiny_model, "-p", "Hello world", "-n", "10", "-s", "3", "--stats", "--json"))
+    assert stats["prompt_tokens"] == 3  # <s> ▁hello ▁world
+    assert (stats["generated_tokens"], stats["stop_reason"], stats["seed"]) == (10, "length", 3)
+    assert {"prompt_tps", "generation_tps", "ttft_ms", "cached_tokens", "truncated_tokens"} <= set(stats)
+
+
+def test_piped_stdin_follows_the_prompt(tiny_model: Path) -> None:
+    piped = complete(tiny_model, "-p", "Summarize:", "-n", "12", "-s", "4", stdin="hello world")
+    joined = complete(tiny_model, "-p", "Summarize:\nhello world", "-n", "12", "-s", "4")
+    assert piped.exit_code == 0 and piped.stdout == joined.stdout
+
+
+def test_echo_prints_the_prompt_first(tiny_model: Path) -> None:
+    plain = complete(tiny_model, "-p", "Hello world", "-n", "6", "-s", "2")
+    echoed = complete(tiny_model, "-p", "Hello world", "-n", "6", "-s", "2", "--echo")
+    assert echoed.stdout == "Hello world" + plain.stdout
+
+
+def test_chat_wraps_the_prompt_in_the_template(tiny_model: Path) -> None:
+    result = complete(tiny_model, "--chat", "-sys", "Be brief.", "-p", "hi", "-n", "4", "-s", "1", "--echo")
+    assert result.exit_code == 0
+    assert result.stdout.startswith("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
+                                    "<|im_start|>assistant\n")
+
+
+def test_logit_bias_forces_a_token(tiny_model: Path) -> None:
+    # Token 263 is "▁hello": with a huge bias and greedy sampling it is picked every time.
+    result = complete(tiny_model, "-p", "x", "-n", "3", "--temp", "0", "--logit-bias", "263+100")
+    assert result.stdout == " hello hello hello"
+
+
+# --- constrained output ------------------------------------------------------------------------
+
+
+def test_yes_no_grammar_over_20_seeds(tiny_model: Path) -> None:
+    for seed in range(20):
+        result = complete(tiny_model, "-p", "Is the sky blue?", "-n", "16", "-s", str(seed), "--grammar", "yes_no",
+                          "--stats", "--json")
+        assert result.stdout in ("yes", "no"), (seed, result.stdout)
+        assert stats_of(result)["stop_reason"] == "grammar"
+
+
+def test_inline_grammar(tiny_model: Path) -> None:
+    for seed in range(5):
+        result = complete(tiny_model, "-p", "Answer:", "-n", "16", "-s", str(seed), "--grammar", 'root ::= "yes" | "no"')
+        assert result.stdout in ("yes", "no"), (seed, result.stdout)
+
+
+def test_json_schema_over_20_seeds(tiny_model: Path) -> None:
+    for seed in range(20):
+        result = complete(tiny_model, "-p", "JSON:", "-n", "200", "-s", str(seed), "-j", json.dumps(SCHEMA))
+        value = json.loads(result.stdout)
+        assert set(value) == {"ok", "n"}, (seed, result.stdout)
+        assert isinstance(value["ok"], bool) and type(value["n"]) is int, (seed, result.stdout)
+
+
+def test_json_schema_file(tiny_model: Path, tmp_path: Path) -> None:
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps(SCHEMA))
+    result = complete(tiny_model, "-p", "JSON:", "-n", "200", "-s", "1", "-jf", str(schema))
+    assert isinstance(json.loads(result.stdout)["ok"], bool)
+
+
+@pytest.mark.parametrize("name", ["json", "json_arr", "list", "yes_no", "arithmetic", "c_identifier", "chess"])
+def test_shipped_grammars_run_in_llama_cpp(tiny_model: Path, name: str) -> None:
+    result = complete(tiny_model, "-p", "Go:", "-n", "24", "-s", "1", "--grammar", name)
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout
+
+
+def test_shipped_grammars_are_all_found_and_valid() -> None:
+    assert set(shipped_grammars()) >= {"json", "json_arr", "list", "yes_no", "arithmetic", "c_identifier", "chess"}
+    for name in shipped_grammars():
+        check_grammar(load_shipped(name), name)
+
+
+def test_grammar_error_names_line_and_column_before_loading_the_model(tmp_path: Path) -> None:
+    missing_model = tmp_path / "no-such-model.gguf"
+    result = run_cli("complete", "-m", str(missing_model), "-p", "x", "--grammar", 'root ::= "yes" |\n  "no')
+    assert result.exit_code == 1
+    assert result.first_stderr_line == "Error: --grammar: unterminated string literal at line 2, column 3"
+
+
+@pytest.mark.parametrize(("grammar", "message"), [
+    ('root ::= answer', "rule 'answer' is used but never defined at line 1, column 10"),
+    ('root :: "a"', "expected '::=' after rule name 'root', found ':' at line 1, column 6"),
+    ('root ::= root "a"', "rule 'root' is left-recursive, which llama.cpp cannot run at line 1, column 1"),
+    ('root ::= [a-z', "unterminated character class at line 1, column 10"),
+    ('root ::= "a"{3,1}', "repetition {3,1} has a maximum below its minimum at line 1, column 13"),
+    ('root ::= "\\q"', "unknown escape \\q at line 1, column 11"),
+    ('x ::= "a"', "the grammar has no 'root' rule at line 1, column 10"),
+])
+def test_grammar_checker_messages(grammar: str, message: str) -> None:
+    with pytest.raises(InputError) as exc:
+        check_grammar(grammar, "g")
+    assert exc.value.message == f"g: {message}"
+
+
+def test_unknown_grammar_name_lists_the_shipped_ones(tiny_model: Path) -> None:
+    result = complete(tiny_model, "-p", "x", "--grammar", "yaml")
+    assert result.exit_code == 1
+    assert result.first_stderr_line == "Error: no shipped grammar named 'yaml'"
+    assert "json, json_arr" in result.stderr
+
+
+def test_bad_json_schema_is_one_line_error(tiny_model: Path) -> None:
+    result = complete(tiny_model, "-p", "x", "-j", "{type: object}")
+    assert result.exit_code == 1
+    assert result.first_stderr_line.startswith("Error: -j/--json-schema: not valid JSON: ")
+
+
+def test_two_constraints_are_refused(tiny_model: Path) -> None:
+    result = complete(tiny_model, "-p", "x", "--grammar", "yes_no", "-j", "{}")
+    assert result.exit_code == 1
+    assert result.first_stderr_line == "Error: --grammar and -j/--json-schema cannot be used together"
+
+
+# --- stop strings ------------------------------------------------------------------------------
+
+
+def test_stop_string_is_never_printed_and_ends_generation(tiny_model: Path) -> None:
+    free = complete(tiny_model, "-p", "Hello world", "-n", "40", "-s", "11").stdout
+    # A short ASCII piece of the free-running text, taken from its middle.
+    start = next(i for i in range(8, len(free) - 3) if free[i:i + 3].isascii() and free[i:i + 3].strip())
+    stop = free[start:start + 3]
+    result = complete(tiny_model, "-p", "Hello world", "-n", "40", "-s", "11", "-r", stop, "--stats", "--json")
+    assert result.stdout == free[:free.index(stop)]
+    assert stop not in result.stdout
+    assert stats_of(result)["stop_reason"] == "stop"
+
+
+# --- context limits ----------------------------------------------------------------------------
+
+
+def test_prompt_longer_than_the_context_is_an_error_with_both_numbers(tiny_model: Path) -> None:
+    result = run_cli("complete", "-m", str(tiny_model), "-t", "1", "-c", "256", "-p", LONG_PROMPT * 2)
+    assert result.exit_code == 1
+    assert result.first_stderr_line == "Error: the prompt has 362 tokens but the context holds 256"
+    assert "-c/--ctx-size" in result.stderr and "--truncate" in result.stderr
+    assert result.stdout == ""
+
+
+def test_truncate_keeps_the_end_and_says_so(tiny_model: Path) -> None:
+    result = run_cli("complete", "-m", str(tiny_model), "-t", "1", "-c", "256", "-n", "8", "-s", "1", "-p",
+                     LONG_PROMPT * 2, "--truncate", "--stats", "--json")
+    assert result.exit_code == 0
+    assert "Warning: the prompt has 362 tokens but the context holds 256: kept its last 248 tokens" in result.stderr
+    stats = stats_of(result)
+    assert (stats["prompt_tokens"], stats["truncated_tokens"], stats["generated_tokens"]) == (248, 114, 8)
+
+
+# --- prompt cache ------------------------------------------------------------------------------
+
+
+def test_prompt_cache_skips_the_shared_prefix(tiny_model: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "prompt.cache"
+    args = ("-n", "12", "-s", "5", "--prompt-cache", str(cache), "--stats", "--json")
+    first = complete(tiny_model, "-p", LONG_PROMPT, *args)
+    second = complete(tiny_model, "-p", LONG_PROMPT, *args)
+    longer = complete(tiny_model, "-p", LONG_PROMPT + " and more", *args)
+    s1, s2, s3 = stats_of(first), stats_of(second), stats_of(longer)
+    assert (s1["evaluated_tokens"], s1["prompt_cache"]["saved"]) == (181, True)
+    # The last prompt token is evaluated again for fresh logits; everything before comes from the file.
+    assert (s2["evaluated_tokens"], s2["prompt_cache"]["reused_tokens"], s2["prompt_cache"]["saved"]) == (1, 180, False)
+    assert second.stdout == first.stdout  # a restored state generates exactly what a fresh one did
+    assert (s3["prompt_tokens"], s3["evaluated_tokens"], s3["prompt_cache"]["reused_tokens"]) == (183, 2, 181)
+
+
+def test_prompt_cache_from_another_model_is_ignored_with_a_warning(tiny_model: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "prompt.cache"
+    other = shutil.copy(tiny_model, tmp_path / "other.gguf")
+    complete(tiny_model, "-p", LONG_PROMPT, "-n", "2", "--prompt-cache", str(cache))
+    result = complete(Path(other), "-p", LONG_PROMPT, "-n", "2", "--prompt-cache", str(cache), "--stats", "--json")
+    assert result.exit_code == 0
+    assert f"Warning: ignoring prompt cache {cache}: it was saved for {tiny_model.resolve()}" in result.stderr
+    assert stats_of(result)["evaluated_tokens"] == 181
+
+
+def test_prompt_cache_refuses_a_foreign_file(tiny_model: Path, tmp_path: Path) -> None:
+    foreign = tmp_path / "notes.txt"
+    foreign.write_text("my notes")
+    result = complete(tiny_model, "-p", "x", "--prompt-cache", str(foreign))
+    assert result.exit_code == 1
+    assert result.first_stderr_line == f"Error: {foreign} is not a pyllama prompt-cache file"
+    assert foreign.read_text() == "my notes"
+
+
+# --- usage errors ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("args", "line"), [
+    ((), "Error: no prompt given"),
+    (("-p", "x", "-f", "f.txt"), "Error: -p/--prompt and -f/--file cannot be used together"),
+    (("-p", "x", "-sys", "be nice"), "Error: -sys/--system-prompt needs --chat"),
+    (("-f", "missing.txt"), "Error: prompt file not found: missing.txt"),
+    (("-p", "x", "--logit-bias", "5000+1"),
+     "Error: --logit-bias token 5000 is out of range: the vocabulary has 1024 tokens (0..1023)"),
+])
+def test_usage_errors(tiny_model: Path, args: tuple[str, ...], line: str) -> None:
+    result = complete(tiny_model, *args)
+    assert result.exit_code == 1
+    assert result.first_stderr_line == line
+
+
+def test_malformed_logit_bias_is_a_usage_error(tiny_model: Path) -> None:
+    result = complete(tiny_model, "-p", "x", "--logit-bias", "5000")
+    assert result.exit_code == 1
+    assert result.first_stderr_line == "Error: --logit-bias '5000' is not TOKEN_ID+BIAS or TOKEN_ID-BIAS"
+
+
+# --- Ctrl-C ------------------------------------------------------------------------------------
+
+
+def _interrupt_after_first_output(args: list[str]) -> tuple[int, bytes, str]:
+    proc = subprocess.Popen([sys.executable, "-m", "pyllama_cli", "complete", *args], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO_ROOT)
+    first = proc.stdout.read(1)  # the run has started streaming
+    proc.send_signal(signal.SIGINT)
+    start = time.monotonic()
+    rest, err = proc.communicate(timeout=60)
+    assert time.monotonic() - start < 10, "Ctrl-C did not stop the run promptly"
+    return proc.returncode, first + rest, err.decode()
+
+
+def test_ctrl_c_during_generation_keeps_the_text_and_exits_130(tiny_model: Path) -> None:
+    # A large context and --ignore-eos: the run would take many seconds without the interrupt.
+    code, out, err = _interrupt_after_first_output(
+        ["-m", str(tiny_model), "-t", "1", "-c", "16384", "-n", "-1", "--ignore-eos", "-p", "Hello", "--stats"])
+    assert code == 130
+    assert out
+    assert "stop reason: interrupted" in err
+    assert err.rstrip().endswith("Interrupted by user")
+
+
+def test_ctrl_c_during_a_long_prompt_evaluation(tiny_model: Path, tmp_path: Path) -> None:
+    # --echo prints the prompt before its evaluation starts; small batches make that evaluation long.
+    prompt = tmp_path / "long.txt"
+    prompt.write_text(" ".join(["hello world"] * 7000))
+    code, _, err = _interrupt_after_first_output(
+        ["-m", str(tiny_model), "-t", "1", "-c", "16384", "-b", "16", "-ub", "16", "-f", str(prompt), "--echo",
+         "--stats", "--json"])
+    assert code == 130
+    stats = json.loads([line for line in err.splitlines() if line.startswith("{")][-1])
+    assert (stats["stop_reason"], stats["generated_tokens"]) == ("interrupted", 0)
