@@ -25,16 +25,9 @@ _HEX_ESCAPES = {"x": 2, "u": 4, "U": 8}
 
 
 def grammar_dir() -> Path:
-    """Where the shipped grammars live: package data when installed, the repo's grammars/ otherwise."""
-    try:
-        from importlib.resources import files
-
-        path = Path(str(files("pyllama_cli.grammars")))
-        if path.is_dir():
-            return path
-    except (ModuleNotFoundError, TypeError):
-        pass
-    return Path(__file__).resolve().parents[2] / "grammars"
+    """Where the shipped grammars live: pyllama_cli/grammars (a link to the repo's grammars/ in a checkout)."""
+    installed = Path(__file__).resolve().parents[1] / "grammars"
+    return installed if installed.is_dir() else Path(__file__).resolve().parents[2] / "grammars"
 
 
 def shipped_grammars() -> list[str]:
