@@ -90,7 +90,7 @@ class Generator:
     def prefill(self, prompt: Sequence[int], stop_flag: Callable[[], bool] = lambda: False) -> int:
         """Evaluate the part of `prompt` not already cached; return how many tokens were reused."""
         self.check_fits(len(prompt))
-        reuse = _common_prefix(self.cached, prompt)
+        reuse = common_prefix(self.cached, prompt)
         if reuse == len(prompt):
             reuse -= 1  # the last prompt token must be evaluated again to get fresh logits
         # Drop everything past the reused prefix, including entries an aborted decode left behind.
@@ -155,7 +155,7 @@ class Generator:
                     on_token: Callable[[int], None] | None = None) -> Iterator[str]:
         stats, model, ctx, batch = self.stats, self.model, self.ctx, self.batch
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        held = _StopMatcher(stop)
+        held = StopMatcher(stop)
         gen_start = time.perf_counter()
         reason = STOP_LENGTH
         while True:
@@ -199,7 +199,7 @@ class Generator:
         stats.stop_reason = reason
 
 
-class _StopMatcher:
+class StopMatcher:
     """Holds back text that could be the start of a stop string until it is decided."""
 
     def __init__(self, stops: Sequence[str]):
@@ -233,7 +233,7 @@ def _overlap(text: str, stop: str) -> int:
     return 0
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
     i = 0
     while i < n and a[i] == b[i]:
