@@ -1,0 +1,334 @@
+"""`pyllama chat` on the tiny model: the scripted REPL, KV-cache reuse between turns, slash commands,
+context overflow and shift, and the terminal front end driven through prompt-toolkit's pipe input."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import signal
+from pathlib import Path
+
+import pytest
+
+from pyllama_cli.chat_commands import ChatRepl, ChatSettings, command_names, find_command, parse_param
+from pyllama_cli.chat_ui import PlainUI, ReasoningSplitter, TerminalUI
+from pyllama_cli.console import THEME
+from pyllama_cli.core.chat_template import BUILTIN_TEMPLATES, render_template
+from pyllama_cli.core.conversation import Conversation, fit_context, open_chat_engine
+from pyllama_cli.core.native import Model
+from pyllama_cli.core.paths import data_dir
+from pyllama_cli.core.sampling import SamplingSettings
+from pyllama_cli.core.settings import LoadSettings
+from pyllama_cli.errors import ContextOverflow, InputError
+from tests.helpers import CliResult, run_cli, run_process
+
+FAST = ("-t", "1", "-c", "512")
+STATS = re.compile(r"^\[ Prompt: [\d.]+ t/s \| Generation: [\d.]+ t/s \| TTFT: [\d.]+ s \| Context: \d+/\d+ \]$")
+GREEDY = SamplingSettings(temperature=0)
+
+
+def chat(model: Path, *args: str, stdin: str) -> CliResult:
+    return run_cli("chat", "-m", str(model), *FAST, *args, stdin=stdin)
+
+
+def chrome(result: CliResult) -> list[str]:
+    """stderr without the stats lines (their timings vary)."""
+    return [line for line in result.stderr.splitlines() if not STATS.match(line)]
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_model: Path):
+    model = Model.load(tiny_model, LoadSettings(n_threads=1))
+    yield model
+    model.close()
+
+
+@pytest.fixture
+def engine(llm):
+    eng = open_chat_engine(llm, LoadSettings(n_ctx=512, n_threads=1))
+    yield eng
+    eng.close()
+    eng.ctx.close()
+
+
+# --- the scripted (non-terminal) chat -----------------------------------------------------------
+
+
+def test_scripted_chat_regen_with_temperature_0_repeats_the_answer(tiny_model: Path, tmp_path: Path) -> None:
+    conv = tmp_path / "conv.json"
+    script = f"hi\n/set temperature 0\nhello\n/regen\n/save {conv}\n/exit\n"
+    result = chat(tiny_model, "-n", "16", "-s", "1", "-sys", "Be brief.", stdin=script)
+    assert result.exit_code == 0
+    messages = json.loads(conv.read_text())
+    assert [(m["role"], m["content"]) for m in messages[:4:2]] == [("system", "Be brief."), ("assistant",
+                                                                                           messages[2]["content"])]
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "user", "assistant"]
+    assert (messages[1]["content"], messages[3]["content"]) == ("hi", "hello")
+    first, regen = messages[2]["content"], messages[4]["content"]
+    # stdout: each answer followed by a blank line; the answer to "hello" twice (the regen equals it).
+    assert result.stdout == f"{first}\n\n{regen}\n\n{regen}\n\n"
+    assert chrome(result) == ["temperature = 0.0", f"Saved 5 messages to {conv}."]
+    assert sum(bool(STATS.match(line)) for line in result.stderr.splitlines()) == 3
+
+
+def test_the_issue_command_as_a_real_process(tiny_model: Path, tmp_path: Path) -> None:
+    conv = tmp_path / "conv.json"
+    script = f"hi\n/set temperature 0\nhello\n/regen\n/save {conv}\n/exit\n"
+    result = run_process("chat", "-m", str(tiny_model), "-n", "16", "-s", "1", "-t", "1", stdin=script)
+    assert result.exit_code == 0, result.stderr
+    messages = json.loads(conv.read_text())
+    assert [(m["role"], m["content"]) for m in messages[::2]] == [("user", "hi"), ("user", "hello")]
+    assert result.stdout.endswith(f"{messages[3]['content']}\n\n{messages[3]['content']}\n\n")
+    assert "\x1b[" not in result.stdout + result.stderr  # no colours off a terminal
+
+
+def test_first_message_single_turn_and_multiline_block(tiny_model: Path) -> None:
+    one = chat(tiny_model, "-p", "hi", "--single-turn", "-n", "4", "--temp", "0", stdin="never read\n")
+    assert one.exit_code == 0 and one.stdout.endswith("\n\n") and one.stdout.count("\n\n") == 1
+    block = chat(tiny_model, "-n", "4", "--temp", "0", stdin='"""\nline one\nline two\n"""\n/show\n')
+    assert "turns        1" in block.stderr
+
+
+def test_unknown_and_ambiguous_commands_get_a_hint_and_never_reach_the_model(tiny_model: Path) -> None:
+    result = chat(tiny_model, stdin="/frobnicate\n/s\n/set nope 1\n/set top_p 2\n/set temp warm\n/regen\n/undo\n")
+    assert result.exit_code == 0 and result.stdout == ""
+    assert chrome(result) == [
+        "Error: unknown command /frobnicate",
+        "Hint: /help lists the commands; start a message with // to send text beginning with /",
+        "Error: /s is ambiguous: /system, /set, /show, /save, /stats",
+        "Error: unknown parameter 'nope'",
+        "Hint: parameters: " + ", ".join(
+            ["temperature", "top_k", "top_p", "min_p", "typical_p", "repeat_penalty", "repeat_last_n",
+             "presence_penalty", "frequency_penalty", "mirostat", "mirostat_lr", "mirostat_ent", "seed",
+             "ignore_eos", "logit_bias", "grammar", "max_tokens", "stop"]),
+        "Error: top_p must be between 0 and 1, not 2",
+        "Error: temperature needs a number, not 'warm'",
+        "No answer to regenerate.",
+        "Nothing to undo.",
+    ]
+
+
+def test_clear_undo_system_read_and_markdown_save(tiny_model: Path, tmp_path: Path) -> None:
+    notes = tmp_path / "notes.txt"
+    notes.write_text("alpha\nbeta\n")
+    md, js = tmp_path / "t.md", tmp_path / "t.json"
+    script = (f"/read {notes}\nsummarize\none more\n/undo\n/save {js}\n/system Be kind.\n/save {md}\n"
+              "/clear\n/system\n/stats\n/read missing.txt\n/copy\n")
+    result = chat(tiny_model, "-n", "3", "--temp", "0", "-sys", "Be brief.", stdin=script)
+    saved = json.loads(js.read_text())
+    assert saved[1] == {"role": "user", "content": "--- File: notes.txt ---\nalpha\nbeta\n\nsummarize"}
+    assert [m["role"] for m in saved] == ["system", "user", "assistant"]  # /undo dropped "one more" and its answer
+    assert md.read_text().startswith(f"# Chat with {tiny_model.name}\n\n## System\n\nBe kind.\n\n## User\n\n"
+                                     "--- File: notes.txt ---\nalpha\nbeta\n\nsummarize\n\n## Assistant\n\n")
+    lines = chrome(result)
+    assert lines[:2] == [f"Loaded text from '{notes}' (2 lines); it goes with your next message.",
+                         "Removed the last exchange."]
+    assert lines[-5:] == ["Chat history cleared (the system prompt stays).", "Be kind.", "Stats line off.",
+                          "Error: file does not exist or cannot be opened as text: 'missing.txt'",
+                          "No answer to copy yet."]
+
+
+def test_load_continues_a_saved_conversation(tiny_model: Path, tmp_path: Path) -> None:
+    saved = tmp_path / "in.json"
+    saved.write_text(json.dumps([{"role": "system", "content": "S"}, {"role": "user", "content": "a"},
+                                 {"role": "assistant", "content": "b"}]))
+    out = tmp_path / "out.json"
+    result = chat(tiny_model, "-n", "2", "--temp", "0", stdin=f"/load {saved}\nnext\n/save {out}\n/load nope.txt\n")
+    assert [m["content"] for m in json.loads(out.read_text())][:4] == ["S", "a", "b", "next"]
+    assert chrome(result)[0] == f"Loaded 3 messages from {saved}."
+    assert chrome(result)[-2:] == ["Error: /load reads a .json file written by /save", "Hint: /load chat.json"]
+
+
+def test_copy_says_so_when_there_is_no_clipboard_tool(tiny_model: Path, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    result = chat(tiny_model, "-n", "2", stdin="hi\n/copy\n")
+    assert chrome(result)[-1] == "No clipboard tool found (wl-copy, xclip, xsel, pbcopy): nothing copied."
+
+
+def test_bad_options_fail_before_the_model_loads(tiny_model: Path) -> None:
+    result = chat(tiny_model, "--chat-template", "nosuch", stdin="")
+    assert (result.exit_code, result.first_stderr_line) == (1, "Error: unknown chat template 'nosuch'")
+    both = chat(tiny_model, "-sys", "a", "-sysf", "b.txt", stdin="")
+    assert (both.exit_code, both.first_stderr_line) == (1, "Error: -sys and -sysf cannot be used together")
+
+
+# --- the KV cache between turns -----------------------------------------------------------------
+
+
+def test_second_turn_evaluates_only_the_new_turn(engine) -> None:
+    conv = Conversation(system="Be brief.")
+    conv.add_user("hi")
+    conv.add_assistant("".join(engine.answer(conv.to_messages(), GREEDY, max_tokens=64)))
+    first = engine.stats
+    assert (first.n_cached, first.stop_reason) == (0, "eos")  # the whole answer is in the cache
+    conv.add_user("hello there")
+    "".join(engine.answer(conv.to_messages(), GREEDY, max_tokens=4))
+    second = engine.stats
+    new_turn = engine.model.tokenize(b"<|im_end|>\n<|im_start|>user\nhello there<|im_end|>\n<|im_start|>assistant\n",
+                                     add_special=False, parse_special=True)
+    assert second.n_cached == first.n_prompt + first.n_generated
+    assert second.n_evaluated == len(new_turn) == 23
+    assert second.n_prompt == second.n_cached + len(new_turn)
+
+
+# --- context overflow and shift -----------------------------------------------------------------
+
+
+def test_overflow_says_so_and_keeps_the_conversation(tiny_model: Path) -> None:
+    long = " ".join(["word"] * 300)
+    result = run_cli("chat", "-m", str(tiny_model), "-t", "1", "-c", "256", "-n", "2", stdin=f"hi\n{long}\n/show\n")
+    lines = chrome(result)
+    assert re.fullmatch(r"Error: the conversation no longer fits the context: it needs \d+ tokens, the context "
+                        r"holds 256", lines[0])
+    assert lines[1] == ("Hint: /clear to start over (the system prompt stays), /undo to drop the last exchange, "
+                        "or restart with a larger -c or with --context-shift")
+    assert lines[2] == "(message not kept)"
+    assert "turns        1" in result.stderr
+
+
+def test_context_shift_drops_the_oldest_turns_but_never_the_system_prompt(tiny_model: Path, tmp_path: Path) -> None:
+    out = tmp_path / "c.json"
+    msg = " ".join(["word"] * 50)
+    script = "".join(f"{i} {msg}\n" for i in range(4)) + f"/save {out}\n"
+    result = run_cli("chat", "-m", str(tiny_model), "-t", "1", "-c", "256", "-n", "8", "--temp", "0",
+                     "--context-shift", "-sys", "Be brief.", stdin=script)
+    assert result.exit_code == 0
+    dropped = [line for line in chrome(result) if line.startswith("Context full")]
+    assert dropped and all(re.fullmatch(r"Context full: dropped the (\d+ )?oldest turns? \(the system prompt "
+                                        r"stays\)\.", line) for line in dropped)
+    messages = json.loads(out.read_text())
+    assert messages[0] == {"role": "system", "content": "Be brief."}
+    assert messages[-2]["content"] == f"3 {msg}" and messages[1]["content"] != f"0 {msg}"
+
+
+def test_fit_context_counts_and_drops_whole_turns() -> None:
+    conv = Conversation(system="S", messages=[{"role": r, "content": c} for r, c in
+                                              [("user", "a"), ("assistant", "b"), ("user", "c"), ("assistant", "d"),
+                                               ("user", "e")]])
+    count = lambda messages: 10 * len(messages)  # noqa: E731
+    assert fit_context(conv, count, 100, reserve=10, shift=False) == 0
+    assert fit_context(conv, count, 40, reserve=10, shift=True) == 2
+    assert [m["content"] for m in conv.to_messages()] == ["S", "e"]
+    with pytest.raises(ContextOverflow, match="the last message alone needs 20 tokens"):
+        fit_context(conv, count, 25, reserve=10, shift=True)
+
+
+# --- the terminal front end, through prompt-toolkit's pipe input ---------------------------------
+
+
+class _InterruptOnFirstWrite(io.StringIO):
+    """A terminal stand-in that presses Ctrl-C (SIGINT) as soon as the answer starts to appear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fired = False
+
+    def write(self, s: str) -> int:
+        if not self.fired and re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", s).strip():  # text, not cursor codes
+            self.fired = True
+            os.kill(os.getpid(), signal.SIGINT)
+        return super().write(s)
+
+
+def run_terminal(engine, keys: str, *, history: Path | None, answer_out: io.StringIO | None = None,
+                 settings: ChatSettings | None = None) -> tuple[int, Conversation, str]:
+    from prompt_toolkit.input import create_pipe_input
+    from prompt_toolkit.output import DummyOutput
+    from rich.console import Console
+
+    errors = io.StringIO()
+    conv = Conversation()
+    with create_pipe_input() as pipe:
+        pipe.send_text(keys)
+        ui = TerminalUI(history=history, commands=command_names(), pt_input=pipe, pt_output=DummyOutput(),
+                        console=Console(file=answer_out or io.StringIO(), force_terminal=True, width=80, theme=THEME),
+                        err_console=Console(file=errors, width=200, theme=THEME))
+        code = ChatRepl(engine, ui, conv, settings or ChatSettings(sampling=GREEDY, max_tokens=4)).run()
+    return code, conv, errors.getvalue()
+
+
+def test_terminal_ctrl_c_stops_the_answer_and_keeps_the_part_shown(engine) -> None:
+    settings = ChatSettings(sampling=SamplingSettings(temperature=0, ignore_eos=True), max_tokens=300)
+    code, conv, err = run_terminal(engine, "tell me a story\r\x04", history=None,
+                                   answer_out=_InterruptOnFirstWrite(), settings=settings)
+    assert code == 0
+    assert [m["role"] for m in conv.messages] == ["user", "assistant"]
+    assert conv.messages[1]["content"]  # the partial answer is kept
+    assert engine.stats.stop_reason == "interrupted" and engine.stats.n_generated < 300
+    assert "(answer stopped; the part shown is kept)" in err
+
+
+def test_terminal_history_persists_across_runs(engine, tmp_path: Path) -> None:
+    history = data_dir() / "chat_history"
+    run_terminal(engine, "first message\r/stats\r\x04", history=history)
+    _, conv, _ = run_terminal(engine, "\x1b[A\x1b[A\r\x04", history=history)  # Up, Up, Enter
+    assert conv.messages[0]["content"] == "first message"
+    assert history.is_file()
+
+
+def test_terminal_ctrl_c_at_the_prompt_hints_then_a_quick_second_exits_130(engine) -> None:
+    code, conv, err = run_terminal(engine, "\x03\x03", history=None)
+    assert code == 130 and conv.messages == []
+    assert err.count("(Ctrl-C again to quit; or /exit, /bye, Ctrl-D)") == 1
+
+
+def test_terminal_multiline_block_and_alt_enter(engine) -> None:
+    _, conv, _ = run_terminal(engine, '"""\rone\rtwo"""\rthree\x1b\rfour\r\x04', history=None,
+                              settings=ChatSettings(sampling=GREEDY, max_tokens=1))
+    assert [m["content"] for m in conv.messages if m["role"] == "user"] == ["one\ntwo", "three\nfour"]
+
+
+# --- pieces ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("chatml", "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nyo<|im_end|>\n"
+               "<|im_start|>user\nok?<|im_end|>\n<|im_start|>assistant\n"),
+    ("llama2", "<s>[INST] <<SYS>>\nS\n<</SYS>>\n\nhi [/INST] yo </s><s>[INST] ok? [/INST]"),
+    ("llama3", "<s><|start_header_id|>system<|end_header_id|>\n\nS<|eot_id|><|start_header_id|>user<|end_header_id|>"
+               "\n\nhi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\nyo<|eot_id|><|start_header_id|>user"
+               "<|end_header_id|>\n\nok?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"),
+    ("mistral", "<s>[INST] S\n\nhi[/INST] yo</s>[INST] ok?[/INST]"),
+    ("gemma", "<s><start_of_turn>user\nS\n\nhi<end_of_turn>\n<start_of_turn>model\nyo<end_of_turn>\n"
+              "<start_of_turn>user\nok?<end_of_turn>\n<start_of_turn>model\n"),
+    ("phi3", "<|system|>\nS<|end|>\n<|user|>\nhi<|end|>\n<|assistant|>\nyo<|end|>\n<|user|>\nok?<|end|>\n"
+             "<|assistant|>\n"),
+    ("zephyr", "<|system|>\nS</s>\n<|user|>\nhi</s>\n<|assistant|>\nyo</s>\n<|user|>\nok?</s>\n<|assistant|>\n"),
+])
+def test_builtin_templates(name: str, expected: str) -> None:
+    messages = [{"role": "system", "content": "S"}, {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": "yo"}, {"role": "user", "content": "ok?"}]
+    assert render_template(BUILTIN_TEMPLATES[name], messages, bos_token="<s>", eos_token="</s>") == expected
+
+
+def test_reasoning_is_split_even_when_tags_straddle_chunks() -> None:
+    split = ReasoningSplitter()
+    parts = [p for chunk in ["<thi", "nk>plan</th", "ink>\n\nAnswer <", "b"] for p in split.feed(chunk)]
+    assert parts + split.flush() == [(True, "plan"), (False, "\n\nAnswer "), (False, "<b")]
+    out = io.StringIO()
+    text = PlainUI(reasoning="hide", stdout=out, stderr=io.StringIO()).show_answer(
+        iter(["plan</th", "ink>\n\nAnswer\n", "\n"]), opens_reasoning=True)
+    assert (out.getvalue(), text) == ("Answer\n\n", "plan</think>\n\nAnswer\n\n")
+
+
+def test_parse_param_and_find_command() -> None:
+    assert parse_param("temp", "0.5") == ("temperature", 0.5)
+    assert parse_param("n", "32") == ("max_tokens", 32)
+    assert parse_param("ignore-eos", "on") == ("ignore_eos", True)
+    assert parse_param("logit_bias", "15+1,2-inf") == ("logit_bias", ((15, 1.0), (2, float("-inf"))))
+    assert 'root ::= "yes" | "no"' in parse_param("grammar", "yes_no")[1]
+    with pytest.raises(InputError, match="mirostat must be between 0 and 2"):
+        parse_param("mirostat", "3")
+    assert find_command("/bye").name == "/exit" and find_command("/reg").name == "/regen"
+
+
+def test_data_dir_order(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    assert data_dir() == Path(os.environ["PYLLAMA_HOME"])
+    monkeypatch.delenv("PYLLAMA_HOME")
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
+    assert data_dir() == tmp_path / "pyllama"
+    monkeypatch.delenv("XDG_DATA_HOME")
+    assert data_dir() == Path("~/.local/share/pyllama").expanduser()
