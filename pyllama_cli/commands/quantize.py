@@ -71,12 +71,13 @@ def quantize(
     llama.cpp writes a hidden temporary file that is renamed to OUTPUT only on success.
     An error or Ctrl-C leaves no partial file; an existing OUTPUT needs --force.
     """
-    from ..core import quantize as core
     from ..core.ftypes import QUANT_TYPES, parse_tensor_type
 
     if list_types:
         _print_types(QUANT_TYPES, as_json)
         return
+    from ..core import quantize as core
+
     pos = core.parse_positionals(args or [], input_named=bool(model.model or model.hf_repo))
     if pos.nthreads is not None and threads and pos.nthreads != threads:
         raise UsageError(f"two thread counts: NTHREADS {pos.nthreads} and -t {threads}", hint="give one")

@@ -1,0 +1,116 @@
+"""`pyllama quantize` vs llama.cpp's `llama-quantize` on the realistic-shape F16 model.
+
+First a byte-identity check: both tools quantize the same input to Q8_0, Q4_0, Q4_K_M, Q6_K and F16
+(and Q4_K_M with an importance matrix); every pair of outputs must have the same sha256.
+Then whole-process wall time for the timed types, interleaved A,B,A,B; the table reports medians
+and their ratio. Target: pyllama within 1.05x of llama-quantize.
+
+    python benchmarks/bench_quantize.py [--llama-cpp-bin DIR] [-m MODEL.gguf] [-t N] [--repeat 3]
+        [--types Q4_K_M,Q8_0] [--skip-identity]
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import sys
+from pathlib import Path
+
+from _common import (
+    BENCH_DIR,
+    base_parser,
+    bench_model,
+    llama_cpp_bin,
+    median,
+    print_ratio_table,
+    pyllama_cmd,
+    run_timed,
+)
+
+IDENTITY_TYPES = ["Q8_0", "Q4_0", "Q4_K_M", "Q6_K", "F16"]
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 24), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def commands(tool: str, model: Path, out: Path, qtype: str, threads: int, flags: list[str]) -> tuple[list, list]:
+    ref = [tool, *flags, str(model), str(out.with_name("ref.gguf")), qtype, str(threads)]
+    ours = [*pyllama_cmd(), "quantize", *flags, str(model), str(out.with_name("ours.gguf")), qtype, str(threads)]
+    return ref, ours
+
+
+def clean(folder: Path) -> None:
+    for path in folder.glob("*.gguf"):
+        path.unlink()
+
+
+def check_identity(tool: str, model: Path, folder: Path, threads: int) -> None:
+    cases = [(t, []) for t in IDENTITY_TYPES]
+    cases.append(("Q4_K_M", ["--imatrix", str(bench_imatrix())]))
+    for qtype, flags in cases:
+        clean(folder)
+        ref_cmd, our_cmd = commands(tool, model, folder / "x.gguf", qtype, threads, flags)
+        run_timed(ref_cmd)
+        run_timed(our_cmd)
+        ref, ours = sha256(folder / "ref.gguf"), sha256(folder / "ours.gguf")
+        label = qtype + (" + imatrix" if flags else "")
+        print(f"{label:<18} llama-quantize {ref[:16]}  pyllama {ours[:16]}  "
+              f"{'identical' if ref == ours else 'DIFFERENT'}", file=sys.stderr)
+        if ref != ours:
+            sys.exit(f"{label}: outputs differ")
+    clean(folder)
+
+
+def bench_imatrix() -> Path:
+    """An imatrix for the realistic-shape model in llama-imatrix's GGUF format (made once)."""
+    from tests.fixtures.make_gguf import BENCH
+    from tests.test_quantize import write_imatrix
+
+    path = BENCH_DIR / "bench-imatrix.gguf"
+    if not path.exists():
+        write_imatrix(path.with_suffix(".tmp"), BENCH).rename(path)
+    return path
+
+
+def time_types(tool: str, model: Path, folder: Path, threads: int, types: list[str], repeat: int) -> list[tuple]:
+    rows = []
+    for qtype in types:
+        ref_cmd, our_cmd = commands(tool, model, folder / "x.gguf", qtype, threads, [])
+        ref_times, our_times = [], []
+        for _ in range(repeat):
+            clean(folder)
+            ref_times.append(run_timed(ref_cmd)[0])
+            our_times.append(run_timed(our_cmd)[0])
+        clean(folder)
+        print(f"{qtype}: runs (s) llama.cpp {[round(t, 2) for t in ref_times]} "
+              f"pyllama {[round(t, 2) for t in our_times]}", file=sys.stderr)
+        rows.append((f"quantize F16 -> {qtype} (s)", median(ref_times), median(our_times), "<= 1.05"))
+    return rows
+
+
+def main() -> None:
+    p = base_parser(__doc__.splitlines()[0])
+    p.add_argument("--types", default="Q4_K_M,Q8_0", help="types to time, comma-separated (default Q4_K_M,Q8_0)")
+    p.add_argument("--skip-identity", action="store_true", help="only time; skip the sha256 comparison")
+    args = p.parse_args()
+    tool = str(llama_cpp_bin(args.llama_cpp_bin) / "llama-quantize")
+    model = args.model or bench_model("F16")
+    folder = BENCH_DIR / "quantize-out"
+    folder.mkdir(parents=True, exist_ok=True)
+    need = 3 * model.stat().st_size
+    if shutil.disk_usage(folder).free < need:
+        sys.exit(f"need {need >> 20} MiB free in {folder} for two outputs")
+    print(f"input {model} ({model.stat().st_size >> 20} MiB), {args.threads} threads", file=sys.stderr)
+    if not args.skip_identity:
+        check_identity(tool, model, folder, args.threads)
+    rows = time_types(tool, model, folder, args.threads, args.types.split(","), args.repeat)
+    print_ratio_table(rows, higher_is_better=False)
+
+
+if __name__ == "__main__":
+    main()
