@@ -20,6 +20,7 @@ COMMANDS = [
     ("quantize", "quantize", "quantize"),
     ("tokenize", "tokenize", "tokenize"),
     ("detokenize", "tokenize", "detokenize"),
+    ("completion", "completion", "app"),
 ]
 
 app = typer.Typer(
@@ -35,7 +36,11 @@ app = typer.Typer(
 def _register() -> None:
     for name, module_name, attr in COMMANDS:
         module = importlib.import_module(f"{__package__}.commands.{module_name}")
-        app.command(name, epilog=getattr(module, "EXAMPLES", None))(getattr(module, attr))
+        target = getattr(module, attr)
+        if isinstance(target, typer.Typer):  # a command group (`pyllama completion install|show`)
+            app.add_typer(target, name=name)
+        else:
+            app.command(name, epilog=getattr(module, "EXAMPLES", None))(target)
 
 
 @app.callback()
