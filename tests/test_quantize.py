@@ -84,6 +84,16 @@ def test_summary_names_sizes_ratio_and_time(src: Path, tmp_path: Path) -> None:
     assert line.endswith(" s")
 
 
+def test_tensors_that_fall_back_to_another_type_are_noted(tmp_path: Path) -> None:
+    odd = write_llama_gguf(tmp_path / "odd.gguf", replace(TINY, n_ff=320))  # rows not a multiple of 256
+    result = run_cli("quantize", str(odd), "Q4_K_M")
+    assert result.exit_code == 0
+    assert result.stderr.splitlines()[:2] == [
+        "note: blk.0.ffn_down.weight - ncols 320 not divisible by 256 (required for type q4_K) -> falling back to q5_0",
+        "note: blk.1.ffn_down.weight - ncols 320 not divisible by 256 (required for type q6_K) -> falling back to q8_0",
+    ]
+
+
 def test_json_result(src: Path, tmp_path: Path) -> None:
     result = run_cli("quantize", str(src), "7", "--json")  # 7 is Q8_0's file-type number
     assert result.exit_code == 0
@@ -266,7 +276,8 @@ def test_imatrix_enables_iq2_and_is_recorded(src: Path, tmp_path: Path) -> None:
 # --- interruption ----------------------------------------------------------------------------
 
 
-def test_sigint_mid_run_exits_130_and_leaves_no_file(tmp_path: Path) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_signal_mid_run_exits_130_and_leaves_no_file(tmp_path: Path, signum: int) -> None:
     # IQ3_M on a 20 MB model takes over a second: time enough to interrupt it mid-write.
     model = write_llama_gguf(tmp_path / "big.gguf", replace(TINY, n_layer=6, n_ff=768))
     proc = subprocess.Popen([sys.executable, "-m", "pyllama_cli", "quantize", str(model), "IQ3_M", "1"],
@@ -275,7 +286,7 @@ def test_sigint_mid_run_exits_130_and_leaves_no_file(tmp_path: Path) -> None:
     while not any(p.name.startswith(".") and p.stat().st_size > 0 for p in tmp_path.iterdir()):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.01)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signum)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert out == b""

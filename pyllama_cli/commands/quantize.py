@@ -26,6 +26,7 @@ Examples:
 """
 
 QUANT_PANEL = "Quantization (llama-quantize's flags)"
+_MAX_NOTES = 5  # fallback notes shown before "... and N more"
 
 
 def _flag(*names: str, help: str) -> Any:
@@ -152,8 +153,10 @@ def _report(request: Any, result: Any, as_json: bool) -> None:
     else:
         for path in outputs:
             typer.echo(path)
-    for warning in result.warnings:
+    for warning in result.warnings[:_MAX_NOTES]:
         info(f"note: {warning}")
+    if len(result.warnings) > _MAX_NOTES:
+        info(f"note: ... and {len(result.warnings) - _MAX_NOTES} more tensors fell back to another type")
     info(f"{request.source.name} ({human_size(result.input_bytes)}) -> {Path(outputs[0]).name} "
          f"({result.quant.name}, {human_size(result.output_bytes)}): {result.ratio:.2f}x smaller "
          f"in {result.seconds:.2f} s")

@@ -1,7 +1,7 @@
 """Quantize a GGUF model with llama.cpp's `llama_model_quantize`, as `llama-quantize` does.
 
-Holds llama-quantize's type table, the reading of its positional arguments, the parameters it
-passes (imatrix data and metadata overrides included, in the same order, so the output is
+Holds the reading of llama-quantize's positional arguments (its type table is in ftypes), the
+parameters it passes (imatrix data and metadata overrides included, in the same order, so the output is
 byte-identical), and the file safety around the call: llama.cpp writes to a hidden temporary file
 next to the output that is renamed into place only on success; an error or Ctrl-C removes it.
 """
@@ -108,11 +108,17 @@ def parse_override_kv(text: str) -> KvOverride:
     if len(key.encode()) > 127 or (kind == "str" and len(raw.encode()) > 127):
         raise UsageError(f"--override-kv {text!r} is too long (keys and strings: 127 bytes at most)")
     try:
-        value: int | float | bool | str = {"int": int, "float": float, "str": str}[kind](raw) \
-            if kind != "bool" else {"true": True, "false": False}[raw]
-    except (ValueError, KeyError):
+        return KvOverride(key, kind, _kv_value(kind, raw))
+    except ValueError:
         raise UsageError(f"--override-kv {text!r}: {raw!r} is not a valid {kind}", hint=hint) from None
-    return KvOverride(key, kind, value)
+
+
+def _kv_value(kind: str, raw: str) -> int | float | bool | str:
+    if kind == "bool":
+        if raw not in ("true", "false"):
+            raise ValueError(raw)
+        return raw == "true"
+    return {"int": int, "float": float, "str": str}[kind](raw)
 
 
 # ---------------------------------------------------------------- the request
@@ -200,6 +206,8 @@ def check_request(req: QuantizeRequest) -> None:
     for out in req.output_paths():
         if any(_same_file(out, inp) for inp in req.inputs):
             raise UsageError(f"OUTPUT {out} is the input file", hint="give a different OUTPUT name")
+        if out.is_dir():
+            raise UsageError(f"OUTPUT {out} is a folder", hint=f"give a file name, e.g. {out / 'model.gguf'}")
         if not out.parent.is_dir():
             raise InputError(f"the output folder {out.parent} does not exist", hint="create it first")
         if out.exists() and not req.force:
@@ -258,7 +266,8 @@ def _run_worker(req: QuantizeRequest, imatrix: ImatrixData | None, staging: _Sta
     params, keepalive = build_params(req, imatrix)
     status: list[int] = []
 
-    def work() -> None:
+    # `keep` holds what params points into for as long as the thread runs, even past an interrupt.
+    def work(keep: list[Any] = keepalive) -> None:
         status.append(int(lib.llama_model_quantize(
             str(req.source).encode(), str(staging.llama_target).encode(), ctypes.byref(params))))
 
@@ -270,7 +279,6 @@ def _run_worker(req: QuantizeRequest, imatrix: ImatrixData | None, staging: _Sta
         except KeyboardInterrupt:
             _stop(worker, staging, parser)
             raise Interrupted("quantization interrupted; no output file was written") from None
-    del keepalive
     return status[0] if status else 1
 
 
@@ -419,8 +427,12 @@ class _Staging:
                                hint="choose an OUTPUT in a folder you can write to") from None
 
     def commit(self) -> None:
-        for temp, final in zip(self.temps, self.finals):
-            os.replace(temp, final)
+        try:
+            for temp, final in zip(self.temps, self.finals):
+                os.replace(temp, final)
+        except OSError as exc:
+            raise PyllamaError(f"cannot rename the finished output to {exc.filename2 or exc.filename}: "
+                               f"{exc.strerror}", hint="check the OUTPUT path") from None
         self.temps = []
 
     def discard(self) -> None:
@@ -507,8 +519,9 @@ class _LogParser:
             self.done = int(match.group(1))
             self.total = int(match.group(2))
             self.done_bytes += self.sizes.get(match.group(3), 0)
-            if "falling back" in line:
-                self.warnings.append(line.split(" - ", 1)[0] + ": " + line.rsplit("-> ", 1)[-1].strip())
+        elif line.startswith("warning: ") and "falling back" in line:
+            # `warning: NAME - ncols N not divisible by 256 (required for type q4_K) -> falling back to q5_0`
+            self.warnings.append(" ".join(line[len("warning: "):].split()))
 
     def snapshot(self) -> TensorProgress:
         with self.lock:
