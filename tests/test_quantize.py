@@ -126,6 +126,20 @@ def test_keep_split_writes_one_part_per_input_part(tmp_path: Path) -> None:
     assert len(greedy_tokens(outs[0])) == 4
 
 
+def test_hf_repo_as_input_writes_into_the_current_folder(f32_model: Path, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.fixtures.fake_hf import FakeHub
+
+    with FakeHub() as hub:
+        hub.add_repo("org/m-GGUF", {"m-F32.gguf": f32_model})
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        monkeypatch.chdir(tmp_path)
+        result = run_cli("quantize", "-hf", "org/m-GGUF:F32", "Q8_0")
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == f"{tmp_path / 'm-Q8_0.gguf'}\n"
+    assert sha256(tmp_path / "m-Q8_0.gguf") == sha256(write_quantized(f32_model, tmp_path / "ref.gguf", "Q8_0"))
+
+
 # --- arguments -------------------------------------------------------------------------------
 
 
