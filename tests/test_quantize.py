@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -268,6 +269,30 @@ def write_imatrix(path: Path, spec=TINY) -> Path:
     return path
 
 
+def write_legacy_imatrix(path: Path, spec=TINY) -> Path:
+    """The same entries in llama-imatrix's older binary format (sums pre-divided by the call count)."""
+    rng = np.random.default_rng(2)
+    entries = [(f"blk.{i}.{name}.weight", spec.n_ff if name == "ffn_down" else spec.n_embd)
+               for i in range(spec.n_layer)
+               for name in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")]
+    data = struct.pack("<i", len(entries))
+    for name, width in entries:
+        data += struct.pack("<i", len(name)) + name.encode() + struct.pack("<ii", 7, width)
+        data += (rng.random(width) * 100).astype(np.float32).tobytes()
+    data += struct.pack("<ii", 5, len(b"legacy.txt")) + b"legacy.txt"
+    path.write_bytes(data)
+    return path
+
+
+def test_legacy_imatrix_is_read_as_llama_quantize_reads_it(tmp_path: Path) -> None:
+    from pyllama_cli.core.imatrix import load_imatrix
+
+    data = load_imatrix(str(write_legacy_imatrix(tmp_path / "im.dat")), exclude=["ffn"])
+    assert (data.chunk_count, data.datasets, len(data.entries)) == (5, ["legacy.txt"], 8)
+    first = (np.random.default_rng(2).random(TINY.n_embd) * 100).astype(np.float32)
+    np.testing.assert_array_equal(data.entries["blk.0.attn_q.weight"], first / np.float32(7))
+
+
 def test_imatrix_enables_iq2_and_is_recorded(src: Path, tmp_path: Path) -> None:
     imatrix = write_imatrix(tmp_path / "imatrix.gguf")
     out = tmp_path / "iq2.gguf"
@@ -319,12 +344,16 @@ def _llama_quantize() -> Path | None:
 
 @pytest.mark.reference
 @pytest.mark.skipif(_llama_quantize() is None, reason="set LLAMA_CPP_BIN to a folder with llama-quantize")
-@pytest.mark.parametrize("qtype", IDENTICAL_TYPES + ["IQ2_XS+imatrix"])
+@pytest.mark.parametrize("qtype", IDENTICAL_TYPES + ["IQ2_XS+imatrix", "IQ2_XS+legacy", "Q4_K_M+exclude"])
 def test_byte_identical_to_llama_quantize(src: Path, tmp_path: Path, qtype: str) -> None:
+    qtype, _, imatrix = qtype.partition("+")
     flags: list[str] = []
-    if qtype.endswith("+imatrix"):
-        qtype = qtype.split("+")[0]
+    if imatrix == "legacy":
+        flags = ["--imatrix", str(write_legacy_imatrix(tmp_path / "imatrix.dat"))]
+    elif imatrix:
         flags = ["--imatrix", str(write_imatrix(tmp_path / "imatrix.gguf"))]
+    if imatrix == "exclude":
+        flags += ["--exclude-weights", "blk.1.attn_q"]
     theirs, ours = tmp_path / "theirs.gguf", tmp_path / "ours.gguf"
     subprocess.run([str(_llama_quantize()), *flags, str(src), str(theirs), qtype, "2"], check=True,
                    capture_output=True)
