@@ -20,6 +20,7 @@ COMMANDS = [
     ("quantize", "quantize", "quantize"),
     ("tokenize", "tokenize", "tokenize"),
     ("detokenize", "tokenize", "detokenize"),
+    ("perplexity", "perplexity", "perplexity"),
     ("completion", "completion", "app"),
 ]
 

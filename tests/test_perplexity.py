@@ -1,0 +1,326 @@
+"""`pyllama perplexity`: llama-perplexity's PPL, KL divergence against a base model, HellaSwag, Winogrande.
+
+Expected values are computed here independently: logits from llama-cpp-python's high-level
+`Llama` (one chunk at a time) and the NLL math in numpy. Flash attention is off on both sides
+because the CPU flash-attention kernel rounds through F16, differently for different batch shapes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pyllama_cli.core import multiple_choice as mc
+from tests.fixtures.make_gguf import _COMMON_WORDS, TINY, write_llama_gguf, write_quantized
+from tests.helpers import run_cli
+
+N_CTX = 128
+
+
+def english(n_words: int, seed: int = 7) -> str:
+    """Deterministic sentences of words the tiny model's vocabulary holds whole."""
+    x, words = seed, []
+    for _ in range(n_words):
+        x = (x * 1103515245 + 12345) % 2**31
+        words.append(_COMMON_WORDS[(x >> 8) % len(_COMMON_WORDS)])
+    sentences = [" ".join(words[i:i + 8]) for i in range(0, n_words, 8)]
+    return " ".join(s[0].upper() + s[1:] + "." for s in sentences) + "\n"
+
+
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("ppl") / "text.txt"
+    path.write_text(english(480))  # 650 tokens: 5 chunks of 128
+    return path
+
+
+@pytest.fixture(scope="module")
+def llama(tiny_model: Path):
+    import llama_cpp
+
+    return llama_cpp.Llama(str(tiny_model), n_ctx=N_CTX, logits_all=True, flash_attn=False, verbose=False)
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    x = logits.astype(np.float64)
+    top = x.max(axis=-1, keepdims=True)
+    return x - top - np.log(np.exp(x - top).sum(axis=-1, keepdims=True))
+
+
+def chunk_logits(llama, tokens: list[int]) -> np.ndarray:
+    llama.reset()
+    llama.eval(tokens)
+    return np.array(llama.scores[:len(tokens)])
+
+
+@pytest.fixture(scope="module")
+def expected_nll(llama, text_file: Path) -> list[np.ndarray]:
+    """Per chunk, the NLL of tokens n_ctx/2+1 .. n_ctx-1, with the chunk's first token made BOS."""
+    tokens = llama.tokenize(text_file.read_bytes()[:-1], add_bos=True, special=False)
+    first, out = N_CTX // 2, []
+    for c in range(len(tokens) // N_CTX):
+        chunk = [llama.token_bos()] + list(tokens[c * N_CTX + 1:(c + 1) * N_CTX])
+        lp = log_softmax(chunk_logits(llama, chunk)[first:N_CTX - 1])
+        out.append(-lp[np.arange(len(lp)), chunk[first + 1:]])
+    return out
+
+
+def expected_stdout(nll: list[np.ndarray]) -> str:
+    parts, seen = [], np.zeros(0)
+    for i, chunk in enumerate(nll, 1):
+        seen = np.concatenate([seen, chunk])
+        parts.append(f"[{i}]{math.exp(seen.mean()):.4f},")
+    ppl = math.exp(seen.mean())
+    unc = ppl * math.sqrt((np.mean(seen ** 2) - seen.mean() ** 2) / (len(seen) - 1))
+    return "".join(parts) + f"\nFinal estimate: PPL = {ppl:.4f} +/- {unc:.5f}\n"
+
+
+def ppl(model: Path, *args: str):
+    return run_cli("perplexity", "-m", str(model), "-c", str(N_CTX), "-fa", "off", *args)
+
+
+# ---------------------------------------------------------------- perplexity
+
+
+def test_ppl_equals_numpy_over_llama_cpp_python_logits(tiny_model: Path, text_file: Path, expected_nll) -> None:
+    result = ppl(tiny_model, "-f", str(text_file))
+    assert result.exit_code == 0, result.stderr
+    assert len(expected_nll) == 5
+    assert result.stdout == expected_stdout(expected_nll)
+    assert result.stderr.splitlines()[0] == "perplexity: 650 tokens, 5 chunks of 128, 5 per batch of 640"
+
+
+@pytest.mark.parametrize("batch", ["128", "48"])  # one chunk per decode; a chunk over three decodes
+def test_batch_size_changes_nothing(tiny_model: Path, text_file: Path, expected_nll, batch: str) -> None:
+    result = ppl(tiny_model, "-f", str(text_file), "-b", batch, "--chunks", "2")
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == expected_stdout(expected_nll[:2])
+
+
+def test_json_has_each_chunk_and_the_final_estimate(tiny_model: Path, text_file: Path, expected_nll) -> None:
+    result = ppl(tiny_model, "-f", str(text_file), "--chunks", "3", "--json")
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    seen = np.concatenate(expected_nll[:3])
+    assert [c["chunk"] for c in data["chunks"]] == [1, 2, 3]
+    assert f"{data['ppl']:.4f}" == f"{math.exp(seen.mean()):.4f}"
+    assert data["chunks"][-1]["ppl"] == data["ppl"]
+    assert (data["n_tokens"], data["n_ctx"], data["n_chunks"], data["n_seq"], data["scored_tokens"]) == \
+        (650, 128, 3, 3, 3 * 63)
+
+
+def test_text_too_short_says_how_many_tokens(tiny_model: Path, tmp_path: Path) -> None:
+    short = tmp_path / "short.txt"
+    short.write_text(english(40))
+    result = run_cli("perplexity", "-m", str(tiny_model), "-f", str(short))
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    assert result.first_stderr_line == ("Error: the text is 55 tokens long; perplexity with a context of 512 "
+                                        "needs at least 1024 tokens")
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    ((), "Error: no text to score"),
+    (("--kl-divergence",), "Error: --kl-divergence needs --kl-divergence-base FILE"),
+    (("-f", "x.txt", "--hellaswag", "h.txt"), "Error: --hellaswag does not read -f"),
+    (("--hellaswag", "h.txt", "--winogrande", "w.csv"), "Error: --hellaswag and --winogrande cannot be combined"),
+    (("-f", "missing.txt"), "Error: text file not found: missing.txt"),
+])
+def test_bad_flag_combinations(tiny_model: Path, args: tuple[str, ...], message: str) -> None:
+    result = run_cli("perplexity", "-m", str(tiny_model), *args)
+    assert result.exit_code == 1
+    assert result.first_stderr_line == message
+
+
+# ---------------------------------------------------------------- KL divergence
+
+
+@pytest.fixture(scope="module")
+def quantized(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    folder = tmp_path_factory.mktemp("quant")
+    return write_quantized(tiny_model, folder / "f16.gguf", "F16"), write_quantized(tiny_model, folder / "q4.gguf",
+                                                                                    "Q4_0")
+
+
+def save_base(model: Path, text: Path, out: Path, *args: str):
+    return ppl(model, "-f", str(text), "--kl-divergence-base", str(out), *args)
+
+
+def test_base_file_records_tokens_context_and_vocab(tiny_model: Path, text_file: Path, tmp_path: Path,
+                                                     llama) -> None:
+    base = tmp_path / "base.kld"
+    result = save_base(tiny_model, text_file, base, "--chunks", "2")
+    assert result.exit_code == 0, result.stderr
+    data = base.read_bytes()
+    assert data[:8] == b"_logits_"
+    assert np.frombuffer(data, "<i4", 3, 8).tolist() == [N_CTX, 1024, 2]
+    tokens = np.frombuffer(data, "<i4", 2 * N_CTX, 20)
+    assert tokens.tolist() == llama.tokenize(text_file.read_bytes()[:-1], add_bos=True)[:2 * N_CTX]
+    assert len(data) == 20 + 4 * 2 * N_CTX + 2 * 2 * 63 * (1024 + 4)
+
+
+def test_kld_of_a_model_against_itself_is_zero(tiny_model: Path, text_file: Path, tmp_path: Path) -> None:
+    base = tmp_path / "base.kld"
+    assert save_base(tiny_model, text_file, base).exit_code == 0
+    result = ppl(tiny_model, "--kl-divergence", "--kl-divergence-base", str(base), "--json")
+    assert result.exit_code == 0, result.stderr
+    summary = json.loads(result.stdout)["summary"]
+    assert abs(summary["kld"]["mean"]) < 1e-5 and abs(summary["kld"]["max"]) < 1e-5
+    assert summary["same_top"]["p"] == 1.0
+    assert summary["count"]["positions"] == 5 * 63
+    text = ppl(tiny_model, "--kl-divergence", "--kl-divergence-base", str(base)).stdout.splitlines()
+    assert text[0].startswith("chunk             PPL               ln(PPL(Q)/PPL(base))")
+    assert len(text[1:6]) == 5 and all(line.endswith("100.000 ±  0.000 %") for line in text[1:6])
+    assert "Same top p: 100.000 ± 0.000 %" in text
+    assert "Mean    KLD:   0.000000 ±   0.000000" in text
+
+
+def test_kld_of_q4_0_against_its_f16_base_is_positive(quantized: tuple[Path, Path], text_file: Path,
+                                                      tmp_path: Path) -> None:
+    f16, q4 = quantized
+    base = tmp_path / "f16.kld"
+    assert save_base(f16, text_file, base, "--chunks", "3").exit_code == 0
+    result = ppl(q4, "--kl-divergence", "--kl-divergence-base", str(base), "--json")
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert len(data["chunks"]) == 3
+    kld = data["summary"]["kld"]
+    assert kld["mean"] > 1e-4 and kld["min"] <= kld["median"] <= kld["99.0%"] <= kld["max"]
+    assert data["summary"]["same_top"]["p"] < 1.0
+    lines = ppl(q4, "--kl-divergence", "--kl-divergence-base", str(base)).stdout.splitlines()
+    assert [line.split(":")[0] for line in lines if "KLD:" in line] == [
+        "Mean    KLD", "Maximum KLD", "99.9%   KLD", "99.0%   KLD", "95.0%   KLD", "90.0%   KLD", "Median  KLD",
+        "10.0%   KLD", " 5.0%   KLD", " 1.0%   KLD", " 0.1%   KLD", "Minimum KLD"]
+
+
+def test_base_from_another_vocabulary_or_context_is_refused(tiny_model: Path, text_file: Path, tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    other = write_llama_gguf(tmp_path / "other.gguf", replace(TINY, n_vocab_pieces=TINY.n_vocab_pieces - 24))
+    base = tmp_path / "base.kld"
+    assert save_base(other, text_file, base, "--chunks", "2").exit_code == 0
+    result = ppl(tiny_model, "--kl-divergence", "--kl-divergence-base", str(base))
+    assert result.exit_code == 1
+    assert result.first_stderr_line == (f"Error: {base} was made with a 1000-token vocabulary; this model has "
+                                        "1024 tokens")
+    result = run_cli("perplexity", "-m", str(other), "--kl-divergence", "--kl-divergence-base", str(base), "-c", "64")
+    assert result.first_stderr_line == (f"Error: {base} was made with a context of 128 tokens; this run asked for "
+                                        "-c 64")
+    result = ppl(tiny_model, "--kl-divergence", "--kl-divergence-base", str(text_file))
+    assert result.first_stderr_line == f"Error: {text_file} is not a KL-divergence base file (no _logits_ header)"
+
+
+def test_failed_run_leaves_no_base_file(tiny_model: Path, text_file: Path, tmp_path: Path) -> None:
+    short = tmp_path / "short.txt"
+    short.write_text(english(40))
+    result = save_base(tiny_model, short, tmp_path / "base.kld")
+    assert result.exit_code == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["short.txt"]
+    result = save_base(tiny_model, text_file, tmp_path / "no" / "base.kld")
+    assert result.first_stderr_line == (f"Error: cannot write {tmp_path / 'no' / 'base.kld'}: "
+                                        f"{tmp_path / 'no'} is not a directory")
+
+
+# ---------------------------------------------------------------- HellaSwag and Winogrande
+
+
+HELLASWAG = """\
+The quick brown fox
+1
+is a small dog.
+jumps over the lazy dog.
+was here last day.
+can make a new story.
+Once upon a time there was
+3
+the the the the.
+a good day to you.
+no one here.
+a small fox with a name.
+What is the answer to
+0
+the first question?
+brown brown fox fox.
+lazy lazy lazy.
+day day dog.
+Thank you for the
+2
+fox fox fox.
+dog was not.
+good chat and the story.
+old old new.
+"""
+
+
+def test_task_sampling_draws_what_llama_cpp_draws() -> None:
+    # Orders printed by a C++ program with std::mt19937(1) and libstdc++'s distributions, as llama.cpp draws.
+    assert [n for n, _ in mc.select_hellaswag(list(range(10)), 6)] == [5, 10, 7, 9, 1, 2]
+    assert [n for n, _ in mc.select_hellaswag(list(range(4)), 400)] == [2, 4, 3, 1]
+    assert [n for n, _ in mc.select_winogrande(list(range(10)), 4)] == [5, 9, 6, 7]
+
+
+def test_hellaswag_scores_each_ending_by_its_mean_log_prob(tiny_model: Path, tmp_path: Path, llama) -> None:
+    path = tmp_path / "hs.txt"
+    path.write_text(HELLASWAG)
+    result = ppl(tiny_model, "--hellaswag", str(path), "--json")
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert [r["file_task"] for r in data["results"]] == [2, 4, 3, 1]  # llama.cpp's draw order
+    lines = HELLASWAG.splitlines()
+    for r in data["results"]:
+        context, endings = lines[6 * r["file_task"] - 6], lines[6 * r["file_task"] - 4:6 * r["file_task"]]
+        seqs = [llama.tokenize(f"{context} {e}".encode(), add_bos=True) for e in endings]
+        prefix = next(i for i in range(min(map(len, seqs))) if len({s[i] for s in seqs}) > 1)
+        for seq, score in zip(seqs, r["scores"]):
+            lp = log_softmax(chunk_logits(llama, seq)[prefix - 1:-1])
+            assert score == pytest.approx(lp[np.arange(len(lp)), seq[prefix:]].mean(), abs=1e-4)
+        assert r["chosen"] == int(np.argmax(r["scores"]))
+    n_right = sum(r["correct"] for r in data["results"])
+    assert data["accuracy"] == n_right / 4
+    text = ppl(tiny_model, "--hellaswag", str(path), "--hellaswag-tasks", "2").stdout.splitlines()
+    first = data["results"][0]["correct"]
+    low, high = mc.wilson_interval(float(first), 1)
+    assert text[:2] == ["task\tacc_norm\t95% confidence interval",
+                        f"1\t{100.0 * first:.8f}%\t[{100 * low:.4f}%, {100 * high:.4f}%]"]
+    assert text[-1].startswith("Final HellaSwag score(2 tasks): ")
+
+
+WINOGRANDE = """\
+index,sentence,option1,option2,answer
+0,The fox was quick but the dog was lazy so _ jumps over the dog.,fox,dog,1
+1,"The model has a good answer, so _ is here to tell me.",model,question,1
+2,Hello there _.,world,dog,1
+3,What is the name of _ dog?,your,their,2
+"""
+
+
+def test_winogrande_rows_and_final_score(tiny_model: Path, tmp_path: Path, llama) -> None:
+    path = tmp_path / "wg.csv"
+    path.write_text(WINOGRANDE)
+    result = ppl(tiny_model, "--winogrande", str(path))
+    assert result.exit_code == 0, result.stderr
+    rows = [line.split() for line in result.stdout.splitlines()[:3]]
+    assert [(r[0], r[5]) for r in rows] == [("1", "1"), ("2", "1"), ("3", "1")]
+    # Task 1 has more than 3 tokens after the blank: only those count, less the final ".".
+    seq = llama.tokenize(b"The fox was quick but the dog was lazy so fox jumps over the dog.", add_bos=True)
+    base = len(llama.tokenize(b"The fox was quick but the dog was lazy so fox", add_bos=True))
+    lp = log_softmax(chunk_logits(llama, seq)[base - 1:len(seq) - 2])
+    assert float(rows[0][2]) == pytest.approx(lp[np.arange(len(lp)), seq[base:len(seq) - 1]].mean(), abs=2e-6)
+    n_right = sum(r[4] == r[5] for r in rows)
+    p = np.float32(n_right / 3)
+    assert result.stdout.splitlines()[-1] == (
+        f"Final Winogrande score(3 tasks): {100 * p:.4f} +/- {100 * math.sqrt(p * (1 - p) / 2):.4f}")
+    # As in llama-perplexity, the last row is not read (no newline follows it once -f drops one).
+    assert "Warning: the last line of" in result.stderr
+
+
+def test_bad_hellaswag_file_is_one_clear_error(tiny_model: Path, tmp_path: Path) -> None:
+    path = tmp_path / "hs.txt"
+    path.write_text("\n".join(HELLASWAG.splitlines()[:8]) + "\n")
+    result = ppl(tiny_model, "--hellaswag", str(path))
+    assert result.exit_code == 1
+    assert result.first_stderr_line == "Error: a HellaSwag file has 6 lines per task; this one has 8 lines"
