@@ -1,0 +1,124 @@
+"""`pyllama perplexity` against `llama-perplexity`: the same numbers, and the wall time side by side.
+
+Both tools score the same text on the realistic-shape model (8 chunks of 512 by default, 4 chunks
+per decode as llama-perplexity batches them), interleaved A,B,A,B... Every run's [i] values and final
+estimate must agree to all printed decimals; the wall time (process start, model load and all) is
+reported as the median ratio, target <= 1.10x.
+
+With --kld the script also makes a KL-divergence base file with llama-perplexity from the F16 model,
+then compares the Q4_0 model against it with both tools (pyllama reads llama.cpp's base file) and
+checks that the printed tables agree.
+
+    python benchmarks/bench_perplexity.py [--chunks 8] [-c 512] [--repeat 3] [--kld]
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+from _common import (
+    BENCH_DIR,
+    base_parser,
+    bench_model,
+    llama_cpp_bin,
+    median,
+    print_ratio_table,
+    pyllama_cmd,
+    run_timed,
+)
+
+_CHUNK_LINE = re.compile(r"(\[\d+\][0-9.]+,)+")
+_FINAL = re.compile(r"Final estimate: PPL = [0-9.]+ \+/- [0-9.]+")
+
+
+def english_text(n_words: int) -> str:
+    """Deterministic sentences of whole-word pieces the synthetic vocabulary holds."""
+    from tests.fixtures.make_gguf import _COMMON_WORDS
+
+    x, words = 7, []
+    for _ in range(n_words):
+        x = (x * 1103515245 + 12345) % 2**31
+        words.append(_COMMON_WORDS[(x >> 8) % len(_COMMON_WORDS)])
+    sentences = [" ".join(words[i:i + 8]) for i in range(0, n_words, 8)]
+    return " ".join(s[0].upper() + s[1:] + "." for s in sentences) + "\n"
+
+
+def text_file(n_tokens: int) -> Path:
+    path = BENCH_DIR / f"ppl-text-{n_tokens}.txt"
+    if not path.exists():
+        path.write_text(english_text(n_tokens * 3 // 4 + 64))  # ~1.3 tokens per word with the punctuation
+    return path
+
+
+def scores(output: bytes) -> tuple[str, str]:
+    """The [i] line and the final estimate line of either tool's combined output."""
+    text = output.decode(errors="replace")
+    chunks, final = _CHUNK_LINE.search(text), _FINAL.search(text)
+    if not chunks or not final:
+        raise SystemExit(f"no perplexity figures in the output:\n{text[-2000:]}")
+    return chunks.group(0), final.group(0)
+
+
+def compare_ppl(args, ref_bin: Path, model: Path, text: Path) -> list[tuple[str, float, float, str]]:
+    common = ["-m", str(model), "-f", str(text), "-c", str(args.ctx), "--chunks", str(args.chunks),
+              "-t", str(args.threads)]
+    ref_cmd = [str(ref_bin / "llama-perplexity"), *common]
+    our_cmd = [*pyllama_cmd(), "perplexity", *common]
+    ref_times, our_times = [], []
+    for i in range(args.repeat):
+        t_ref, ref = run_timed(ref_cmd)
+        t_our, our = run_timed(our_cmd)
+        ref_times.append(t_ref)
+        our_times.append(t_our)
+        ref_scores, our_scores = scores(ref.stdout + ref.stderr), scores(our.stdout + our.stderr)
+        print(f"run {i + 1}: llama-perplexity {t_ref:.2f} s, pyllama {t_our:.2f} s", file=sys.stderr)
+        if ref_scores != our_scores:
+            raise SystemExit(f"PPL differs:\n  llama-perplexity: {ref_scores}\n  pyllama:          {our_scores}")
+    print(f"{ref_scores[1]}  (both tools, every chunk equal: {ref_scores[0]})")
+    return [(f"wall s, {args.chunks} chunks of {args.ctx}", median(ref_times), median(our_times), "<= 1.10")]
+
+
+def compare_kld(args, ref_bin: Path, text: Path) -> None:
+    f16, q4 = bench_model("F16"), bench_model("Q4_0")
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(tmp) / "f16.kld"
+        common = ["-c", str(args.ctx), "-t", str(args.threads)]
+        run_timed([str(ref_bin / "llama-perplexity"), "-m", str(f16), "-f", str(text), "--chunks", str(args.chunks),
+                   "--kl-divergence-base", str(base), *common])
+        kld = ["-m", str(q4), "--kl-divergence", "--kl-divergence-base", str(base), *common]
+        _, ref = run_timed([str(ref_bin / "llama-perplexity"), *kld])
+        _, our = run_timed([*pyllama_cmd(), "perplexity", *kld])
+    ref_rows = [ln for ln in ref.stdout.decode().splitlines() if re.match(r"^ +\d+ +[0-9.]+ ±", ln)]
+    our_rows = [ln for ln in our.stdout.decode().splitlines() if re.match(r"^ +\d+ +[0-9.]+ ±", ln)]
+    print("\nKL divergence of Q4_0 against an F16 base made by llama-perplexity:")
+    print("\n".join(our_rows))
+    same = ref_rows == our_rows
+    print(f"per-chunk table equal to llama-perplexity's: {'yes' if same else 'NO'}")
+    for line in our.stdout.decode().splitlines():
+        if line.startswith(("Mean    KLD", "Same top p", "99.0%   KLD", "Median  KLD")):
+            print(line)
+    if not same:
+        raise SystemExit("KL-divergence tables differ:\n" + "\n".join(ref_rows))
+
+
+def main() -> None:
+    p = base_parser(__doc__.splitlines()[0])
+    p.add_argument("-c", "--ctx", type=int, default=512, help="tokens per chunk")
+    p.add_argument("--chunks", type=int, default=8)
+    p.add_argument("--kld", action="store_true", help="also compare KL divergence (Q4_0 against an F16 base)")
+    args = p.parse_args()
+    ref_bin = llama_cpp_bin(args.llama_cpp_bin)
+    model = args.model or bench_model("Q4_0")
+    text = text_file(args.ctx * (args.chunks + 1))
+    print(f"model {model.name}, text {text.name}, {args.threads} threads, {args.repeat} interleaved runs each")
+    rows = compare_ppl(args, ref_bin, model, text)
+    print_ratio_table(rows, higher_is_better=False)
+    if args.kld:
+        compare_kld(args, ref_bin, text)
+
+
+if __name__ == "__main__":
+    main()
