@@ -87,10 +87,11 @@ def plan_chunks(n_tokens: int, n_ctx: int, n_batch: int, max_chunks: int = -1) -
     if n_ctx < 4:
         raise UsageError(f"-c {n_ctx} is too small for perplexity", hint=f"use -c {DEFAULT_CHUNK_CTX} (the default)")
     if n_tokens < 2 * n_ctx:
+        smaller = f", or a smaller context (-c {n_tokens // 2} fits this one)" if n_tokens >= 8 else ""
         raise InputError(
-            f"the text is {n_tokens} tokens long; perplexity with a context of {n_ctx} needs at least "
-            f"{2 * n_ctx} tokens",
-            hint=f"use a longer text, or a smaller context (-c {max(4, n_tokens // 2)} fits this one)",
+            f"the text is {n_tokens} token{'s' if n_tokens != 1 else ''} long; perplexity with a context of "
+            f"{n_ctx} needs at least {2 * n_ctx} tokens",
+            hint=f"use a longer text{smaller}",
         )
     n_chunk = n_tokens // n_ctx
     if max_chunks > 0:
