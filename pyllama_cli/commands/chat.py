@@ -115,8 +115,6 @@ def _make_ui(plain: bool, reasoning: str, no_history: bool):  # noqa: ANN202
 
 
 def _banner(name: str, description: str, template: str, n_ctx: int, system: str) -> list[str]:
-    lines = [f"pyllama chat · {name} ({description})",
-             f"template: {template} · context: {n_ctx} tokens" + (" · custom system prompt" if system else ""),
-             '/help for commands · Ctrl-C stops an answer · Ctrl-D or /exit quits · """ or Alt-Enter for '
-             "several lines"]
-    return lines
+    return [f"pyllama chat · {name} ({description})",
+            f"template: {template} · context: {n_ctx} tokens" + (" · custom system prompt" if system else ""),
+            "/help for commands · Ctrl-C stops an answer · Ctrl-D or /exit quits"]
