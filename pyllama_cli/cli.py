@@ -14,6 +14,7 @@ from .errors import Interrupted, PyllamaError
 # module level, so building the app for `--help` stays fast.
 COMMANDS = [
     ("info", "info", "info"),
+    ("serve", "serve", "serve"),
     ("chat", "chat", "chat"),
     ("bench", "bench", "bench"),
     ("complete", "complete", "complete"),

@@ -1,0 +1,149 @@
+"""`pyllama serve`: an OpenAI-compatible HTTP server for one model."""
+
+from __future__ import annotations
+
+import re
+import socket
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from ..console import err
+from ..core.resolve import ModelRequest
+from ..core.settings import LoadSettings
+from ..errors import ModelLoadError, PyllamaError, UsageError
+from ..options import model_options
+from ..sampling_options import SamplingOptions, sampling_options
+from .common import resolve
+
+EXAMPLES = """\
+Examples:
+  pyllama serve -m model.gguf
+  pyllama serve -hf ggml-org/gemma-3-1b-it-GGUF --port 8000 --alias gemma
+  pyllama serve -m model.gguf --host 0.0.0.0 --api-key "$(cat key.txt)" --cors-origin https://app.example
+  pyllama serve -m embedder.gguf --embeddings
+  curl http://127.0.0.1:8080/v1/chat/completions -d '{"messages": [{"role": "user", "content": "Hi"}]}'
+"""
+
+SERVER_PANEL = "Server"
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8080
+_SIZE = re.compile(r"^\s*(\d+)\s*([kmg]?)(i?b)?\s*$", re.IGNORECASE)
+
+
+@model_options(load=True)
+@sampling_options()
+def serve(
+    model: ModelRequest,
+    load: LoadSettings,
+    sampling: SamplingOptions,
+    host: Annotated[str, typer.Option("--host", help="Address to listen on.", rich_help_panel=SERVER_PANEL)]
+    = DEFAULT_HOST,
+    port: Annotated[int, typer.Option(
+        "--port", min=0, max=65535, help="Port to listen on (0 = any free port; the URL is printed).",
+        rich_help_panel=SERVER_PANEL)] = DEFAULT_PORT,
+    alias: Annotated[str | None, typer.Option(
+        "-a", "--alias", help="Model id clients use (default: the model file's name without .gguf).",
+        rich_help_panel=SERVER_PANEL, show_default=False)] = None,
+    api_key: Annotated[str | None, typer.Option(
+        "--api-key", envvar="PYLLAMA_API_KEY", help="Require 'Authorization: Bearer KEY' (all routes but /health).",
+        rich_help_panel=SERVER_PANEL, show_default=False)] = None,
+    cors_origin: Annotated[list[str] | None, typer.Option(
+        "--cors-origin", help="Allow browser requests from this origin (repeatable; '*' = any). No CORS headers "
+        "unless given.", rich_help_panel=SERVER_PANEL, show_default=False)] = None,
+    embeddings: Annotated[bool, typer.Option(
+        "--embeddings", help="Serve an embedding model: /v1/embeddings only.", rich_help_panel=SERVER_PANEL)] = False,
+    max_body_size: Annotated[str, typer.Option(
+        "--max-body-size", help="Largest request body accepted (bytes, or with K/M/G; larger gets 413).",
+        rich_help_panel=SERVER_PANEL)] = "8MiB",
+    chat_template: Annotated[str | None, typer.Option(
+        "--chat-template", help="Chat template NAME, .jinja FILE or Jinja text (default: the model's own).",
+        rich_help_panel=SERVER_PANEL, show_default=False)] = None,
+) -> None:
+    """Serve a model over an OpenAI-compatible HTTP API: chat, completions, embeddings.
+
+    Official OpenAI clients work with base_url http://HOST:PORT/v1. The server answers /health with
+    503 while the model loads and 200 after; /docs has the API's schema. Sampling flags set the
+    defaults that requests override; -n sets the default max_tokens (default: the rest of the context).
+    """
+    from ..server.settings import ServerSettings
+
+    if chat_template:
+        from ..core.chat_template import resolve_template
+
+        resolve_template(None, chat_template)  # an unknown name fails before the model loads
+    resolved = resolve(model)
+    settings = ServerSettings(
+        alias=alias or _default_alias(resolved.path), sampling=sampling.settings, n_predict=sampling.n_predict,
+        stop=sampling.stop, api_key=api_key or None, cors_origins=tuple(cors_origin or ()),
+        max_body_size=parse_size(max_body_size), chat_template=chat_template,
+    )
+    sock = _listen(host, port)
+    _run(sock, resolved.path, load, settings, embeddings)
+
+
+def _run(sock: socket.socket, path: Path, load: LoadSettings, settings: Any, embeddings: bool) -> None:
+    import uvicorn
+
+    from ..core.engine import SingleSlotEngine
+    from ..server.app import create_app
+
+    url = _url(sock)
+    server: uvicorn.Server
+
+    def on_ready(engine: Any) -> None:
+        kind = "embeddings" if embeddings else "chat and completions"
+        err().print(f"pyllama serve: ready at {url}/v1 - model {settings.alias!r} ({path.name}), "
+                    f"context {engine.n_ctx} tokens, {kind}", markup=False, highlight=False)
+
+    def on_failure(_: BaseException) -> None:
+        server.should_exit = True
+
+    engine = SingleSlotEngine(path, load, embeddings=embeddings, on_ready=on_ready, on_failure=on_failure)
+    app = create_app(engine, settings)
+    config = uvicorn.Config(app, log_level="info" if load.verbose else "warning", access_log=load.verbose,
+                            timeout_graceful_shutdown=5, lifespan="on")
+    server = uvicorn.Server(config)
+    err().print(f"pyllama serve: listening on {url} - loading {path.name} (/health answers 503 until ready)",
+                markup=False, highlight=False)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
+    if engine.error is not None:
+        error = engine.error
+        raise error if isinstance(error, PyllamaError) else ModelLoadError(f"could not load {path.name}: {error}")
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """Bind the port before loading anything, so a taken port fails at once with a clear message."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise UsageError(f"cannot listen on {host}:{port}: {reason}",
+                         hint="pick another --port (0 = any free port) or --host") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def _url(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def _default_alias(path: Path) -> str:
+    return path.stem
+
+
+def parse_size(text: str) -> int:
+    """Bytes in '8388608', '8M', '8MiB', '512K'... (powers of 1024)."""
+    match = _SIZE.match(text)
+    if not match:
+        raise typer.BadParameter(f"{text!r} is not a size such as 8388608, 512K or 8MiB",
+                                 param_hint="'--max-body-size'")
+    return int(match.group(1)) * 1024 ** " kmg".index(match.group(2).lower() or " ")

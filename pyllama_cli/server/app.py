@@ -1,0 +1,230 @@
+"""The FastAPI application: OpenAI's routes plus llama-server's /health, /metrics, /tokenize and friends.
+
+`create_app(engine, settings)` holds everything a request needs in `app.state`; there is no module
+state, so several apps (tests, several models) can live in one process. Routes only translate:
+prepare.py turns requests into engine jobs, completions.py answers with what the engine yields.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import numpy as np
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.middleware.cors import CORSMiddleware
+
+from .. import __version__
+from ..core.engine import EmbeddingJob, Engine
+from ..errors import InputError
+from . import completions
+from .auth import ApiKeyMiddleware
+from .errors import ERROR_TYPES, APIError, install_error_handlers, loading_error
+from .metrics import CONTENT_TYPE, Metrics, MetricsMiddleware
+from .middleware import BodyLimitMiddleware
+from .prepare import check_model, message_dicts, prepare_chat, prepare_completion, prompt_tokens, render_prompt
+from .schemas import (
+    ApplyTemplateRequest,
+    ApplyTemplateResponse,
+    ChatCompletion,
+    ChatCompletionRequest,
+    Completion,
+    CompletionRequest,
+    DetokenizeRequest,
+    DetokenizeResponse,
+    EmbeddingList,
+    EmbeddingRequest,
+    ErrorResponse,
+    HealthResponse,
+    ModelCard,
+    ModelList,
+    TokenizeRequest,
+    TokenizeResponse,
+)
+from .settings import ServerSettings
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorResponse, "description": kind} for status, kind in ERROR_TYPES.items()
+    if status in (400, 401, 404, 413, 501, 503)
+}
+OWNER = "pyllama"
+
+
+def create_app(engine: Engine, settings: ServerSettings) -> FastAPI:
+    """The server for `engine`'s model; it starts the engine's loading on startup and closes it on shutdown."""
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        engine.start()
+        try:
+            yield
+        finally:
+            await run_in_threadpool(engine.close)
+
+    app = FastAPI(title="pyllama serve", version=__version__, lifespan=lifespan,
+                  description="An OpenAI-compatible API over llama.cpp. Send `Authorization: Bearer KEY` when the "
+                              "server was started with --api-key.")
+    app.state.engine = engine
+    app.state.settings = settings
+    install_error_handlers(app)
+    _add_routes(app, engine, settings)
+    app.state.metrics = Metrics(route.path for route in app.routes)
+    # Added innermost first: metrics see every answer, CORS headers go on errors too.
+    app.add_middleware(BodyLimitMiddleware, max_body_size=settings.max_body_size)
+    if settings.api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
+    if settings.cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins), allow_methods=["*"],
+                           allow_headers=["*"])
+    app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
+    return app
+
+
+def _ready(engine: Engine) -> Engine:
+    if not engine.ready:
+        raise loading_error()
+    return engine
+
+
+def _generation(engine: Engine) -> Engine:
+    _ready(engine)
+    if engine.embeddings:
+        raise APIError(501, "this server was started with --embeddings: it serves /v1/embeddings only",
+                       code="not_supported")
+    return engine
+
+
+def _add_routes(app: FastAPI, engine: Engine, settings: ServerSettings) -> None:
+    _add_openai_routes(app, engine, settings)
+    _add_utility_routes(app, engine, settings)
+
+
+def _add_openai_routes(app: FastAPI, engine: Engine, settings: ServerSettings) -> None:
+    @app.post("/v1/chat/completions", response_model=ChatCompletion, responses=ERRORS, tags=["OpenAI"])
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
+        """Answer a conversation; `stream: true` sends server-sent events ending with `data: [DONE]`."""
+        check_model(body.model, settings)
+        _generation(engine)
+        prep = await run_in_threadpool(prepare_chat, engine, settings, body)
+        if body.stream:
+            return completions.chat_stream(engine, prep, settings.alias, _include_usage(body))
+        return JSONResponse(await completions.chat_body(engine, prep, settings.alias, request))
+
+    @app.post("/v1/completions", response_model=Completion, responses=ERRORS, tags=["OpenAI"])
+    async def text_completions(body: CompletionRequest, request: Request) -> Any:
+        """Continue a prompt (a string, a list of strings, or token ids)."""
+        check_model(body.model, settings)
+        _generation(engine)
+        jobs = await run_in_threadpool(prepare_completion, engine, settings, body)
+        if body.stream:
+            return completions.completion_stream(engine, jobs, settings.alias, _include_usage(body))
+        return JSONResponse(await completions.completion_body(engine, jobs, settings.alias, request))
+
+    @app.post("/v1/embeddings", response_model=EmbeddingList, responses=ERRORS, tags=["OpenAI"])
+    async def embeddings(body: EmbeddingRequest, request: Request) -> Any:
+        """L2-normalised, pooled embeddings of each input (needs a server started with --embeddings)."""
+        check_model(body.model, settings)
+        _ready(engine)
+        if not engine.embeddings:
+            raise APIError(501, "this server does not compute embeddings: start it with --embeddings",
+                           code="not_supported")
+        inputs = await run_in_threadpool(prompt_tokens, engine, body.input, "input")
+        for ids in inputs:
+            if len(ids) >= engine.n_ctx or len(ids) > engine.summary.n_batch:
+                limit = min(engine.n_ctx - 1, engine.summary.n_batch)
+                raise APIError(400, f"an input has {len(ids)} tokens but at most {limit} fit",
+                               param="input", code="context_length_exceeded")
+        vectors: list[np.ndarray] = []
+        async for ev in engine.submit(EmbeddingJob(tuple(tuple(ids) for ids in inputs))):
+            vectors = ev.embeddings or vectors
+        n_tokens = sum(len(ids) for ids in inputs)
+        data = [{"object": "embedding", "index": i, "embedding": _encode(v, body.encoding_format)}
+                for i, v in enumerate(vectors)]
+        return JSONResponse({"object": "list", "data": data, "model": settings.alias,
+                             "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}})
+
+    @app.get("/v1/models", response_model=ModelList, tags=["OpenAI"])
+    async def list_models() -> Any:
+        """The one model this server serves."""
+        return {"object": "list", "data": [_model_card(engine, settings)]}
+
+    @app.get("/v1/models/{model_id:path}", response_model=ModelCard, responses=ERRORS, tags=["OpenAI"])
+    async def get_model(model_id: str) -> Any:
+        check_model(model_id, settings)
+        return _model_card(engine, settings)
+
+
+def _add_utility_routes(app: FastAPI, engine: Engine, settings: ServerSettings) -> None:
+    @app.get("/health", response_model=HealthResponse, responses={503: ERRORS[503]}, tags=["Server"])
+    async def health() -> Any:
+        """200 once the model is loaded, 503 while it loads."""
+        _ready(engine)
+        return {"status": "ok"}
+
+    @app.get("/metrics", response_class=PlainTextResponse, tags=["Server"])
+    async def metrics() -> Any:
+        """Prometheus text: requests, tokens, speeds, queue depth, errors."""
+        return PlainTextResponse(app.state.metrics.render(engine), media_type=CONTENT_TYPE)
+
+    @app.post("/tokenize", response_model=TokenizeResponse, responses=ERRORS, tags=["Server"])
+    async def tokenize(body: TokenizeRequest) -> Any:
+        """Token ids of `content` (with `with_pieces`, each id with its text)."""
+        _ready(engine)
+        ids = await run_in_threadpool(engine.tokenize, body.content, add_special=body.add_special,
+                                      parse_special=body.parse_special)
+        if not body.with_pieces:
+            return {"tokens": ids}
+        return {"tokens": [{"id": t, "piece": _piece(engine.piece(t))} for t in ids]}
+
+    @app.post("/detokenize", response_model=DetokenizeResponse, responses=ERRORS, tags=["Server"])
+    async def detokenize(body: DetokenizeRequest) -> Any:
+        """The text of a list of token ids."""
+        _ready(engine)
+        try:
+            return {"content": engine.detokenize(body.tokens)}
+        except InputError as exc:
+            raise APIError(400, exc.message, param="tokens", code="invalid_value") from None
+
+    @app.post("/apply-template", response_model=ApplyTemplateResponse, responses=ERRORS, tags=["Server"])
+    async def apply_template(body: ApplyTemplateRequest) -> Any:
+        """The prompt the chat template makes of `messages` (and `tools`), as /v1/chat/completions would."""
+        from ..core.tools import plan_tools
+
+        _ready(engine)
+        tools = [t.model_dump() for t in body.tools] if body.tools else None
+        choice = body.tool_choice.model_dump() if hasattr(body.tool_choice, "model_dump") else body.tool_choice
+        plan = plan_tools(tools, choice)
+        prompt = await run_in_threadpool(render_prompt, engine, settings, message_dicts(body.messages), plan)
+        return {"prompt": prompt}
+
+
+def _include_usage(body: Any) -> bool:
+    return bool(body.stream_options and body.stream_options.include_usage)
+
+
+def _encode(vector: np.ndarray, encoding: str) -> Any:
+    if encoding == "base64":
+        return base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii")
+    return vector.tolist()
+
+
+def _piece(data: bytes) -> str | list[int]:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(data)
+
+
+def _model_card(engine: Engine, settings: ServerSettings) -> dict[str, Any]:
+    meta: dict[str, Any] = {}
+    s = engine.summary
+    if s is not None:
+        meta = {"path": str(s.path), "description": s.description, "n_ctx": s.n_ctx, "n_ctx_train": s.n_ctx_train,
+                "n_vocab": s.n_vocab, "n_embd": s.n_embd, "n_params": s.n_params, "size": s.size_bytes,
+                "embeddings": s.embeddings}
+    created = int(engine.path.stat().st_mtime) if engine.path.exists() else 0
+    return {"id": settings.alias, "object": "model", "created": created, "owned_by": OWNER, "meta": meta}

@@ -1,0 +1,241 @@
+"""Turn an OpenAI request into engine jobs: the prompt's tokens, sampling, constraints and token budget.
+
+Everything a request can get wrong is found here, before any response starts, so that it is
+answered with a 400 naming the field rather than a broken stream.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ..core.engine import Engine, GenerationJob
+from ..core.sampling import SamplingSettings
+from ..core.tools import ToolPlan, plan_tools, render_with_tools
+from ..errors import ContextOverflow, InputError
+from .errors import APIError
+from .schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, GenerationFields
+from .settings import ServerSettings
+
+SEED_MODULUS = 2**32 - 1  # llama.cpp's seeds are 32-bit; 0xFFFFFFFF itself means "random"
+
+
+@dataclass(frozen=True)
+class PreparedChat:
+    job: GenerationJob
+    tools: ToolPlan | None
+    logprobs: bool
+
+
+def check_model(requested: str | None, settings: ServerSettings) -> None:
+    """A request naming another model gets 404, as OpenAI answers an unknown model id."""
+    if requested and requested != settings.alias:
+        raise APIError(404, f"the model {requested!r} is not served here; this server serves {settings.alias!r}",
+                       param="model", code="model_not_found")
+
+
+def prepare_chat(engine: Engine, settings: ServerSettings, req: ChatCompletionRequest) -> PreparedChat:
+    _check_n(req.n)
+    if req.top_logprobs is not None and not req.logprobs:
+        raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs", code="invalid_value")
+    messages = message_dicts(req.messages)
+    plan = _plan(req.tools, req.tool_choice)
+    prompt = render_prompt(engine, settings, messages, plan)
+    ids = engine.tokenize(prompt, add_special=True, parse_special=True)
+    grammar = _grammar(req, settings, plan)
+    requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    job = GenerationJob(
+        prompt=tuple(ids), sampling=_sampling(req, settings, grammar, engine),
+        max_tokens=_budget(requested, len(ids), engine, settings, "messages"), stop=_stops(req.stop, settings),
+        n_probs=(req.top_logprobs or 0) if req.logprobs else -1,
+    )
+    return PreparedChat(job, plan, bool(req.logprobs))
+
+
+def prepare_completion(engine: Engine, settings: ServerSettings, req: CompletionRequest) -> list[GenerationJob]:
+    """One job per prompt (a list of strings, or of token lists, is a batch)."""
+    _check_n(req.n)
+    grammar = _grammar(req, settings, None)
+    sampling = _sampling(req, settings, grammar, engine)
+    stop = _stops(req.stop, settings)
+    jobs = []
+    for ids in prompt_tokens(engine, req.prompt, "prompt"):
+        jobs.append(GenerationJob(prompt=tuple(ids), sampling=sampling,
+                                  max_tokens=_budget(req.max_tokens, len(ids), engine, settings, "prompt"), stop=stop,
+                                  n_probs=req.logprobs if req.logprobs is not None else -1))
+    return jobs
+
+
+def render_prompt(engine: Engine, settings: ServerSettings, messages: list[dict[str, Any]],
+                  plan: ToolPlan | None) -> str:
+    template_text = engine.chat_template_text(settings.chat_template)
+    return render_with_tools(lambda m, tools: engine.render_chat(m, tools=tools, template=settings.chat_template),
+                             messages, plan, template_text)
+
+
+def message_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """Messages as plain dicts with text content (content parts joined; anything but text refused)."""
+    out = []
+    for i, m in enumerate(messages):
+        content = m.content
+        if isinstance(content, list):
+            other = next((p.type for p in content if p.type != "text"), None)
+            if other is not None:
+                raise APIError(400, f"messages[{i}]: content parts of type {other!r} are not supported "
+                               "(this server takes text only)", param=f"messages[{i}].content",
+                               code="invalid_value")
+            content = "".join(p.text or "" for p in content)
+        d: dict[str, Any] = {"role": m.role, "content": content or ""}
+        if m.name:
+            d["name"] = m.name
+        if m.tool_calls:
+            d["tool_calls"] = [c.model_dump() for c in m.tool_calls]
+        if m.tool_call_id:
+            d["tool_call_id"] = m.tool_call_id
+        out.append(d)
+    return out
+
+
+def prompt_tokens(engine: Engine, prompt: str | list[Any], param: str) -> list[list[int]]:
+    """Token ids of each prompt: text is tokenized (with BOS), token lists are taken as they are."""
+    if isinstance(prompt, str):
+        prompts: list[Any] = [prompt]
+    elif not prompt:
+        raise APIError(400, f"{param} is empty", param=param, code="invalid_value")
+    elif isinstance(prompt[0], int):
+        prompts = [prompt]
+    else:
+        prompts = list(prompt)
+    out = []
+    for p in prompts:
+        if isinstance(p, str):
+            ids = engine.tokenize(p, add_special=True, parse_special=True)
+        else:
+            try:
+                engine.check_token_ids(p)
+            except InputError as exc:
+                raise APIError(400, exc.message, param=param, code="invalid_value") from None
+            ids = list(p)
+        if not ids:
+            raise APIError(400, f"{param} is empty (no tokens)", param=param, code="invalid_value")
+        out.append(ids)
+    return out
+
+
+def _check_n(n: int | None) -> None:
+    if n is not None and n != 1:
+        raise APIError(400, f"n must be 1: this server generates one choice per request (got n={n})",
+                       param="n", code="unsupported_value")
+
+
+def _plan(tools: list[Any] | None, tool_choice: Any) -> ToolPlan | None:
+    choice = tool_choice.model_dump() if hasattr(tool_choice, "model_dump") else tool_choice
+    try:
+        return plan_tools([t.model_dump() for t in tools] if tools else None, choice)
+    except InputError as exc:
+        raise APIError(400, exc.message, param="tool_choice", code="invalid_value") from None
+
+
+def _budget(requested: int | None, n_prompt: int, engine: Engine, settings: ServerSettings, param: str) -> int:
+    """Tokens to generate: as asked, else the server's -n, else the rest of the context; never past it."""
+    try:
+        engine.check_fits(n_prompt)
+    except ContextOverflow as exc:
+        raise APIError(400, exc.message, param=param, code="context_length_exceeded",
+                       extra={"n_prompt_tokens": n_prompt, "n_ctx": engine.n_ctx}) from None
+    room = engine.n_ctx - n_prompt
+    if requested is None:
+        requested = settings.n_predict if settings.n_predict >= 0 else room
+    return min(requested, room)
+
+
+def _stops(stop: str | list[str] | None, settings: ServerSettings) -> tuple[str, ...]:
+    given = [stop] if isinstance(stop, str) else list(stop or ())
+    return tuple(s for s in (*given, *settings.stop) if s)
+
+
+# ---------------------------------------------------------------- sampling and constraints
+
+
+def _sampling(req: GenerationFields, settings: ServerSettings, grammar: str | None, engine: Engine) -> SamplingSettings:
+    fields = ("temperature", "top_p", "top_k", "min_p", "typical_p", "presence_penalty", "frequency_penalty",
+              "repeat_penalty", "repeat_last_n", "ignore_eos")
+    changes: dict[str, Any] = {name: getattr(req, name) for name in fields if getattr(req, name) is not None}
+    if req.seed is not None:
+        changes["seed"] = req.seed % SEED_MODULUS if req.seed >= 0 else -1
+    bias = _logit_bias(req.logit_bias, engine)
+    if bias:
+        changes["logit_bias"] = settings.sampling.logit_bias + bias
+    return replace(settings.sampling, grammar=grammar, **changes)
+
+
+def _logit_bias(value: dict[str, Any] | list[list[Any]] | None, engine: Engine) -> tuple[tuple[int, float], ...]:
+    """OpenAI's {"id": bias} or llama-server's [[id, bias]]; a bias of false bans the token."""
+    pairs = list(value.items()) if isinstance(value, dict) else [tuple(p) for p in value or ()]
+    out = []
+    for pair in pairs:
+        if len(pair) != 2:
+            raise APIError(400, "logit_bias entries must be [token_id, bias] pairs", param="logit_bias",
+                           code="invalid_value")
+        token, bias = pair
+        try:
+            token = int(token)
+        except (TypeError, ValueError):
+            raise APIError(400, f"logit_bias: {token!r} is not a token id", param="logit_bias",
+                           code="invalid_value") from None
+        if bias is True:
+            continue
+        if bias is not False and not isinstance(bias, (int, float)):
+            raise APIError(400, f"logit_bias: the bias of token {token} is not a number", param="logit_bias",
+                           code="invalid_value")
+        try:
+            engine.check_token_ids([token], "logit_bias token")
+        except InputError as exc:
+            raise APIError(400, exc.message, param="logit_bias", code="invalid_value") from None
+        out.append((token, -math.inf if bias is False else float(bias)))
+    return tuple(out)
+
+
+def _grammar(req: GenerationFields, settings: ServerSettings, plan: ToolPlan | None) -> str | None:
+    """The GBNF the output must follow: the request's grammar, JSON schema or forced tool call."""
+    from ..core.grammar import check_grammar, schema_to_grammar
+
+    schema, schema_param = _json_schema(req)
+    if req.grammar is not None and schema is not None:
+        raise APIError(400, "give either grammar or a JSON schema (response_format, json_schema), not both",
+                       param="grammar", code="invalid_value")
+    if plan is not None and plan.forced and (req.grammar is not None or schema is not None):
+        raise APIError(400, "a forced tool call cannot be combined with grammar or response_format",
+                       param="tool_choice", code="invalid_value")
+    try:
+        if req.grammar is not None:
+            check_grammar(req.grammar, "grammar")
+            return req.grammar
+        if schema is not None:
+            return schema_to_grammar(json.dumps(schema), schema_param)
+    except InputError as exc:
+        param = "grammar" if req.grammar is not None else schema_param
+        raise APIError(400, exc.message, param=param, code="invalid_grammar") from None
+    if plan is not None and plan.forced:
+        from ..core.tools import call_grammar
+
+        try:
+            return call_grammar(plan)
+        except InputError as exc:
+            raise APIError(400, exc.message, param="tools", code="invalid_value") from None
+    return settings.sampling.grammar if plan is None else None
+
+
+def _json_schema(req: GenerationFields) -> tuple[Any, str]:
+    """The JSON schema a request constrains its output to, if any, and the field it came from."""
+    fmt = req.response_format
+    if fmt is not None and fmt.type == "json_schema":
+        schema = fmt.json_schema.schema_ if fmt.json_schema is not None else None
+        return (schema if schema is not None else {"type": "object"}), "response_format.json_schema.schema"
+    if fmt is not None and fmt.type == "json_object":
+        return (fmt.schema_ if fmt.schema_ is not None else {"type": "object"}), "response_format"
+    if req.json_schema is not None:
+        return req.json_schema, "json_schema"
+    return None, ""

@@ -1,0 +1,294 @@
+"""Request and response bodies of the OpenAI-compatible API (pydantic; they also make the /docs schema).
+
+Requests ignore unknown fields, since OpenAI clients send fields this server has no use for.
+Responses are built as plain dicts in responses.py; the models here document their shape.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+
+# ---------------------------------------------------------------- requests: pieces
+
+
+class ContentPart(_Lenient):
+    type: str = "text"
+    text: str | None = None
+
+
+class FunctionCall(_Lenient):
+    name: str
+    arguments: str | dict[str, Any] = "{}"
+
+
+class ToolCall(_Lenient):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ChatMessage(_Lenient):
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+
+class FunctionDefinition(_Lenient):
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class Tool(_Lenient):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class NamedFunction(_Lenient):
+    name: str
+
+
+class NamedToolChoice(_Lenient):
+    type: Literal["function"] = "function"
+    function: NamedFunction
+
+
+class JsonSchemaSpec(_Lenient):
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Lenient):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaSpec | None = None
+    # llama-server also takes a schema next to "type": "json_object".
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+
+
+class StreamOptions(_Lenient):
+    include_usage: bool = False
+
+
+# ---------------------------------------------------------------- requests
+
+
+class GenerationFields(_Lenient):
+    """Fields shared by /v1/chat/completions and /v1/completions (OpenAI's plus llama-server's)."""
+
+    model: str | None = Field(default=None, description="The served model's id (see /v1/models).")
+    max_tokens: int | None = Field(default=None, ge=0, description="Default: the rest of the context.")
+    temperature: float | None = Field(default=None, ge=0)
+    top_p: float | None = Field(default=None, ge=0, le=1)
+    top_k: int | None = Field(default=None, ge=0)
+    min_p: float | None = Field(default=None, ge=0, le=1)
+    typical_p: float | None = Field(default=None, ge=0, le=1)
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    repeat_penalty: float | None = Field(default=None, ge=0)
+    repeat_last_n: int | None = Field(default=None, ge=-1)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    logit_bias: dict[str, float | bool] | list[list[Any]] | None = Field(
+        default=None, description="Token id -> bias added to its logit; false bans the token.")
+    n: int | None = Field(default=1, description="Only 1 is supported.")
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    response_format: ResponseFormat | None = None
+    grammar: str | None = Field(default=None, description="A GBNF grammar the output must match.")
+    json_schema: dict[str, Any] | None = Field(default=None, description="llama-server's schema constraint.")
+    ignore_eos: bool | None = None
+
+
+class ChatCompletionRequest(GenerationFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=0)
+    logprobs: bool | None = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+
+
+class CompletionRequest(GenerationFields):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    logprobs: int | None = Field(default=None, ge=0, le=20)
+
+
+class EmbeddingRequest(_Lenient):
+    input: str | list[str] | list[int] | list[list[int]]
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+
+
+class TokenizeRequest(_Lenient):
+    content: str
+    add_special: bool = False
+    parse_special: bool = True
+    with_pieces: bool = False
+
+
+class DetokenizeRequest(_Lenient):
+    tokens: list[int]
+
+
+class ApplyTemplateRequest(_Lenient):
+    messages: list[ChatMessage] = Field(min_length=1)
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+
+
+# ---------------------------------------------------------------- responses (documentation)
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: dict[str, int] | None = None
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    content: list[TokenLogprob] | None
+    refusal: list[TokenLogprob] | None = None
+
+
+class ResponseFunctionCall(BaseModel):
+    name: str
+    arguments: str = Field(description="The arguments as a JSON text.")
+
+
+class ResponseToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: ResponseFunctionCall
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str | None
+    refusal: str | None = None
+    tool_calls: list[ResponseToolCall] | None = None
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    logprobs: ChatLogprobs | None
+    finish_reason: Literal["stop", "length", "tool_calls"]
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    system_fingerprint: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
+class CompletionChoice(BaseModel):
+    text: str
+    index: int
+    logprobs: CompletionLogprobs | None
+    finish_reason: Literal["stop", "length"]
+
+
+class Completion(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    system_fingerprint: str
+    choices: list[CompletionChoice]
+    usage: Usage
+
+
+class EmbeddingData(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str = Field(description="Floats, or base64 of little-endian float32.")
+
+
+class EmbeddingUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[EmbeddingData]
+    model: str
+    usage: EmbeddingUsage
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str
+    meta: dict[str, Any]
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class TokenPiece(BaseModel):
+    id: int
+    piece: str | list[int] = Field(description="The text, or its bytes when they are not valid UTF-8.")
+
+
+class TokenizeResponse(BaseModel):
+    tokens: list[int] | list[TokenPiece]
+
+
+class DetokenizeResponse(BaseModel):
+    content: str
+
+
+class ApplyTemplateResponse(BaseModel):
+    prompt: str
+
+
+class HealthResponse(BaseModel):
+    status: Literal["ok"]
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail

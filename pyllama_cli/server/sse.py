@@ -1,0 +1,49 @@
+"""Server-sent events as OpenAI streams them: `data: {json}` events, then `data: [DONE]`.
+
+`EventStream` watches for the client going away while it streams and calls `on_disconnect` at
+once, so the engine stops generating for a reader that is gone (rather than at the next write).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import anyio
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+DONE = b"data: [DONE]\n\n"
+HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def event(data: dict[str, Any]) -> bytes:
+    """One SSE event carrying `data` as compact JSON."""
+    return b"data: " + json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+
+
+class EventStream(StreamingResponse):
+    """A text/event-stream response over `events` that reports a client disconnect."""
+
+    def __init__(self, events: AsyncIterator[bytes], on_disconnect: Callable[[], None]):
+        super().__init__(events, media_type="text/event-stream", headers=HEADERS)
+        self.on_disconnect = on_disconnect
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async with anyio.create_task_group() as group:
+
+            async def stream() -> None:
+                try:
+                    await self.stream_response(send)
+                except OSError:  # the socket broke under a write: the same as a disconnect
+                    self.on_disconnect()
+                group.cancel_scope.cancel()
+
+            group.start_soon(stream)
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    self.on_disconnect()
+                    group.cancel_scope.cancel()
+                    break

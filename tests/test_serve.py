@@ -1,0 +1,578 @@
+"""`pyllama serve`: real server processes on 127.0.0.1, driven by the official `openai` client and raw httpx."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import httpx
+import numpy as np
+import openai
+import pytest
+from openai import OpenAI
+
+from tests.fixtures.make_gguf import TINY, write_llama_gguf
+from tests.helpers import REPO_ROOT, run_cli
+
+N_CTX = 4096
+API_KEY = "s3cret-key"
+ORIGIN = "https://app.example"
+HELLO = [{"role": "user", "content": "hello"}]
+HELLO_PROMPT = "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n"
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"enum": ["Paris", "London"]}, "unit": {"enum": ["c", "f"]}},
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+NOTE = {
+    "type": "function",
+    "function": {"name": "take_note", "parameters": {
+        "type": "object", "properties": {"urgent": {"type": "boolean"}}, "required": ["urgent"],
+        "additionalProperties": False}},
+}
+# A schema whose every answer is short, so the random tiny model finishes it well within max_tokens.
+ANSWER_SCHEMA = {
+    "type": "object",
+    "properties": {"ok": {"type": "boolean"}, "color": {"enum": ["red", "green", "blue"]},
+                   "n": {"enum": [1, 2, 3]}},
+    "required": ["ok", "color", "n"],
+    "additionalProperties": False,
+}
+
+
+# ---------------------------------------------------------------- server processes
+
+
+@dataclass
+class Server:
+    proc: subprocess.Popen
+    url: str
+    log: Path
+
+    @property
+    def stderr(self) -> str:
+        return self.log.read_text(encoding="utf-8", errors="replace")
+
+    def client(self, api_key: str = "unused") -> OpenAI:
+        return OpenAI(base_url=f"{self.url}/v1", api_key=api_key, max_retries=0, timeout=60)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=15)
+
+
+def _start(model: Path, log: Path, *args: str, env: dict[str, str] | None = None) -> Server:
+    """Start `pyllama serve` on a free port (--port 0; the URL is read from stderr) and wait until ready."""
+    home = log.parent / "home"
+    environ = {k: v for k, v in os.environ.items() if k != "PYLLAMA_API_KEY"}
+    environ.update({"HF_HOME": str(home / "hf"), "PYLLAMA_HOME": str(home / "pyllama"),
+                    "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_DISABLE_TELEMETRY": "1", **(env or {})})
+    with open(log, "wb") as sink:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pyllama_cli", "serve", "-m", str(model), "--host", "127.0.0.1", "--port", "0",
+             "-t", "1", "-c", str(N_CTX), *args],
+            stdout=subprocess.DEVNULL, stderr=sink, env=environ, cwd=REPO_ROOT,
+        )
+    server = Server(proc, "", log)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"pyllama serve exited with {proc.returncode}:\n{server.stderr}")
+        found = re.search(r"listening on (http://127\.0\.0\.1:\d+)", server.stderr)
+        if found and "ready at" in server.stderr:
+            server.url = found.group(1)
+            return server
+        time.sleep(0.05)
+    server.stop()
+    raise RuntimeError(f"pyllama serve did not become ready:\n{server.stderr}")
+
+
+@pytest.fixture(scope="session")
+def server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    srv = _start(tiny_model, tmp_path_factory.mktemp("serve") / "stderr.log")
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="session")
+def key_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A server whose key comes from PYLLAMA_API_KEY, with CORS for one origin."""
+    srv = _start(tiny_model, tmp_path_factory.mktemp("serve-key") / "stderr.log", "--cors-origin", ORIGIN,
+                 env={"PYLLAMA_API_KEY": API_KEY})
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="session")
+def embedding_server(models_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    model = write_llama_gguf(models_dir / "tiny-embed.gguf", replace(TINY, embedding_only=True))
+    srv = _start(model, tmp_path_factory.mktemp("serve-embed") / "stderr.log", "--embeddings")
+    yield srv
+    srv.stop()
+
+
+def _metric(server: Server, name: str) -> float:
+    text = httpx.get(f"{server.url}/metrics").text
+    return float(re.search(rf"^pyllama_{name} (\S+)$", text, re.MULTILINE).group(1))
+
+
+def _error(response: httpx.Response, status: int) -> dict:
+    """The error object of an OpenAI-shaped error response, after checking its status and shape."""
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"}
+    assert {"message", "type", "param", "code"} <= set(body["error"])
+    return body["error"]
+
+
+# ---------------------------------------------------------------- startup, health, models
+
+
+def test_startup_prints_the_url_the_model_and_the_context(server: Server) -> None:
+    lines = server.stderr.splitlines()
+    port = server.url.rsplit(":", 1)[1]
+    assert lines[0] == (f"pyllama serve: listening on http://127.0.0.1:{port} - loading tiny.gguf "
+                        "(/health answers 503 until ready)")
+    assert lines[1] == (f"pyllama serve: ready at http://127.0.0.1:{port}/v1 - model 'tiny' (tiny.gguf), "
+                        f"context {N_CTX} tokens, chat and completions")
+
+
+def test_health_is_200_once_loaded(server: Server) -> None:
+    response = httpx.get(f"{server.url}/health")
+    assert (response.status_code, response.json()) == (200, {"status": "ok"})
+
+
+def test_health_is_503_while_the_model_loads(tiny_model: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from pyllama_cli.core.engine import SingleSlotEngine
+    from pyllama_cli.core.settings import LoadSettings
+    from pyllama_cli.server.app import create_app
+    from pyllama_cli.server.settings import ServerSettings
+
+    # Without the lifespan (no `with`), the engine never starts loading: the state while loading.
+    client = TestClient(create_app(SingleSlotEngine(tiny_model, LoadSettings()), ServerSettings(alias="tiny")))
+    response = client.get("/health")
+    assert _error(response, 503) == {"message": "Loading model", "type": "unavailable_error", "param": None,
+                                     "code": "model_loading"}
+    _error(client.post("/v1/chat/completions", json={"messages": HELLO}), 503)
+
+
+def test_models_list_names_the_alias(server: Server) -> None:
+    [card] = server.client().models.list().data
+    assert (card.id, card.object, card.owned_by) == ("tiny", "model", "pyllama")
+    assert card.meta["n_ctx"] == N_CTX and card.meta["n_vocab"] == TINY.n_vocab  # type: ignore[attr-defined]
+    assert server.client().models.retrieve("tiny").id == "tiny"
+
+
+def test_docs_and_openapi_schema(server: Server) -> None:
+    assert httpx.get(f"{server.url}/docs").status_code == 200
+    paths = httpx.get(f"{server.url}/openapi.json").json()["paths"]
+    for path in ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models", "/health", "/metrics",
+                 "/tokenize", "/detokenize", "/apply-template"):
+        assert path in paths
+
+
+# ---------------------------------------------------------------- chat and completions
+
+
+def test_chat_completion_shape_and_usage(server: Server) -> None:
+    prompt_ids = httpx.post(f"{server.url}/tokenize", json={"content": HELLO_PROMPT, "add_special": True}).json()
+    result = server.client().chat.completions.create(
+        model="tiny", messages=HELLO, max_tokens=8, temperature=0, seed=1,
+        extra_body={"user": "ignored", "some_future_field": {"x": 1}},  # unknown fields are ignored
+    )
+    [choice] = result.choices
+    assert result.object == "chat.completion" and result.id.startswith("chatcmpl-") and result.model == "tiny"
+    assert (choice.index, choice.finish_reason, choice.message.role) == (0, "length", "assistant")
+    assert choice.message.content and choice.message.tool_calls is None
+    assert (result.usage.prompt_tokens, result.usage.completion_tokens, result.usage.total_tokens) == (
+        len(prompt_ids["tokens"]), 8, len(prompt_ids["tokens"]) + 8)
+
+
+def test_chat_stream_matches_the_whole_answer(server: Server) -> None:
+    client = server.client()
+    whole = client.chat.completions.create(model="tiny", messages=HELLO, max_tokens=12, temperature=0)
+    chunks = list(client.chat.completions.create(model="tiny", messages=HELLO, max_tokens=12, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    finish = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finish) == 1 and finish[0] is chunks[-2] and finish[0].choices[0].finish_reason == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 12
+    assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    assert len({c.id for c in chunks}) == 1 and {c.object for c in chunks} == {"chat.completion.chunk"}
+
+
+def test_completion_of_text_and_of_token_ids(server: Server) -> None:
+    client = server.client()
+    text = client.completions.create(model="tiny", prompt="hello world", max_tokens=6, temperature=0)
+    ids = client.completions.create(model="tiny", prompt=[1, 263, 264], max_tokens=6, temperature=0)
+    assert text.object == "text_completion" and text.choices[0].finish_reason == "length"
+    assert (text.usage.prompt_tokens, text.usage.completion_tokens) == (3, 6)  # <s> ▁hello ▁world
+    assert ids.choices[0].text == text.choices[0].text
+    streamed = list(client.completions.create(model="tiny", prompt="hello world", max_tokens=6, temperature=0,
+                                              stream=True))
+    assert "".join(c.choices[0].text for c in streamed) == text.choices[0].text
+    assert streamed[-1].choices[0].finish_reason == "length"
+
+
+def test_completion_of_a_prompt_list_gives_one_choice_each(server: Server) -> None:
+    client = server.client()
+    both = client.completions.create(model="tiny", prompt=["hello world", "the quick"], max_tokens=4, temperature=0)
+    alone = client.completions.create(model="tiny", prompt="the quick", max_tokens=4, temperature=0)
+    assert [c.index for c in both.choices] == [0, 1]
+    assert both.choices[1].text == alone.choices[0].text
+    assert both.usage.completion_tokens == 8
+
+
+def test_stop_strings_end_the_answer_and_are_not_returned(server: Server) -> None:
+    client = server.client()
+    free = client.completions.create(model="tiny", prompt="hello world", max_tokens=12, temperature=0).choices[0]
+    stop = free.text[3:6]
+    stopped = client.completions.create(model="tiny", prompt="hello world", max_tokens=12, temperature=0,
+                                        stop=[stop]).choices[0]
+    assert stopped.finish_reason == "stop"
+    assert stopped.text == free.text[:free.text.index(stop)]
+
+
+def test_completion_logprobs(server: Server) -> None:
+    result = server.client().completions.create(model="tiny", prompt="hello world", max_tokens=5, temperature=0,
+                                                logprobs=2)
+    lp = result.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 5
+    assert "".join(lp.tokens) == result.choices[0].text
+    assert all(len(top) == 2 for top in lp.top_logprobs) and all(x <= 0 for x in lp.token_logprobs)
+    # Greedy: the chosen token is the most likely one.
+    assert [max(top.values()) for top in lp.top_logprobs] == pytest.approx(lp.token_logprobs)
+    assert lp.text_offset[0] == 0
+
+
+def test_chat_logprobs(server: Server) -> None:
+    result = server.client().chat.completions.create(model="tiny", messages=HELLO, max_tokens=3, temperature=0,
+                                                     logprobs=True, top_logprobs=2)
+    content = result.choices[0].logprobs.content
+    assert len(content) == 3
+    for entry in content:
+        assert bytes(entry.bytes).decode("utf-8", "replace") == entry.token
+        assert len(entry.top_logprobs) == 2 and entry.top_logprobs[0].logprob >= entry.top_logprobs[1].logprob
+        assert entry.logprob == pytest.approx(entry.top_logprobs[0].logprob)
+
+
+def test_default_max_tokens_is_the_rest_of_the_context(server: Server) -> None:
+    prompt = "hello " * (N_CTX - 40)
+    n_prompt = len(httpx.post(f"{server.url}/tokenize", json={"content": prompt, "add_special": True}).json()["tokens"])
+    result = server.client().completions.create(model="tiny", prompt=prompt, temperature=0,
+                                                extra_body={"ignore_eos": True})
+    assert result.choices[0].finish_reason == "length"
+    assert (result.usage.prompt_tokens, result.usage.total_tokens) == (n_prompt, N_CTX)
+
+
+# ---------------------------------------------------------------- constrained output and tools
+
+
+def test_response_format_json_schema_is_enforced(server: Server) -> None:
+    result = server.client().chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "Answer in JSON."}], max_tokens=300, temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER_SCHEMA}},
+    )
+    assert result.choices[0].finish_reason == "stop"
+    answer = json.loads(result.choices[0].message.content)
+    assert set(answer) == {"ok", "color", "n"}
+    assert isinstance(answer["ok"], bool) and answer["color"] in ("red", "green", "blue")
+    assert answer["n"] in (1, 2, 3)
+
+
+def test_grammar_constrained_output_obeys_max_tokens(server: Server) -> None:
+    result = server.client().chat.completions.create(model="tiny", messages=HELLO, max_tokens=16, temperature=0,
+                                                     response_format={"type": "json_object"})
+    assert result.choices[0].message.content.lstrip().startswith("{")
+    assert result.usage.completion_tokens <= 16
+
+
+def test_llama_server_grammar_field(server: Server) -> None:
+    result = server.client().completions.create(model="tiny", prompt="hello", max_tokens=8, temperature=0,
+                                                extra_body={"grammar": 'root ::= "yes" | "no"'})
+    assert result.choices[0].text in ("yes", "no") and result.choices[0].finish_reason == "stop"
+
+
+def _check_weather_args(arguments: str) -> None:
+    args = json.loads(arguments)
+    assert set(args) == {"city", "unit"} and args["city"] in ("Paris", "London") and args["unit"] in ("c", "f")
+
+
+def test_forced_tool_call_matches_the_function_schema(server: Server) -> None:
+    result = server.client().chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "Weather in Paris?"}], max_tokens=300, temperature=0,
+        tools=[WEATHER, NOTE], tool_choice={"type": "function", "function": {"name": "get_weather"}},
+    )
+    [choice] = result.choices
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    [call] = choice.message.tool_calls
+    assert call.type == "function" and call.id.startswith("call_") and call.function.name == "get_weather"
+    _check_weather_args(call.function.arguments)
+
+
+def test_required_tool_call_streamed(server: Server) -> None:
+    chunks = list(server.client().chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "Weather?"}], max_tokens=300, temperature=0,
+        tools=[WEATHER], tool_choice="required", stream=True,
+    ))
+    calls = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or ()]
+    assert [(tc.index, tc.type, tc.function.name) for tc in calls] == [(0, "function", "get_weather")]
+    _check_weather_args(calls[0].function.arguments)
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_tools_reach_a_template_without_tool_support_as_a_system_message(server: Server) -> None:
+    prompt = httpx.post(f"{server.url}/apply-template", json={"messages": HELLO, "tools": [WEATHER]}).json()["prompt"]
+    assert prompt.startswith("<|im_start|>system\nYou can call these functions")
+    assert '"name": "get_weather"' in prompt and prompt.endswith(HELLO_PROMPT)
+
+
+def test_tool_call_history_round_trips(server: Server) -> None:
+    messages = [
+        *HELLO,
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather",
+                                                              "arguments": '{"city": "Paris", "unit": "c"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "18 C"},
+    ]
+    prompt = httpx.post(f"{server.url}/apply-template", json={"messages": messages}).json()["prompt"]
+    assert prompt == (HELLO_PROMPT + '{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}'
+                      "<|im_end|>\n<|im_start|>tool\n18 C<|im_end|>\n<|im_start|>assistant\n")
+    result = server.client().chat.completions.create(model="tiny", messages=messages, max_tokens=2, temperature=0)
+    assert result.choices[0].finish_reason == "length"
+
+
+# ---------------------------------------------------------------- raw HTTP: SSE, tokenize, metrics
+
+
+def test_sse_framing(server: Server) -> None:
+    body = {"messages": HELLO, "max_tokens": 3, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    response = httpx.post(f"{server.url}/v1/chat/completions", json=body)
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/event-stream")
+    assert response.text.endswith("\n\ndata: [DONE]\n\n")
+    events = response.text.split("\n\n")[:-1]
+    assert all(e.startswith("data: ") and "\n" not in e for e in events)
+    chunks = [json.loads(e[len("data: "):]) for e in events[:-1]]
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert [c["choices"][0]["finish_reason"] for c in chunks[:-1]] == [None] * (len(chunks) - 2) + ["length"]
+    assert chunks[-2]["choices"][0]["delta"] == {}
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 3
+
+
+def test_tokenize_and_detokenize(server: Server) -> None:
+    def post(path: str, body: dict) -> dict:
+        response = httpx.post(f"{server.url}{path}", json=body)
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    assert post("/tokenize", {"content": "hello world"}) == {"tokens": [263, 264]}
+    assert post("/tokenize", {"content": "hello world", "add_special": True}) == {"tokens": [1, 263, 264]}
+    assert post("/tokenize", {"content": "hello", "with_pieces": True}) == {"tokens": [{"id": 263, "piece": " hello"}]}
+    assert post("/detokenize", {"tokens": [263, 264]}) == {"content": "hello world"}
+    assert post("/apply-template", {"messages": HELLO}) == {"prompt": HELLO_PROMPT}
+    assert _error(httpx.post(f"{server.url}/detokenize", json={"tokens": [5000]}), 400)["param"] == "tokens"
+
+
+def test_metrics_count_requests_tokens_and_errors(server: Server) -> None:
+    generated, errors = _metric(server, "generated_tokens_total"), _metric(server, "request_errors_total")
+    server.client().completions.create(model="tiny", prompt="hello", max_tokens=5, temperature=0)
+    httpx.post(f"{server.url}/v1/completions", json={"prompt": "hello", "n": 3})
+    response = httpx.get(f"{server.url}/metrics")
+    assert response.headers["content-type"].startswith("text/plain")
+    assert "# TYPE pyllama_requests_total counter" in response.text
+    assert 'pyllama_requests_total{endpoint="/v1/completions",status="200"}' in response.text
+    assert _metric(server, "generated_tokens_total") == generated + 5
+    assert _metric(server, "request_errors_total") == errors + 1
+    assert _metric(server, "queue_depth") == 0 and _metric(server, "requests_processing") == 0
+    assert _metric(server, "generated_tokens_per_second") > 0 and _metric(server, "prompt_tokens_per_second") > 0
+    assert _metric(server, "context_size") == N_CTX
+
+
+def test_client_disconnect_stops_the_generation(server: Server) -> None:
+    generated, cancelled = _metric(server, "generated_tokens_total"), _metric(server, 'jobs_total{outcome="cancelled"}')
+    body = {"messages": HELLO, "max_tokens": 4000, "stream": True, "ignore_eos": True}
+    with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body) as response:
+        events = 0
+        for line in response.iter_lines():
+            events += line.startswith("data: ")
+            if events == 3:
+                break
+    deadline = time.monotonic() + 10
+    while _metric(server, 'jobs_total{outcome="cancelled"}') == cancelled and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert _metric(server, 'jobs_total{outcome="cancelled"}') == cancelled + 1
+    assert _metric(server, "generated_tokens_total") - generated < 1000  # of the 4000 asked for
+    result = server.client().chat.completions.create(model="tiny", messages=HELLO, max_tokens=4, temperature=0)
+    assert (result.choices[0].finish_reason, result.usage.completion_tokens) == ("length", 4)
+
+
+# ---------------------------------------------------------------- errors
+
+
+def _post(server: Server, path: str, body: object, **kwargs: object) -> httpx.Response:
+    if not isinstance(body, (dict, list)):
+        return httpx.post(f"{server.url}{path}", content=body, headers={"content-type": "application/json"},
+                          **kwargs)
+    return httpx.post(f"{server.url}{path}", json=body, **kwargs)
+
+
+def test_invalid_json_is_400(server: Server) -> None:
+    error = _error(_post(server, "/v1/chat/completions", b'{"messages": [}'), 400)
+    assert error["message"].startswith("the request body is not valid JSON: ")
+    assert error["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize(("body", "param", "message"), [
+    ({}, "messages", "messages: this field is required"),
+    ({"messages": HELLO, "temperature": "hot"}, "temperature",
+     "temperature: Input should be a valid number, unable to parse string as a number"),
+    ({"messages": [{"role": "robot", "content": "hi"}]}, "messages[0].role", None),
+    ({"messages": HELLO, "n": 2}, "n", "n must be 1: this server generates one choice per request (got n=2)"),
+    ({"messages": HELLO, "top_logprobs": 2}, "top_logprobs", "top_logprobs needs logprobs: true"),
+    ({"messages": HELLO, "tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+     "tool_choice", "tool_choice names the function 'nope', which is not among the tools (get_weather)"),
+    ({"messages": HELLO, "logit_bias": {"5000": 1}}, "logit_bias",
+     "logit_bias token id 5000 is out of range: the vocabulary has ids 0..1023"),
+])
+def test_invalid_fields_are_400(server: Server, body: dict, param: str, message: str | None) -> None:
+    error = _error(_post(server, "/v1/chat/completions", body), 400)
+    assert error["param"] == param
+    if message is not None:
+        assert error["message"] == message
+
+
+def test_grammar_that_does_not_parse_is_400_with_its_position(server: Server) -> None:
+    error = _error(_post(server, "/v1/completions", {"prompt": "hi", "grammar": 'root ::= "a" | [a-'}), 400)
+    assert error == {"message": "grammar: unterminated character class at line 1, column 16",
+                     "type": "invalid_request_error", "param": "grammar", "code": "invalid_grammar"}
+
+
+def test_prompt_longer_than_the_context_is_400_with_both_numbers(server: Server) -> None:
+    prompt = " ".join(["hello"] * (N_CTX + 100))
+    with pytest.raises(openai.BadRequestError) as caught:
+        server.client().completions.create(model="tiny", prompt=prompt, max_tokens=1)
+    error = caught.value.body
+    assert error["message"] == f"the prompt has {N_CTX + 101} tokens but the context holds {N_CTX}"
+    assert (error["code"], error["n_prompt_tokens"], error["n_ctx"]) == ("context_length_exceeded", N_CTX + 101, N_CTX)
+
+
+def test_unknown_model_is_404(server: Server) -> None:
+    with pytest.raises(openai.NotFoundError) as caught:
+        server.client().chat.completions.create(model="gpt-4o", messages=HELLO, max_tokens=1)
+    assert caught.value.body == {"message": "the model 'gpt-4o' is not served here; this server serves 'tiny'",
+                                 "type": "not_found_error", "param": "model", "code": "model_not_found"}
+    assert _error(httpx.get(f"{server.url}/v1/nothing-here"), 404)["message"] == "no such endpoint: GET /v1/nothing-here"
+
+
+def test_body_over_the_limit_is_413(server: Server) -> None:
+    big = b'{"prompt": "' + b"a" * (8 * 1024 * 1024) + b'"}'
+    error = _error(_post(server, "/v1/completions", big), 413)
+    assert error["message"] == f"the request body ({len(big)} bytes) is larger than the server's limit of 8388608 bytes"
+
+    def chunked() -> Iterator[bytes]:  # no Content-Length: counted as it arrives
+        yield big[:1000]
+        yield big[1000:]
+
+    _error(_post(server, "/v1/completions", chunked()), 413)
+
+
+def test_embeddings_on_a_generation_server_is_501(server: Server) -> None:
+    error = _error(_post(server, "/v1/embeddings", {"input": "hello"}), 501)
+    assert error["message"] == "this server does not compute embeddings: start it with --embeddings"
+
+
+def test_the_server_survives_bad_requests(server: Server) -> None:
+    for body in (b"\x00\xff", b"[]", b'"text"', b'{"messages": null}', b'{"prompt": [1, "a"]}'):
+        assert _post(server, "/v1/completions", body).status_code == 400
+    assert httpx.get(f"{server.url}/health").status_code == 200
+
+
+# ---------------------------------------------------------------- auth and CORS
+
+
+def test_api_key_is_required_except_for_health(key_server: Server) -> None:
+    url = key_server.url
+    missing = _error(httpx.get(f"{url}/v1/models"), 401)
+    assert missing == {"message": "missing API key: send it as 'Authorization: Bearer KEY'",
+                       "type": "authentication_error", "param": None, "code": "invalid_api_key"}
+    wrong = _error(httpx.get(f"{url}/v1/models", headers={"Authorization": "Bearer nope"}), 401)
+    assert wrong["message"] == "invalid API key"
+    with pytest.raises(openai.AuthenticationError):
+        key_server.client("nope").chat.completions.create(model="tiny", messages=HELLO, max_tokens=1)
+    result = key_server.client(API_KEY).chat.completions.create(model="tiny", messages=HELLO, max_tokens=2)
+    assert result.usage.completion_tokens == 2
+    assert httpx.get(f"{url}/health").status_code == 200
+    assert httpx.get(f"{url}/metrics", headers={"X-Api-Key": API_KEY}).status_code == 200
+
+
+def test_cors_headers_only_when_an_origin_is_given(server: Server, key_server: Server) -> None:
+    plain = httpx.get(f"{server.url}/health", headers={"Origin": ORIGIN})
+    assert "access-control-allow-origin" not in plain.headers
+    preflight = httpx.options(f"{key_server.url}/v1/chat/completions", headers={
+        "Origin": ORIGIN, "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization,content-type"})
+    assert preflight.status_code == 200
+    assert preflight.headers["access-control-allow-origin"] == ORIGIN
+    other = httpx.get(f"{key_server.url}/health", headers={"Origin": "https://evil.example"})
+    assert "access-control-allow-origin" not in other.headers
+
+
+# ---------------------------------------------------------------- embeddings
+
+
+def test_embeddings(embedding_server: Server) -> None:
+    client = embedding_server.client()
+    result = client.embeddings.create(model="tiny-embed", input=["hello", "hello world", "hello"])
+    vectors = [np.array(d.embedding) for d in result.data]
+    assert [d.index for d in result.data] == [0, 1, 2] and all(v.shape == (TINY.n_embd,) for v in vectors)
+    assert [float(np.linalg.norm(v)) for v in vectors] == pytest.approx([1.0] * 3, abs=1e-5)
+    assert np.array_equal(vectors[0], vectors[2]) and not np.allclose(vectors[0], vectors[1])
+    assert (result.usage.prompt_tokens, result.usage.total_tokens) == (7, 7)  # 2 + 3 + 2 tokens with BOS
+    raw = httpx.post(f"{embedding_server.url}/v1/embeddings", json={"input": "hello", "encoding_format": "base64"})
+    decoded = np.frombuffer(base64.b64decode(raw.json()["data"][0]["embedding"]), dtype="<f4")
+    assert np.allclose(decoded, vectors[0])
+
+
+def test_an_embedding_server_refuses_generation(embedding_server: Server) -> None:
+    error = _error(_post(embedding_server, "/v1/chat/completions", {"messages": HELLO}), 501)
+    assert error["message"] == "this server was started with --embeddings: it serves /v1/embeddings only"
+
+
+# ---------------------------------------------------------------- command-line errors
+
+
+def test_a_taken_port_is_a_one_line_error(tiny_model: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_cli("serve", "-m", str(tiny_model), "--port", str(port))
+    assert result.exit_code == 1
+    assert result.first_stderr_line == f"Error: cannot listen on 127.0.0.1:{port}: Address already in use"
