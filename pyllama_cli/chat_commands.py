@@ -55,11 +55,11 @@ def command_names() -> list[str]:
     return [c.name for c in SLASH_COMMANDS] + [a for c in SLASH_COMMANDS for a in c.aliases]
 
 
-def find_command(word: str) -> SlashCommand:
-    """The command `word` names: exactly, by alias, or by a unique prefix.
+def find_command(word: str) -> SlashCommand | None:
+    """The command `word` names: exactly, by alias, or by a unique prefix; None when none matches.
 
     Raises:
-        InputError: no command, or several, start with `word`.
+        InputError: several commands start with `word`.
     """
     word = word.lower()
     for c in SLASH_COMMANDS:
@@ -70,8 +70,7 @@ def find_command(word: str) -> SlashCommand:
         return matches[0]
     if matches:
         raise InputError(f"{word} is ambiguous: {', '.join(c.name for c in matches)}")
-    raise InputError(f"unknown command {word}",
-                     hint="/help lists the commands; start a message with // to send text beginning with /")
+    return None
 
 
 # ---------------------------------------------------------------- /set
@@ -237,7 +236,11 @@ class ChatRepl:
         if line.startswith("/"):
             word, _, arg = line.strip().partition(" ")
             try:
-                return self.command(find_command(word), arg.strip())
+                cmd = find_command(word)
+                if cmd is None:
+                    self.ui.notice(f"Unknown command {word}: /help lists them (// sends a message starting with /)")
+                    return False
+                return self.command(cmd, arg.strip())
             except PyllamaError as exc:
                 self.ui.error(exc.message, exc.hint)
                 return False

@@ -238,9 +238,9 @@ class TerminalUI(ChatUI):
         from rich.text import Text
 
         raw = []
-        for chunk in chunks:
+        for chunk in [*chunks, ""]:  # "" flushes text held back as a possible tag
             raw.append(chunk)
-            for is_reasoning, text in splitter.feed(chunk):
+            for is_reasoning, text in splitter.feed(chunk) if chunk else splitter.flush():
                 if not (is_reasoning and self.reasoning == REASONING_HIDE):
                     self.console.print(Text(text, style="dim" if is_reasoning else ""), end="")
         self.console.print()

@@ -95,8 +95,7 @@ def test_unknown_and_ambiguous_commands_get_a_hint_and_never_reach_the_model(tin
     result = chat(tiny_model, stdin="/frobnicate\n/s\n/set nope 1\n/set top_p 2\n/set temp warm\n/regen\n/undo\n")
     assert result.exit_code == 0 and result.stdout == ""
     assert chrome(result) == [
-        "Error: unknown command /frobnicate",
-        "Hint: /help lists the commands; start a message with // to send text beginning with /",
+        "Unknown command /frobnicate: /help lists them (// sends a message starting with /)",
         "Error: /s is ambiguous: /system, /set, /show, /save, /stats",
         "Error: unknown parameter 'nope'",
         "Hint: parameters: " + ", ".join(
@@ -139,6 +138,12 @@ def test_load_continues_a_saved_conversation(tiny_model: Path, tmp_path: Path) -
     assert [m["content"] for m in json.loads(out.read_text())][:4] == ["S", "a", "b", "next"]
     assert chrome(result)[0] == f"Loaded 3 messages from {saved}."
     assert chrome(result)[-2:] == ["Error: /load reads a .json file written by /save", "Hint: /load chat.json"]
+
+
+def test_double_slash_sends_text_that_starts_with_a_slash(tiny_model: Path, tmp_path: Path) -> None:
+    out = tmp_path / "c.json"
+    chat(tiny_model, "-n", "1", stdin=f"//etc is a folder\n/save {out}\n")
+    assert json.loads(out.read_text())[0] == {"role": "user", "content": "/etc is a folder"}
 
 
 def test_copy_says_so_when_there_is_no_clipboard_tool(tiny_model: Path, tmp_path: Path,
@@ -323,6 +328,7 @@ def test_parse_param_and_find_command() -> None:
     with pytest.raises(InputError, match="mirostat must be between 0 and 2"):
         parse_param("mirostat", "3")
     assert find_command("/bye").name == "/exit" and find_command("/reg").name == "/regen"
+    assert find_command("/nope") is None
 
 
 def test_data_dir_order(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
