@@ -197,6 +197,16 @@ def test_unknown_tensor_type_is_refused(src: Path) -> None:
     assert result.first_stderr_line == "Error: unknown tensor type for --token-embedding-type 'q9_0'"
 
 
+def test_malformed_override_kv_is_refused_before_any_work(src: Path, tmp_path: Path) -> None:
+    result = run_cli("quantize", "--override-kv", "general.name=text:x", str(src), "Q8_0")
+    assert result.exit_code == 1
+    assert result.stderr.splitlines() == [
+        "Error: malformed --override-kv 'general.name=text:x'",
+        "Hint: write KEY=TYPE:VALUE with TYPE int, float, bool or str, e.g. general.name=str:my-model",
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model-F32.gguf"]
+
+
 # --- refusals --------------------------------------------------------------------------------
 
 

@@ -82,18 +82,19 @@ def quantize(
     pos = core.parse_positionals(args or [], input_named=bool(model.model or model.hf_repo))
     if pos.nthreads is not None and threads and pos.nthreads != threads:
         raise UsageError(f"two thread counts: NTHREADS {pos.nthreads} and -t {threads}", hint="give one")
+    # Every flag is checked before -hf may download anything.
+    output_type = parse_tensor_type(output_tensor_type, "--output-tensor-type")
+    embedding_type = parse_tensor_type(token_embedding_type, "--token-embedding-type")
+    overrides = tuple(core.parse_override_kv(kv) for kv in override_kv or ())
     resolved = resolve(replace(model, model=pos.input) if pos.input else model)
     output = Path(pos.output) if pos.output else core.default_output(
         resolved.path, pos.quant, from_hub=resolved.repo is not None)
     request = core.QuantizeRequest(
         inputs=resolved.parts, output=output, quant=pos.quant, nthread=pos.nthreads or threads,
         allow_requantize=allow_requantize, leave_output_tensor=leave_output_tensor, pure=pure,
-        keep_split=keep_split, imatrix=imatrix,
-        output_tensor_type=parse_tensor_type(output_tensor_type, "--output-tensor-type"),
-        token_embedding_type=parse_tensor_type(token_embedding_type, "--token-embedding-type"),
+        keep_split=keep_split, imatrix=imatrix, output_tensor_type=output_type, token_embedding_type=embedding_type,
         include_weights=tuple(include_weights or ()), exclude_weights=tuple(exclude_weights or ()),
-        overrides=tuple(core.parse_override_kv(kv) for kv in override_kv or ()),
-        force=force, verbose=verbose, log_file=log_file,
+        overrides=overrides, force=force, verbose=verbose, log_file=log_file,
     )
     with _progress(enabled=stderr_is_tty() and not verbose) as on_progress:
         result = core.quantize_model(request, on_progress=on_progress)
