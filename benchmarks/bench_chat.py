@@ -213,7 +213,7 @@ def report(ours: list, ref: list, no_cache: list, turns: int) -> None:
               f"{ours_total[t]:>13.3f} {ref_total[t]:>18.3f}")
     print()
     print_ratio_table([
-        (f"TTFT turn 1 (s)", ref_ttft[0], ours_ttft[0], "<= 1.10"),
+        ("TTFT turn 1 (s)", ref_ttft[0], ours_ttft[0], "<= 1.10"),
         (f"TTFT turn {turns} (s)", ref_ttft[-1], ours_ttft[-1], "<= 1.10"),
         ("median turn latency (s)", median(ref_total), median(ours_total), "<= 1.10"),
     ], higher_is_better=False)

@@ -380,8 +380,8 @@ class ChatRepl:
         from .console import human_count, human_size
 
         lines = [
-            f"model        {d['model']}  ({d['description']}, {human_count(d['parameters'])} parameters, "
-            f"{human_size(d['size_bytes'])})",
+            (f"model        {d['model']}  ({d['description']}, {human_count(d['parameters'])} parameters, "
+            f"{human_size(d['size_bytes'])})"),
             f"template     {d['template']}",
             f"context      {self.engine.count_tokens(self.conv.to_messages())}/{d['n_ctx']} tokens used by the "
             f"conversation (trained: {d['n_ctx_train']})"

@@ -98,10 +98,9 @@ def test_unknown_and_ambiguous_commands_get_a_hint_and_never_reach_the_model(tin
         "Unknown command /frobnicate: /help lists them (// sends a message starting with /)",
         "Error: /s is ambiguous: /system, /set, /show, /save, /stats",
         "Error: unknown parameter 'nope'",
-        "Hint: parameters: " + ", ".join(
-            ["temperature", "top_k", "top_p", "min_p", "typical_p", "repeat_penalty", "repeat_last_n",
-             "presence_penalty", "frequency_penalty", "mirostat", "mirostat_lr", "mirostat_ent", "seed",
-             "ignore_eos", "logit_bias", "grammar", "max_tokens", "stop"]),
+        ("Hint: parameters: temperature, top_k, top_p, min_p, typical_p, repeat_penalty, repeat_last_n, "
+        "presence_penalty, frequency_penalty, mirostat, mirostat_lr, mirostat_ent, seed, ignore_eos, logit_bias, "
+        "grammar, max_tokens, stop"),
         "Error: top_p must be between 0 and 1, not 2",
         "Error: temperature needs a number, not 'warm'",
         "No answer to regenerate.",
@@ -213,7 +212,7 @@ def test_fit_context_counts_and_drops_whole_turns() -> None:
     conv = Conversation(system="S", messages=[{"role": r, "content": c} for r, c in
                                               [("user", "a"), ("assistant", "b"), ("user", "c"), ("assistant", "d"),
                                                ("user", "e")]])
-    count = lambda messages: 10 * len(messages)  # noqa: E731
+    count = lambda messages: 10 * len(messages)
     assert fit_context(conv, count, 100, reserve=10, shift=False) == 0
     assert fit_context(conv, count, 40, reserve=10, shift=True) == 2
     assert [m["content"] for m in conv.to_messages()] == ["S", "e"]
@@ -290,17 +289,17 @@ def test_terminal_multiline_block_and_alt_enter(engine) -> None:
 
 
 @pytest.mark.parametrize("name, expected", [
-    ("chatml", "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nyo<|im_end|>\n"
-               "<|im_start|>user\nok?<|im_end|>\n<|im_start|>assistant\n"),
+    ("chatml", ("<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nyo<|im_end|>\n"
+               "<|im_start|>user\nok?<|im_end|>\n<|im_start|>assistant\n")),
     ("llama2", "<s>[INST] <<SYS>>\nS\n<</SYS>>\n\nhi [/INST] yo </s><s>[INST] ok? [/INST]"),
-    ("llama3", "<s><|start_header_id|>system<|end_header_id|>\n\nS<|eot_id|><|start_header_id|>user<|end_header_id|>"
+    ("llama3", ("<s><|start_header_id|>system<|end_header_id|>\n\nS<|eot_id|><|start_header_id|>user<|end_header_id|>"
                "\n\nhi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\nyo<|eot_id|><|start_header_id|>user"
-               "<|end_header_id|>\n\nok?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"),
+               "<|end_header_id|>\n\nok?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n")),
     ("mistral", "<s>[INST] S\n\nhi[/INST] yo</s>[INST] ok?[/INST]"),
-    ("gemma", "<s><start_of_turn>user\nS\n\nhi<end_of_turn>\n<start_of_turn>model\nyo<end_of_turn>\n"
-              "<start_of_turn>user\nok?<end_of_turn>\n<start_of_turn>model\n"),
-    ("phi3", "<|system|>\nS<|end|>\n<|user|>\nhi<|end|>\n<|assistant|>\nyo<|end|>\n<|user|>\nok?<|end|>\n"
-             "<|assistant|>\n"),
+    ("gemma", ("<s><start_of_turn>user\nS\n\nhi<end_of_turn>\n<start_of_turn>model\nyo<end_of_turn>\n"
+              "<start_of_turn>user\nok?<end_of_turn>\n<start_of_turn>model\n")),
+    ("phi3", ("<|system|>\nS<|end|>\n<|user|>\nhi<|end|>\n<|assistant|>\nyo<|end|>\n<|user|>\nok?<|end|>\n"
+             "<|assistant|>\n")),
     ("zephyr", "<|system|>\nS</s>\n<|user|>\nhi</s>\n<|assistant|>\nyo</s>\n<|user|>\nok?</s>\n<|assistant|>\n"),
 ])
 def test_builtin_templates(name: str, expected: str) -> None:

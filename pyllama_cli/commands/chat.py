@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -35,17 +35,17 @@ def chat(
     model: ModelRequest,
     load: LoadSettings,
     sampling: SamplingOptions,
-    system_prompt: Annotated[Optional[str], typer.Option(
+    system_prompt: Annotated[str | None, typer.Option(
         "-sys", "--system-prompt", help="System prompt.", rich_help_panel=CHAT_PANEL, show_default=False)] = None,
-    system_prompt_file: Annotated[Optional[Path], typer.Option(
+    system_prompt_file: Annotated[Path | None, typer.Option(
         "-sysf", "--system-prompt-file", help="Read the system prompt from this file.", rich_help_panel=CHAT_PANEL,
         show_default=False, dir_okay=False)] = None,
-    prompt: Annotated[Optional[str], typer.Option(
+    prompt: Annotated[str | None, typer.Option(
         "-p", "--prompt", help="First user message.", rich_help_panel=CHAT_PANEL, show_default=False)] = None,
     single_turn: Annotated[bool, typer.Option(
         "-st", "--single-turn", help="Answer one message (-p or the first line read) and exit.",
         rich_help_panel=CHAT_PANEL)] = False,
-    chat_template: Annotated[Optional[str], typer.Option(
+    chat_template: Annotated[str | None, typer.Option(
         "--chat-template", help="Template NAME (chatml, gemma, llama2, llama3, mistral, phi3, zephyr) or a Jinja "
         "FILE (default: the model's own).", rich_help_panel=CHAT_PANEL, show_default=False)] = None,
     context_shift: Annotated[bool, typer.Option(
@@ -103,7 +103,7 @@ def _system_prompt(text: str | None, path: Path | None) -> str:
         raise InputError(f"cannot read the system prompt file {path}: {getattr(exc, 'strerror', None) or exc}") from exc
 
 
-def _make_ui(plain: bool, reasoning: str, no_history: bool):  # noqa: ANN202
+def _make_ui(plain: bool, reasoning: str, no_history: bool):
     from ..chat_commands import command_names
     from ..chat_ui import PlainUI, TerminalUI
     from ..core.paths import data_dir
