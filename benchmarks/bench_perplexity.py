@@ -15,6 +15,8 @@ checks that the printed tables agree.
 from __future__ import annotations
 
 import re
+import resource
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -67,18 +69,31 @@ def compare_ppl(args, ref_bin: Path, model: Path, text: Path) -> list[tuple[str,
               "-t", str(args.threads)]
     ref_cmd = [str(ref_bin / "llama-perplexity"), *common]
     our_cmd = [*pyllama_cmd(), "perplexity", *common]
-    ref_times, our_times = [], []
+    ref_times, our_times, ref_cpu, our_cpu = [], [], [], []
     for i in range(args.repeat):
-        t_ref, ref = run_timed(ref_cmd)
-        t_our, our = run_timed(our_cmd)
+        t_ref, c_ref, ref = cpu_timed(ref_cmd)
+        t_our, c_our, our = cpu_timed(our_cmd)
         ref_times.append(t_ref)
         our_times.append(t_our)
+        ref_cpu.append(c_ref)
+        our_cpu.append(c_our)
         ref_scores, our_scores = scores(ref.stdout + ref.stderr), scores(our.stdout + our.stderr)
-        print(f"run {i + 1}: llama-perplexity {t_ref:.2f} s, pyllama {t_our:.2f} s", file=sys.stderr)
+        print(f"run {i + 1}: llama-perplexity {t_ref:.2f} s ({c_ref:.2f} s CPU), pyllama {t_our:.2f} s "
+              f"({c_our:.2f} s CPU)", file=sys.stderr)
         if ref_scores != our_scores:
             raise SystemExit(f"PPL differs:\n  llama-perplexity: {ref_scores}\n  pyllama:          {our_scores}")
     print(f"{ref_scores[1]}  (both tools, every chunk equal: {ref_scores[0]})")
-    return [(f"wall s, {args.chunks} chunks of {args.ctx}", median(ref_times), median(our_times), "<= 1.10")]
+    what = f"{args.chunks} chunks of {args.ctx}"
+    return [(f"wall s, {what}", median(ref_times), median(our_times), "<= 1.10"),
+            (f"CPU s, {what}", median(ref_cpu), median(our_cpu), "(less noisy on a shared machine)")]
+
+
+def cpu_timed(cmd: list[str]) -> tuple[float, float, subprocess.CompletedProcess[bytes]]:
+    """Wall time, CPU time (user + system of the child) and the finished process."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    wall, proc = run_timed(cmd)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), proc
 
 
 def compare_kld(args, ref_bin: Path, text: Path) -> None:
