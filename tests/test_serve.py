@@ -352,6 +352,42 @@ def test_tools_reach_a_template_without_tool_support_as_a_system_message(server:
     assert '"name": "get_weather"' in prompt and prompt.endswith(HELLO_PROMPT)
 
 
+def test_tool_choice_auto_and_none(server: Server) -> None:
+    # The random model does not write a call, so "auto" answers with text; "none" hides the tools.
+    result = server.client().chat.completions.create(model="tiny", messages=HELLO, max_tokens=6, temperature=0,
+                                                     tools=[WEATHER], tool_choice="auto")
+    assert result.choices[0].message.tool_calls is None and result.choices[0].message.content
+    streamed = list(server.client().chat.completions.create(model="tiny", messages=HELLO, max_tokens=6,
+                                                            temperature=0, tools=[WEATHER], stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in streamed) == result.choices[0].message.content
+    prompt = httpx.post(f"{server.url}/apply-template",
+                        json={"messages": HELLO, "tools": [WEATHER], "tool_choice": "none"}).json()["prompt"]
+    assert prompt == HELLO_PROMPT
+
+
+@pytest.mark.parametrize(("text", "calls"), [
+    ('{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}',
+     [("get_weather", {"city": "Paris", "unit": "c"})]),
+    ('<tool_call>\n{"name": "take_note", "arguments": {"urgent": true}}\n</tool_call>',
+     [("take_note", {"urgent": True})]),
+    (('```json\n[{"name": "take_note", "arguments": "{\\"urgent\\": false}"}, '
+     '{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]\n```'),
+     [("take_note", {"urgent": False}), ("get_weather", {})]),
+    ('{"name": "delete_everything", "arguments": {}}', None),
+    ('{"name": "take_note", "arguments": {"urgent": true}} and some words', None),
+    ("It is sunny.", None),
+])
+def test_tool_calls_are_read_from_the_answer(text: str, calls: list | None) -> None:
+    from pyllama_cli.core.tools import parse_tool_calls, plan_tools
+
+    parsed = parse_tool_calls(text, plan_tools([WEATHER, NOTE], "auto"))
+    if calls is None:
+        assert parsed is None
+    else:
+        assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in parsed] == calls
+        assert all(c["type"] == "function" and c["id"].startswith("call_") for c in parsed)
+
+
 def test_tool_call_history_round_trips(server: Server) -> None:
     messages = [
         *HELLO,
