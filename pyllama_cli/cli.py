@@ -10,42 +10,47 @@ import typer
 
 from .errors import Interrupted, PyllamaError
 
-# (command name, module under pyllama_cli.commands, function). Modules import nothing heavy at
-# module level, so building the app for `--help` stays fast.
+# (command name, module under pyllama_cli.commands, attribute). Command modules import nothing heavy
+# at module level; `run` imports only the module of the command being run.
 COMMANDS = [
-    ("info", "info", "info"),
-    ("serve", "serve", "serve"),
     ("chat", "chat", "chat"),
-    ("bench", "bench", "bench"),
     ("complete", "complete", "complete"),
-    ("quantize", "quantize", "quantize"),
+    ("serve", "serve", "serve"),
+    ("bench", "bench", "bench"),
+    ("perplexity", "perplexity", "perplexity"),
     ("tokenize", "tokenize", "tokenize"),
     ("detokenize", "tokenize", "detokenize"),
-    ("perplexity", "perplexity", "perplexity"),
+    ("quantize", "quantize", "quantize"),
+    ("info", "info", "info"),
     ("completion", "completion", "app"),
 ]
-
-app = typer.Typer(
-    name="pyllama",
-    help="llama.cpp's command-line tools in Python: chat, complete, serve, bench, perplexity, tokenize, quantize, info.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 120},
-)
+COMMAND_NAMES = frozenset(name for name, _, _ in COMMANDS)
 
 
-def _register() -> None:
+def build_app(only: str | None = None) -> typer.Typer:
+    """The Typer app with every command, or with just `only` (faster start-up for a known command)."""
+    application = typer.Typer(
+        name="pyllama",
+        help="llama.cpp's command-line tools in Python: chat, complete, serve, bench, perplexity, tokenize, "
+        "quantize, info.",
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+        context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 120},
+    )
+    application.callback()(_root)
     for name, module_name, attr in COMMANDS:
+        if only is not None and name != only:
+            continue
         module = importlib.import_module(f"{__package__}.commands.{module_name}")
         target = getattr(module, attr)
         if isinstance(target, typer.Typer):  # a command group (`pyllama completion install|show`)
-            app.add_typer(target, name=name)
+            application.add_typer(target, name=name)
         else:
-            app.command(name, epilog=getattr(module, "EXAMPLES", None))(target)
+            application.command(name, epilog=getattr(module, "EXAMPLES", None))(target)
+    return application
 
 
-@app.callback()
 def _root(
     version: bool = typer.Option(False, "--version", help="Show pyllama's version and exit.", is_eager=True),
 ) -> None:
@@ -56,13 +61,20 @@ def _root(
         raise typer.Exit()
 
 
-_register()
+def __getattr__(name: str) -> typer.Typer:
+    # `cli.app` (every command) is built on first use: docs, completion scripts and tests read it.
+    if name == "app":
+        globals()["app"] = built = build_app()
+        return built
+    raise AttributeError(name)
 
 
 def run(argv: list[str] | None = None) -> int:
     """Run the CLI and return its exit code; the single place where errors become output."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    only = args[0] if args and args[0] in COMMAND_NAMES else None
     try:
-        app(args=argv, prog_name="pyllama")
+        build_app(only)(args=args, prog_name="pyllama")
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except Interrupted as exc:

@@ -60,10 +60,14 @@ def test_model_tokenizes_with_the_vocab(tiny_model: Path) -> None:
 
 def test_ctrl_c_exits_130_without_traceback() -> None:
     script = textwrap.dedent("""
+        import typer
         from pyllama_cli import cli
-        @cli.app.command("sleepy")
+        app = typer.Typer()
+        app.callback()(lambda: None)
+        @app.command("sleepy")
         def sleepy():
             raise KeyboardInterrupt
+        cli.build_app = lambda only=None: app
         cli.main()
     """)
     proc = subprocess.run([sys.executable, "-c", script, "sleepy"], capture_output=True, text=True,
