@@ -69,9 +69,9 @@ def complete(
 ) -> None:
     """Complete a prompt and stream the generated text to stdout (only the text: `> out.txt` holds it).
 
-    The prompt comes from -p, -f, or piped stdin (after -p when both are given). Sampling flags,
-    grammars and JSON schemas follow llama.cpp's names and defaults. Ctrl-C stops at once, keeps
-    what was printed and exits with 130.
+    The prompt comes from -p, -f, or piped stdin (appended after -p when both are given).
+    Sampling flags, grammars and JSON schemas follow llama.cpp's names and defaults.
+    Ctrl-C stops at once, keeps what was printed and exits with 130.
     """
     from ..core.completion import Completion, CompletionRequest
     from ..core.interrupt import StopFlag, catch_sigint

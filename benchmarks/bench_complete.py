@@ -1,0 +1,126 @@
+"""`pyllama complete` vs llama.cpp's `llama-completion`: generation speed (tokens per second).
+
+Both tools get the same model, prompt, seed, thread count, context size and sampling defaults and
+generate 128 tokens (--ignore-eos, so neither stops early), interleaved A,B,B,A,A,B... llama.cpp's figure
+is the `eval time ... tokens per second` line it prints on stderr (decode time only); pyllama's is
+`generation_tps` from `--stats --json` (wall time of the token loop, sampling included, so it is
+the stricter of the two). Target: pyllama >= 0.95x. Also reported, for information: llama.cpp's
+rate with its sampling time added, whether both printed the same text, and the CPU time each spends
+per generated token (from runs of -n 128 minus -n 1), which does not depend on how much of a shared,
+busy machine the process got.
+
+    python benchmarks/bench_complete.py [--llama-cpp-bin DIR] [-m MODEL] [-t THREADS] [--repeat 5]
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import resource
+import subprocess
+import sys
+
+from _common import base_parser, bench_model, llama_cpp_bin, median, print_ratio_table, pyllama_cmd, run_timed
+
+PROMPT = ("The history of the city begins with a small market town on the river, where traders from the "
+          "north and the south met each spring to exchange wool, salt and iron. Over the centuries")
+N_PREDICT = 128
+SEED = 42
+N_CTX = 1024
+
+_EVAL = re.compile(r"(?<!prompt )eval time =\s*([\d.]+) ms /\s*(\d+) (?:runs|tokens)\s*\(\s*[\d.]+ ms per token,"
+                   r"\s*([\d.]+) tokens per second\)")
+_SAMPLING = re.compile(r"sampling time =\s*([\d.]+) ms")
+
+
+def ref_rates(stderr: str) -> tuple[float, float]:
+    """llama-completion's eval t/s, and its t/s with sampling time added (decode + sample per token)."""
+    match = _EVAL.search(stderr)
+    if not match:
+        sys.exit("no 'eval time' line in llama-completion's output:\n" + stderr[-2000:])
+    eval_ms, runs, tps = float(match.group(1)), int(match.group(2)), float(match.group(3))
+    sampling = _SAMPLING.search(stderr)
+    sampling_ms = float(sampling.group(1)) if sampling else 0.0
+    # Sampling covers one more token than eval (the first comes from the prompt's logits).
+    per_token_ms = (eval_ms + sampling_ms * runs / (runs + 1)) / runs
+    return tps, 1000.0 / per_token_ms
+
+
+def our_rate(stderr: str) -> float:
+    stats = json.loads(stderr.strip().splitlines()[-1])
+    if stats["generated_tokens"] != N_PREDICT:
+        sys.exit(f"pyllama generated {stats['generated_tokens']} tokens, expected {N_PREDICT}")
+    return float(stats["generation_tps"])
+
+
+def same_text_as_ref(ref: bytes, ours: bytes) -> bool:
+    """llama-completion prints invalid UTF-8 bytes as they are and ends with a blank line; pyllama prints
+    U+FFFD for invalid bytes. Compare after making both the same kind of text."""
+    return ref.decode("utf-8", errors="replace").rstrip("\n") == ours.decode("utf-8")
+
+
+def cpu_seconds(cmd: list[str]) -> tuple[float, subprocess.CompletedProcess[bytes]]:
+    """Run a command; return the CPU time (user + system) it used and the finished process."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    _, proc = run_timed(cmd, stdin=b"")
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), proc
+
+
+def main() -> None:
+    p = base_parser(__doc__.splitlines()[0])
+    p.set_defaults(repeat=5)
+    args = p.parse_args()
+    tool = str(llama_cpp_bin(args.llama_cpp_bin) / "llama-completion")
+    model = str(args.model or bench_model("Q4_0"))
+
+    def common(n: int) -> list[str]:
+        return ["-m", model, "-p", PROMPT, "-n", str(n), "-s", str(SEED), "-t", str(args.threads), "-c", str(N_CTX),
+                "--ignore-eos"]
+
+    def ref_cmd(n: int) -> list[str]:
+        return [tool, *common(n), "-no-cnv", "--no-display-prompt", "--no-warmup"]
+
+    def our_cmd(n: int) -> list[str]:
+        return [*pyllama_cmd(), "complete", *common(n), "--stats", "--json"]
+
+    runs: dict[str, list[float]] = {k: [] for k in ("ref_tps", "ref_e2e", "our_tps", "ref_cpu", "our_cpu")}
+    same_text = []
+    for i in range(args.repeat):
+        # Alternate which tool goes first (A,B then B,A), so neither is always second after a load change.
+        order = ("ref", "our") if i % 2 == 0 else ("our", "ref")
+        done = {}
+        for who in order:
+            cmd = ref_cmd if who == "ref" else our_cmd
+            base_cpu, _ = cpu_seconds(cmd(1))
+            full_cpu, proc = cpu_seconds(cmd(N_PREDICT))
+            # CPU time per generated token: independent of how much of the CPU others leave us.
+            runs[f"{who}_cpu"].append((full_cpu - base_cpu) / (N_PREDICT - 1) * 1000)
+            done[who] = proc
+        tps, e2e = ref_rates(done["ref"].stderr.decode(errors="replace"))
+        runs["ref_tps"].append(tps)
+        runs["ref_e2e"].append(e2e)
+        runs["our_tps"].append(our_rate(done["our"].stderr.decode(errors="replace")))
+        same_text.append(same_text_as_ref(done["ref"].stdout, done["our"].stdout))
+    report(runs, same_text)
+
+
+def report(runs: dict[str, list[float]], same_text: list[bool]) -> None:
+    print(f"runs (t/s): llama.cpp {[round(x, 2) for x in runs['ref_tps']]}  "
+          f"pyllama {[round(x, 2) for x in runs['our_tps']]}", file=sys.stderr)
+    print(f"same text as llama-completion: {sum(same_text)}/{len(same_text)} runs", file=sys.stderr)
+    # Each pair ran back to back, so its ratio is less exposed to load drifting over the whole run.
+    pair_ratio = median([ours / ref for ours, ref in zip(runs["our_tps"], runs["ref_tps"])])
+    print(f"median of per-pair t/s ratios: {pair_ratio:.3f}", file=sys.stderr)
+    print_ratio_table([
+        (f"generation t/s (-n {N_PREDICT})", median(runs["ref_tps"]), median(runs["our_tps"]), ">= 0.95"),
+        ("  vs llama.cpp incl. sampling", median(runs["ref_e2e"]), median(runs["our_tps"]), "(info)"),
+    ], higher_is_better=True)
+    print()
+    print_ratio_table([
+        ("CPU ms per generated token", median(runs["ref_cpu"]), median(runs["our_cpu"]), "(info)"),
+    ], higher_is_better=False)
+
+
+if __name__ == "__main__":
+    main()
