@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -324,3 +326,66 @@ def test_bad_hellaswag_file_is_one_clear_error(tiny_model: Path, tmp_path: Path)
     result = ppl(tiny_model, "--hellaswag", str(path))
     assert result.exit_code == 1
     assert result.first_stderr_line == "Error: a HellaSwag file has 6 lines per task; this one has 8 lines"
+
+
+# ---------------------------------------------------------------- against llama-perplexity itself
+
+
+def _llama_perplexity() -> Path | None:
+    folder = os.environ.get("LLAMA_CPP_BIN")
+    tool = Path(folder) / "llama-perplexity" if folder else None
+    return tool if tool is not None and tool.is_file() else None
+
+
+reference = pytest.mark.skipif(_llama_perplexity() is None, reason="set LLAMA_CPP_BIN to a folder with llama-perplexity")
+
+
+def theirs(*args: str, until: tuple[str, ...]) -> str:
+    """llama-perplexity's stdout and stderr. Its log thread sometimes loses lines at exit, so run it
+    again (up to 3 times) until every string of `until` is in the output."""
+    for _ in range(3):
+        proc = subprocess.run([str(_llama_perplexity()), *args], check=False, capture_output=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr.decode(errors="replace")[-2000:]
+        output = proc.stdout.decode() + proc.stderr.decode()
+        if all(s in output for s in until):
+            break
+    return output
+
+
+@pytest.mark.reference
+@reference
+def test_same_figures_as_llama_perplexity(tiny_model: Path, text_file: Path, tmp_path: Path) -> None:
+    ours = run_cli("perplexity", "-m", str(tiny_model), "-f", str(text_file), "-c", str(N_CTX),
+                   "--kl-divergence-base", str(tmp_path / "ours.kld"))
+    chunks, final = ours.stdout.splitlines()
+    ref = theirs("-m", str(tiny_model), "-f", str(text_file), "-c", str(N_CTX),
+                 "--kl-divergence-base", str(tmp_path / "theirs.kld"), until=(chunks, final))
+    assert chunks in ref and final in ref
+    assert (tmp_path / "ours.kld").read_bytes() == (tmp_path / "theirs.kld").read_bytes()
+
+
+@pytest.mark.reference
+@reference
+def test_same_kld_table_as_llama_perplexity(quantized: tuple[Path, Path], text_file: Path, tmp_path: Path) -> None:
+    f16, q4 = quantized
+    base = tmp_path / "f16.kld"
+    theirs("-m", str(f16), "-f", str(text_file), "-c", str(N_CTX), "--kl-divergence-base", str(base),
+           until=("Final estimate",))
+    args = ("-m", str(q4), "-c", str(N_CTX), "--kl-divergence", "--kl-divergence-base", str(base))
+    ours = run_cli("perplexity", *args).stdout.splitlines()
+    ref = theirs(*args, until=(ours[5], ours[-1]))
+    assert ours[0] in ref and ours[1:6] == [line for line in ref.splitlines() if line[:4] in ("   1", "   2", "   3",
+                                                                                                "   4", "   5")]
+    assert "Same top p" in ours[-1] and ours[-1] in ref
+
+
+@pytest.mark.reference
+@reference
+def test_same_task_rows_as_llama_perplexity(tiny_model: Path, tmp_path: Path) -> None:
+    hellaswag, winogrande = tmp_path / "hs.txt", tmp_path / "wg.csv"
+    hellaswag.write_text(HELLASWAG)
+    winogrande.write_text(WINOGRANDE)
+    for flag, path in (("--hellaswag", hellaswag), ("--winogrande", winogrande)):
+        rows = run_cli("perplexity", "-m", str(tiny_model), flag, str(path)).stdout.splitlines()[:-2]
+        ref = theirs("-m", str(tiny_model), "-f", str(path), flag, until=(rows[-1],))
+        assert rows and all(row in ref.splitlines() for row in rows)
