@@ -127,7 +127,6 @@ def _listen(host: str, port: int) -> socket.socket:
         reason = exc.strerror or str(exc)
         raise UsageError(f"cannot listen on {host}:{port}: {reason}",
                          hint="pick another --port (0 = any free port) or --host") from None
-    sock.set_inheritable(True)
     return sock
 
 
