@@ -155,7 +155,7 @@ def test_startup_prints_the_url_the_model_and_the_context(server: Server) -> Non
     assert lines[0] == (f"pyllama serve: listening on http://127.0.0.1:{port} - loading tiny.gguf "
                         "(/health answers 503 until ready)")
     assert lines[1] == (f"pyllama serve: ready at http://127.0.0.1:{port}/v1 - model 'tiny' (tiny.gguf), "
-                        f"context {N_CTX} tokens, chat and completions")
+                        f"context {N_CTX} tokens per request, chat and completions, 1 slot")
 
 
 def test_health_is_200_once_loaded(server: Server) -> None:

@@ -22,6 +22,7 @@ Examples:
   pyllama serve -m model.gguf
   pyllama serve -hf ggml-org/gemma-3-1b-it-GGUF --port 8000 --alias gemma
   pyllama serve -m model.gguf --host 0.0.0.0 --api-key "$(cat key.txt)" --cors-origin https://app.example
+  pyllama serve -m model.gguf -np 4 -c 16384        # 4 requests at once, 4096 tokens each
   pyllama serve -m embedder.gguf --embeddings
   curl http://127.0.0.1:8080/v1/chat/completions -d '{"messages": [{"role": "user", "content": "Hi"}]}'
 """
@@ -60,6 +61,13 @@ def serve(
     chat_template: Annotated[str | None, typer.Option(
         "--chat-template", help="Chat template NAME, .jinja FILE or Jinja text (default: the model's own).",
         rich_help_panel=SERVER_PANEL, show_default=False)] = None,
+    parallel: Annotated[int, typer.Option(
+        "-np", "--parallel", min=1, help="Slots: requests generated at once, batched together (continuous "
+        "batching); more wait in a queue. -c is shared: each slot gets c/N tokens unless --kv-unified.",
+        rich_help_panel=SERVER_PANEL)] = 1,
+    kv_unified: Annotated[bool, typer.Option(
+        "--kv-unified", help="One KV cache for all slots: each may use the whole context while there is room.",
+        rich_help_panel=SERVER_PANEL)] = False,
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API: chat, completions, embeddings.
 
@@ -80,27 +88,39 @@ def serve(
         max_body_size=parse_size(max_body_size), chat_template=chat_template,
     )
     sock = _listen(host, port)
-    _run(sock, resolved.path, load, settings, embeddings)
+    _run(sock, resolved.path, load, settings, embeddings, parallel, kv_unified)
 
 
-def _run(sock: socket.socket, path: Path, load: LoadSettings, settings: Any, embeddings: bool) -> None:
+def _make_engine(path: Path, load: LoadSettings, embeddings: bool, parallel: int, kv_unified: bool,
+                 **callbacks: Any) -> Any:
+    """Embeddings run one input at a time; generation runs on the continuous-batching slots."""
+    if embeddings:
+        from ..core.engine import SingleSlotEngine
+
+        return SingleSlotEngine(path, load, embeddings=True, **callbacks)
+    from ..core.parallel_engine import ParallelEngine
+
+    return ParallelEngine(path, load, n_slots=parallel, kv_unified=kv_unified, **callbacks)
+
+
+def _run(sock: socket.socket, path: Path, load: LoadSettings, settings: Any, embeddings: bool, parallel: int,
+         kv_unified: bool) -> None:
     import uvicorn
 
-    from ..core.engine import SingleSlotEngine
     from ..server.app import create_app
 
     url = _url(sock)
     server: uvicorn.Server
 
     def on_ready(engine: Any) -> None:
-        kind = "embeddings" if embeddings else "chat and completions"
+        kind = "embeddings" if embeddings else f"chat and completions, {parallel} slot{'s' * (parallel > 1)}"
         err().print(f"pyllama serve: ready at {url}/v1 - model {settings.alias!r} ({path.name}), "
-                    f"context {engine.n_ctx} tokens, {kind}", markup=False, highlight=False)
+                    f"context {engine.n_ctx} tokens per request, {kind}", markup=False, highlight=False)
 
     def on_failure(_: BaseException) -> None:
         server.should_exit = True
 
-    engine = SingleSlotEngine(path, load, embeddings=embeddings, on_ready=on_ready, on_failure=on_failure)
+    engine = _make_engine(path, load, embeddings, parallel, kv_unified, on_ready=on_ready, on_failure=on_failure)
     app = create_app(engine, settings)
     config = uvicorn.Config(app, log_level="info" if load.verbose else "warning", access_log=load.verbose,
                             timeout_graceful_shutdown=5, lifespan="on")

@@ -197,6 +197,11 @@ class Engine(ABC):
     def stats(self) -> EngineStats:
         """A snapshot of the counters (thread-safe)."""
 
+    def slot_states(self) -> list[dict[str, Any]]:
+        """Each slot's state (idle, prefill, generating) and token counts; engines without slots report one."""
+        busy = self.stats().processing > 0
+        return [{"id": 0, "state": "generating" if busy else "idle"}]
+
     @abstractmethod
     def close(self) -> None:
         """Cancel running work, stop the worker(s) and free the model."""

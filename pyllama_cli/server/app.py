@@ -170,6 +170,12 @@ def _add_utility_routes(app: FastAPI, engine: Engine, settings: ServerSettings) 
         """Prometheus text: requests, tokens, speeds, queue depth, errors."""
         return PlainTextResponse(app.state.metrics.render(engine), media_type=CONTENT_TYPE)
 
+    @app.get("/slots", tags=["Server"])
+    async def slots() -> Any:
+        """Each slot's state (idle, prefill, generating), its cached, prompt and generated tokens, and the queue."""
+        _ready(engine)
+        return {"slots": engine.slot_states(), "queue": engine.stats().queue_depth}
+
     @app.post("/tokenize", response_model=TokenizeResponse, responses=ERRORS, tags=["Server"])
     async def tokenize(body: TokenizeRequest) -> Any:
         """Token ids of `content` (with `with_pieces`, each id with its text)."""

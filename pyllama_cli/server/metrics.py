@@ -54,6 +54,9 @@ class Metrics:
         _metric(lines, "embedding_inputs_total", "counter", "Inputs embedded.", [("", stats.embedding_inputs)])
         _metric(lines, "queue_depth", "gauge", "Requests waiting for the engine.", [("", stats.queue_depth)])
         _metric(lines, "requests_processing", "gauge", "Requests the engine is working on.", [("", stats.processing)])
+        states = Counter(slot["state"] for slot in engine.slot_states()) if engine.ready else Counter()
+        _metric(lines, "slots", "gauge", "Slots by state.",
+                [(f'state="{state}"', states.get(state, 0)) for state in ("idle", "prefill", "generating")])
         _metric(lines, "context_size", "gauge", "Tokens one request may use.", [("", engine.n_ctx)])
         return "\n".join(lines) + "\n"
 

@@ -1,0 +1,123 @@
+"""`pyllama serve --parallel N`: continuous batching across slots, a FIFO queue, per-slot prompt cache."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.test_serve import Server, _start
+
+N_SLOTS = 4
+N_CTX = 2048  # shared: 512 tokens per slot
+PROMPT = "hello world the"
+
+
+@pytest.fixture(scope="module")
+def pserver(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    srv = _start(tiny_model, tmp_path_factory.mktemp("serve-np") / "stderr.log", "-np", str(N_SLOTS),
+                 "-c", str(N_CTX))
+    yield srv
+    srv.stop()
+
+
+async def _stream_completion(client: httpx.AsyncClient, url: str, prompt: str, max_tokens: int,
+                             **extra: object) -> tuple[str, dict]:
+    body = {"prompt": prompt, "max_tokens": max_tokens, "stream": True, "ignore_eos": True,
+            "stream_options": {"include_usage": True}, **extra}
+    text, usage = "", {}
+    async with client.stream("POST", f"{url}/v1/completions", json=body, timeout=120) as resp:
+        assert resp.status_code == 200, await resp.aread()
+        async for line in resp.aiter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                data = json.loads(line[6:])
+                assert "error" not in data
+                if data["choices"]:
+                    text += data["choices"][0]["text"]
+                usage = data.get("usage") or usage
+    return text, usage
+
+
+def _run_concurrently(url: str, jobs: list[dict]) -> list[tuple[str, dict]]:
+    async def main() -> list[tuple[str, dict]]:
+        async with httpx.AsyncClient() as client:
+            return await asyncio.gather(*[_stream_completion(client, url, **job) for job in jobs])
+
+    return asyncio.run(main())
+
+
+def _slots(server: Server) -> dict:
+    return httpx.get(f"{server.url}/slots", timeout=10).json()
+
+
+def test_startup_names_the_slots_and_the_per_slot_context(pserver: Server) -> None:
+    assert "context 512 tokens per request, chat and completions, 4 slots" in pserver.stderr
+    slots = _slots(pserver)
+    assert [s["id"] for s in slots["slots"]] == [0, 1, 2, 3]
+    assert slots["queue"] == 0
+
+
+def test_eight_concurrent_streams_on_four_slots_all_complete(pserver: Server) -> None:
+    results = _run_concurrently(pserver.url, [{"prompt": f"{PROMPT} {i}", "max_tokens": 24, "seed": i}
+                                              for i in range(8)])
+    assert [usage["completion_tokens"] for _, usage in results] == [24] * 8
+    assert all(text for text, _ in results)
+    assert all(s["state"] == "idle" for s in _slots(pserver)["slots"])
+
+
+def test_greedy_answer_is_the_same_alone_and_beside_three_others(pserver: Server) -> None:
+    job = {"prompt": "the quick brown fox", "max_tokens": 20, "seed": 7, "temperature": 0}
+    alone = _run_concurrently(pserver.url, [job])[0][0]
+    crowd = _run_concurrently(pserver.url, [job] + [{"prompt": f"{PROMPT} {i}", "max_tokens": 30, "seed": i}
+                                                    for i in range(3)])
+    assert crowd[0][0] == alone
+
+
+def test_prompt_cache_reuse_is_reported(pserver: Server) -> None:
+    long_prompt = " ".join(["hello world the quick brown fox"] * 12)
+    first = _run_concurrently(pserver.url, [{"prompt": long_prompt, "max_tokens": 4, "temperature": 0}])[0][1]
+    second = _run_concurrently(pserver.url, [{"prompt": long_prompt + " again", "max_tokens": 4,
+                                              "temperature": 0}])[0][1]
+    n_first = first["prompt_tokens"]
+    assert n_first > 60
+    assert second["prompt_tokens_details"]["cached_tokens"] >= n_first - 1
+    assert second["prompt_tokens"] - second["prompt_tokens_details"]["cached_tokens"] <= 3
+
+
+def test_cancelled_stream_frees_its_slot(pserver: Server) -> None:
+    body = {"prompt": PROMPT, "max_tokens": 480, "stream": True, "ignore_eos": True}
+    with httpx.Client() as client, client.stream("POST", f"{pserver.url}/v1/completions", json=body,
+                                                 timeout=60) as resp:
+        chunks = 0
+        for line in resp.iter_lines():
+            chunks += line.startswith("data: ")
+            if chunks == 3:
+                busy = [s for s in _slots(pserver)["slots"] if s["state"] != "idle"]
+                assert len(busy) == 1
+                break
+    deadline = time.monotonic() + 10
+    while any(s["state"] != "idle" for s in _slots(pserver)["slots"]):
+        assert time.monotonic() < deadline, _slots(pserver)
+        time.sleep(0.05)
+    served = [s for s in _slots(pserver)["slots"] if s["n_cached"] > 0]
+    assert served and max(s["n_cached"] for s in served) < 480
+
+
+def test_a_prompt_longer_than_a_slot_fails_alone(pserver: Server) -> None:
+    too_long = " ".join(["hello"] * 600)
+    response = httpx.post(f"{pserver.url}/v1/completions", json={"prompt": too_long, "max_tokens": 4}, timeout=30)
+    assert response.status_code == 400
+    assert "but the context holds 512" in response.json()["error"]["message"]
+    ok = _run_concurrently(pserver.url, [{"prompt": PROMPT, "max_tokens": 5}])[0][1]
+    assert ok["completion_tokens"] == 5
+
+
+def test_metrics_count_slots_by_state(pserver: Server) -> None:
+    text = httpx.get(f"{pserver.url}/metrics").text
+    assert 'pyllama_slots{state="idle"} 4' in text
+    assert 'pyllama_slots{state="generating"} 0' in text
