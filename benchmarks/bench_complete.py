@@ -5,7 +5,8 @@ generate 128 tokens (--ignore-eos, so neither stops early), interleaved A,B,B,A,
 is the `eval time ... tokens per second` line it prints on stderr (decode time only); pyllama's is
 `generation_tps` from `--stats --json` (wall time of the token loop, sampling included, so it is
 the stricter of the two). Target: pyllama >= 0.95x. Also reported, for information: llama.cpp's
-rate with its sampling time added, whether both printed the same text, and the CPU time each spends
+rate with its sampling time added, its wall-clock rate (total time of -n 128 minus -n 1, so time
+between decodes counts as in pyllama's figure), whether both printed the same text, the CPU time each spends
 per generated token (from runs of -n 128 minus -n 1), which does not depend on how much of a shared,
 busy machine the process got.
 
@@ -31,6 +32,7 @@ N_CTX = 1024
 _EVAL = re.compile(r"(?<!prompt )eval time =\s*([\d.]+) ms /\s*(\d+) (?:runs|tokens)\s*\(\s*[\d.]+ ms per token,"
                    r"\s*([\d.]+) tokens per second\)")
 _SAMPLING = re.compile(r"sampling time =\s*([\d.]+) ms")
+_TOTAL = re.compile(r"total time =\s*([\d.]+) ms")
 
 
 def ref_rates(stderr: str) -> tuple[float, float]:
@@ -44,6 +46,14 @@ def ref_rates(stderr: str) -> tuple[float, float]:
     # Sampling covers one more token than eval (the first comes from the prompt's logits).
     per_token_ms = (eval_ms + sampling_ms * runs / (runs + 1)) / runs
     return tps, 1000.0 / per_token_ms
+
+
+def ref_total_ms(stderr: str) -> float:
+    """llama-completion's `total time` (wall time since its context was created)."""
+    match = _TOTAL.search(stderr)
+    if not match:
+        sys.exit("no 'total time' line in llama-completion's output:\n" + stderr[-2000:])
+    return float(match.group(1))
 
 
 def our_rate(stderr: str) -> float:
@@ -84,22 +94,27 @@ def main() -> None:
     def our_cmd(n: int) -> list[str]:
         return [*pyllama_cmd(), "complete", *common(n), "--stats", "--json"]
 
-    runs: dict[str, list[float]] = {k: [] for k in ("ref_tps", "ref_e2e", "our_tps", "ref_cpu", "our_cpu")}
+    runs: dict[str, list[float]] = {k: [] for k in ("ref_tps", "ref_e2e", "ref_wall", "our_tps", "ref_cpu",
+                                                     "our_cpu")}
     same_text = []
     for i in range(args.repeat):
         # Alternate which tool goes first (A,B then B,A), so neither is always second after a load change.
         order = ("ref", "our") if i % 2 == 0 else ("our", "ref")
-        done = {}
+        done, base = {}, {}
         for who in order:
             cmd = ref_cmd if who == "ref" else our_cmd
-            base_cpu, _ = cpu_seconds(cmd(1))
-            full_cpu, proc = cpu_seconds(cmd(N_PREDICT))
+            base_cpu, base[who] = cpu_seconds(cmd(1))
+            full_cpu, done[who] = cpu_seconds(cmd(N_PREDICT))
             # CPU time per generated token: independent of how much of the CPU others leave us.
             runs[f"{who}_cpu"].append((full_cpu - base_cpu) / (N_PREDICT - 1) * 1000)
-            done[who] = proc
-        tps, e2e = ref_rates(done["ref"].stderr.decode(errors="replace"))
+        ref_err = done["ref"].stderr.decode(errors="replace")
+        tps, e2e = ref_rates(ref_err)
         runs["ref_tps"].append(tps)
         runs["ref_e2e"].append(e2e)
+        # llama.cpp's wall-clock generation rate: its total time with -n 128 minus with -n 1 (which has the
+        # same start-up and prompt), so time spent between decodes counts as it does in pyllama's figure.
+        wall_ms = ref_total_ms(ref_err) - ref_total_ms(base["ref"].stderr.decode(errors="replace"))
+        runs["ref_wall"].append((N_PREDICT - 1) / (wall_ms / 1000) if wall_ms > 0 else float("nan"))
         runs["our_tps"].append(our_rate(done["our"].stderr.decode(errors="replace")))
         same_text.append(same_text_as_ref(done["ref"].stdout, done["our"].stdout))
     report(runs, same_text)
@@ -115,6 +130,7 @@ def report(runs: dict[str, list[float]], same_text: list[bool]) -> None:
     print_ratio_table([
         (f"generation t/s (-n {N_PREDICT})", median(runs["ref_tps"]), median(runs["our_tps"]), ">= 0.95"),
         ("  vs llama.cpp incl. sampling", median(runs["ref_e2e"]), median(runs["our_tps"]), "(info)"),
+        ("  vs llama.cpp wall clock", median(runs["ref_wall"]), median(runs["our_tps"]), "(info)"),
     ], higher_is_better=True)
     print()
     print_ratio_table([

@@ -64,7 +64,7 @@ def complete(
         "--stats", help="Print speed and stop reason on stderr after the text (also with -v).",
         rich_help_panel=OUTPUT_PANEL)] = False,
     as_json: Annotated[bool, typer.Option(
-        "--json", help="With --stats: print the statistics as one JSON line on stderr.",
+        "--json", help="Print the statistics as one JSON line on stderr (implies --stats).",
         rich_help_panel=OUTPUT_PANEL)] = False,
 ) -> None:
     """Complete a prompt and stream the generated text to stdout (only the text: `> out.txt` holds it).
@@ -91,7 +91,7 @@ def complete(
             interrupted = _stream(run, echo, catch_sigint, StopFlag())
         finally:
             run.close()
-    if stats or load.verbose:
+    if stats or as_json or load.verbose:
         _print_stats(run.report.to_dict(), as_json)
     if interrupted:
         raise Interrupted("Interrupted by user")
@@ -104,11 +104,11 @@ def read_prompt(prompt: str | None, file: Path | None) -> str:
     text = prompt
     if file is not None:
         try:
-            text = file.read_text(encoding="utf-8")
+            text = file.read_bytes().decode("utf-8", errors="surrogateescape")
         except FileNotFoundError:
             raise InputError(f"prompt file not found: {file}") from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise InputError(f"cannot read prompt file {file}: {exc}") from None
+        except OSError as exc:
+            raise InputError(f"cannot read prompt file {file}: {exc.strerror or exc}") from None
     piped = _read_stdin()
     if piped:
         text = f"{text}\n{piped}" if text else piped
@@ -122,9 +122,11 @@ def _read_stdin() -> str | None:
     if stdin is None or stdin.closed or stdin.isatty():
         return None
     try:
-        return stdin.read()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read the prompt from stdin: {exc}") from None
+        raw = stdin.buffer.read() if hasattr(stdin, "buffer") else stdin.read().encode("utf-8", "surrogateescape")
+    except OSError as exc:
+        raise InputError(f"cannot read the prompt from stdin: {exc.strerror or exc}") from None
+    # Bytes that are not UTF-8 ride along as surrogates and reach the tokenizer unchanged, as in llama.cpp.
+    return raw.decode("utf-8", errors="surrogateescape")
 
 
 def _stream(run: Any, echo: bool, catch_sigint: Any, flag: Any) -> bool:
@@ -153,7 +155,7 @@ class _Stdout:
 
     def write(self, text: str) -> None:
         if self.raw is not None:
-            self.raw.write(text.encode("utf-8"))
+            self.raw.write(text.encode("utf-8", errors="surrogateescape"))
             self.raw.flush()
         else:
             sys.stdout.write(text)

@@ -64,7 +64,9 @@ def prompt_text(model: Model, request: CompletionRequest) -> str:
 
 def tokenize_prompt(model: Model, text: str) -> list[int]:
     """Token ids as llama.cpp's tools make them: BOS when the vocab wants it, special tokens parsed."""
-    ids = [int(t) for t in model.tokenize(text.encode("utf-8"), add_special=True, parse_special=True)]
+    # surrogateescape: prompt bytes that are not UTF-8 (read that way from a file or stdin) pass through as bytes.
+    raw = text.encode("utf-8", errors="surrogateescape")
+    ids = [int(t) for t in model.tokenize(raw, add_special=True, parse_special=True)]
     # A chat template that writes BOS itself would otherwise give two.
     if len(ids) >= 2 and ids[0] == ids[1] == model.bos:
         ids.pop(0)
