@@ -299,3 +299,12 @@ def test_ctrl_c_during_a_long_prompt_evaluation(tiny_model: Path, tmp_path: Path
     assert code == 130
     stats = json.loads([line for line in err.splitlines() if line.startswith("{")][-1])
     assert (stats["stop_reason"], stats["generated_tokens"]) == ("interrupted", 0)
+
+
+def test_prompt_bytes_that_are_not_utf8_pass_through(tiny_model: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "pyllama_cli", "complete", "-m", str(tiny_model), *FAST, "-n", "2", "--echo", "--json"],
+        input=b"caf\xe9 \xff", capture_output=True, cwd=REPO_ROOT, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(b"caf\xe9 \xff")
+    assert json.loads(result.stderr.decode().strip().splitlines()[-1])["generated_tokens"] == 2
