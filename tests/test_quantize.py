@@ -303,15 +303,21 @@ def test_legacy_imatrix_is_read_as_llama_quantize_reads_it(tmp_path: Path) -> No
     np.testing.assert_array_equal(data.entries["blk.0.attn_q.weight"], first / np.float32(7))
 
 
-def test_imatrix_enables_iq2_and_is_recorded(src: Path, tmp_path: Path) -> None:
+def test_imatrix_enables_types_that_need_one_and_is_recorded(src: Path, tmp_path: Path) -> None:
     imatrix = write_imatrix(tmp_path / "imatrix.gguf")
-    out = tmp_path / "iq2.gguf"
+    out = tmp_path / "q2ks.gguf"
     result = run_cli("quantize", "--imatrix", str(imatrix), "--exclude-weights", "ffn_down",
-                     str(src), str(out), "IQ2_XS")
-    assert result.exit_code == 1  # ffn_down needs imatrix data at IQ2_XS
-    assert "needs importance-matrix data" in result.first_stderr_line
+                     str(src), str(out), "Q2_K_S")
+    assert result.exit_code == 1  # Q2_K_S needs imatrix data for ffn_down too
+    assert result.stderr.splitlines() == [
+        ("Error: Q2_K_S needs importance-matrix data for every tensor it quantizes (llama.cpp: Missing importance "
+        "matrix for tensor blk.0.ffn_down.weight in a very low-bit quantization)"),
+        ("Hint: the imatrix lacks that tensor: check --include-weights/--exclude-weights, or use one made for this "
+        "model"),
+    ]
     assert not out.exists()
-    result = run_cli("quantize", "--imatrix", str(imatrix), str(src), str(out), "IQ2_XS")
+    # Q2_K_S: the fastest type that needs an imatrix (the IQ2 types take seconds even on this model).
+    result = run_cli("quantize", "--imatrix", str(imatrix), str(src), str(out), "Q2_K_S")
     assert result.exit_code == 0, result.stderr
     from pyllama_cli.core.gguf_file import read_gguf
 

@@ -536,8 +536,10 @@ def _failure(req: QuantizeRequest, parser: _LogParser, staging: _Staging) -> Pyl
                           hint="quantize from the F16/BF16/F32 original, or pass --allow-requantize "
                                "(quality drops more than quantizing once)")
     if "requires an imatrix" in reason or "Missing importance matrix" in reason:
+        hint = ("the imatrix lacks that tensor: check --include-weights/--exclude-weights, or use one made for "
+                "this model" if req.imatrix else "pass --imatrix FILE made for this model")
         return UsageError(f"{req.quant.name} needs importance-matrix data for every tensor it quantizes "
-                          f"(llama.cpp: {reason})", hint="pass --imatrix FILE made for this model")
+                          f"(llama.cpp: {reason})", hint=hint)
     if "imatrix" in reason:
         return InputError(f"the imatrix does not fit this model: {reason}",
                           hint="use an imatrix computed for this model with llama-imatrix")
