@@ -15,7 +15,7 @@ from typing import Any
 from ..errors import ContextOverflow, InputError
 from .chat_template import render_chat
 from .generation import GenerationStats, Generator
-from .native import Context, Model
+from .native import Context, Model, lib
 from .prompt_cache import CacheLoad, load_prompt_cache, save_prompt_cache
 from .sampling import SamplingSettings
 
@@ -42,9 +42,11 @@ class CompletionReport:
     cache: CacheLoad | None = None
     cache_load_ms: float = 0.0
     cache_saved: bool = False
+    eval_tps: float = 0.0  # llama.cpp's own count: single-token decodes per second of decode time
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = self.stats.to_dict()
+        data["eval_tps"] = round(self.eval_tps, 3)
         data["truncated_tokens"] = self.truncated
         if self.cache is not None:
             data["prompt_cache"] = {"file_tokens": len(self.cache.saved_tokens), "reused_tokens": self.stats.n_cached,
@@ -94,6 +96,12 @@ def fit_prompt(ids: list[int], n_ctx: int, n_predict: int, truncate: bool, bos: 
     return kept, len(ids) - len(kept)
 
 
+def _eval_counters(ctx: Context) -> tuple[float, int]:
+    """llama.cpp's running totals for single-token decodes: (milliseconds, count)."""
+    data = lib.llama_perf_context(ctx.handle)
+    return float(data.t_eval_ms), int(data.n_eval)
+
+
 def _room_for(n_prompt: int, n_predict: int) -> int:
     need = n_prompt + (n_predict if n_predict > 0 else 256)
     size = 512
@@ -123,6 +131,7 @@ class Completion:
             warn(f"the prompt has {len(ids)} tokens but the context holds {ctx.n_ctx}: kept its last "
                  f"{len(self.tokens)} tokens (--truncate)")
         self._check_logit_bias()
+        self._eval_start: tuple[float, int] | None = None
 
     def _check_logit_bias(self) -> None:
         for token, _ in self.request.sampling.logit_bias:
@@ -138,9 +147,23 @@ class Completion:
         try:
             yield from self.generator.stream(
                 self.tokens, self.request.sampling, max_tokens=self.request.n_predict, stop=self.request.stop,
-                stop_flag=stop_flag, after_prefill=(lambda: self._save_cache(cache_path)) if cache_path else None)
+                stop_flag=stop_flag, after_prefill=self._after_prefill)
         finally:
             self.report.stats = self.generator.stats
+            self.report.eval_tps = self._eval_tps()
+
+    def _after_prefill(self) -> None:
+        if self.request.prompt_cache is not None:
+            self._save_cache(self.request.prompt_cache)
+        self._eval_start = _eval_counters(self.ctx)
+
+    def _eval_tps(self) -> float:
+        """Decode-only generation speed as llama.cpp's tools report it (`eval time ... tokens per second`)."""
+        if self._eval_start is None:
+            return 0.0
+        t_start, n_start = self._eval_start
+        t_end, n_end = _eval_counters(self.ctx)
+        return (n_end - n_start) / ((t_end - t_start) / 1000) if t_end > t_start else 0.0
 
     def close(self) -> None:
         self.generator.close()
