@@ -126,7 +126,8 @@ def test_chat_json_carries_the_prompt(tiny_model: Path) -> None:
 
 
 @pytest.mark.parametrize("text", ["Hello world", "  two  spaces\n\ttab\n", "héllo wörld 日本 emoji 😀👍",
-                                  "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n", "x<s> y</s>"])
+                                  "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n", "x<s> y</s>",
+                                  "a , b . it 's"])
 @pytest.mark.parametrize("flags", [[], ["--no-bos"], ["--no-parse-special"]])
 def test_detokenize_round_trips(tiny_model: Path, text: str, flags: list[str]) -> None:
     """(Text that itself starts with the BOS text, tokenized with --no-bos, is the one ambiguous case.)"""

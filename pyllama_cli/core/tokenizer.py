@@ -93,7 +93,7 @@ _CHUNK = 1 << 18
 
 
 def _unique_ids(ids: np.ndarray) -> list[int]:
-    return np.unique(ids).tolist() if len(ids) else []
+    return np.flatnonzero(np.bincount(ids)).tolist() if len(ids) else []
 
 
 def _chunks(ids: np.ndarray) -> Iterator[list[int]]:
@@ -245,8 +245,9 @@ def detokenize_ids(model: Model, ids: list[int]) -> bytes:
 
     llama.cpp's tokenizer adds the BOS (and EOS) the vocab asks for, and before each run of text
     that starts the input or follows a special token it may insert one space (SentencePiece's
-    prefix). So the automatic BOS/EOS are dropped and each text run is detokenized on its own,
-    which lets llama_detokenize remove exactly that one space; special tokens print as their text.
+    prefix). So the automatic BOS/EOS are dropped, that one space is removed again, and the
+    pieces are joined as they are: unlike llama_detokenize, no Hugging Face-style clean-up of
+    spaces before punctuation, which would change text such as `a , b`.
 
     Raises:
         InputError: an id outside the vocab.
@@ -256,17 +257,24 @@ def detokenize_ids(model: Model, ids: list[int]) -> bytes:
         ids = ids[1:]
     if ids and _add_eos(model) and ids[-1] == model.eos:
         ids = ids[:-1]
-    special = {t for t in set(ids) if lib.llama_vocab_get_attr(model.vocab, t) & _SPECIAL_ATTRS}
+    pieces = {t: model.token_to_piece(t, special=True) for t in set(ids)}
+    special = {t for t in pieces if lib.llama_vocab_get_attr(model.vocab, t) & _SPECIAL_ATTRS}
+    strip_prefix = _adds_space_prefix(model)
     parts: list[bytes] = []
-    run: list[int] = []
+    run_start = True
     for token in ids:
+        piece = pieces[token]
         if token in special:
-            if run:
-                parts.append(model.detokenize(run, remove_special=False, unparse_special=True))
-                run = []
-            parts.append(model.token_to_piece(token, special=True))
-        else:
-            run.append(token)
-    if run:
-        parts.append(model.detokenize(run, remove_special=False, unparse_special=True))
+            run_start = True
+        elif run_start:
+            run_start = False
+            if strip_prefix and piece.startswith(b" "):
+                piece = piece[1:]
+        parts.append(piece)
     return b"".join(parts)
+
+
+def _adds_space_prefix(model: Model) -> bool:
+    """Whether the tokenizer puts a space before text (SentencePiece-style), seen by tokenizing "a"."""
+    probe = model.tokenize(b"a", add_special=False, parse_special=False).tolist()
+    return b"".join(model.token_to_piece(t, special=True) for t in probe) == b" a"
