@@ -3,8 +3,8 @@
 First a byte-identity check: both tools quantize the same input to Q8_0, Q4_0, Q4_K_M, Q6_K and F16
 (and Q4_K_M with an importance matrix); every pair of outputs must have the same sha256.
 Then whole-process wall time (and CPU time, which noise from other work barely moves) for the timed
-types, interleaved A,B,A,B; the table reports medians and their ratio. Target: pyllama within 1.05x
-of llama-quantize.
+types, interleaved A,B,B,A,... each from a synced, empty output folder; the table reports medians
+and their ratio. Target: pyllama within 1.05x of llama-quantize.
 
     python benchmarks/bench_quantize.py [--llama-cpp-bin DIR] [-m MODEL.gguf] [-t N] [--repeat 3]
         [--types Q4_K_M,Q8_0] [--skip-identity]
@@ -13,6 +13,7 @@ of llama-quantize.
 from __future__ import annotations
 
 import hashlib
+import os
 import resource
 import shutil
 import sys
@@ -94,12 +95,16 @@ def time_types(tool: str, model: Path, folder: Path, threads: int, types: list[s
     rows = []
     for qtype in types:
         ref_cmd, our_cmd = commands(tool, model, folder / "x.gguf", qtype, threads, [])
-        ref_runs, our_runs = [], []
-        for _ in range(repeat):
-            clean(folder)
-            ref_runs.append(timed(ref_cmd))
-            our_runs.append(timed(our_cmd))
+        runs: dict[str, list[tuple[float, float]]] = {"ref": [], "ours": []}
+        for i in range(repeat):
+            # Alternate who goes first, and start each run from an empty folder with no dirty pages,
+            # so neither tool pays for flushing the other's output.
+            for who in ("ref", "ours") if i % 2 == 0 else ("ours", "ref"):
+                clean(folder)
+                os.sync()
+                runs[who].append(timed(ref_cmd if who == "ref" else our_cmd))
         clean(folder)
+        ref_runs, our_runs = runs["ref"], runs["ours"]
         print(f"{qtype}: wall/cpu (s) llama.cpp {[(round(w, 2), round(c, 2)) for w, c in ref_runs]} "
               f"pyllama {[(round(w, 2), round(c, 2)) for w, c in our_runs]}", file=sys.stderr)
         rows.append((f"F16 -> {qtype} wall (s)", median([w for w, _ in ref_runs]), median([w for w, _ in our_runs]),
