@@ -1,0 +1,69 @@
+"""`pyllama bench` vs llama.cpp's `llama-bench`: the t/s each reports for the same tests.
+
+Both tools measure pp and tg on the realistic-shape model with the same threads and options
+(`-p 256 -n 64 -r 5` by default), each writing `-o json`; runs are interleaved A,B,A,B and the
+table compares the median of each tool's avg_ts. Target: pyllama's pp and tg t/s each at least
+0.97x llama-bench's (the Python wrapper must add no measurable cost to the timed decodes).
+
+    python benchmarks/bench_bench.py [--llama-cpp-bin DIR] [-m MODEL] [-t THREADS] [--repeat 3]
+        [-p 256] [-n 64] [-r 5]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from _common import base_parser, bench_model, llama_cpp_bin, median, print_ratio_table, pyllama_cmd, run_timed
+
+
+def avg_ts(stdout: bytes) -> dict[str, float]:
+    """avg_ts per test kind ("pp" or "tg") from a `-o json` run."""
+    rows = json.loads(stdout)
+    return {("pp" if r["n_gen"] == 0 else "tg"): float(r["avg_ts"]) for r in rows}
+
+
+def same_model(ref: bytes, ours: bytes) -> None:
+    keys = ("model_type", "model_size", "model_n_params", "n_threads", "n_prompt", "n_gen")
+    a = [{k: r[k] for k in keys} for r in json.loads(ref)]
+    b = [{k: r[k] for k in keys} for r in json.loads(ours)]
+    if a != b:
+        sys.exit(f"the two tools measured different things:\n  llama-bench {a}\n  pyllama     {b}")
+
+
+def main() -> None:
+    p = base_parser(__doc__.splitlines()[0])
+    p.add_argument("-p", "--n-prompt", type=int, default=256)
+    p.add_argument("-n", "--n-gen", type=int, default=64)
+    p.add_argument("-r", "--repetitions", type=int, default=5)
+    args = p.parse_args()
+    tool = str(llama_cpp_bin(args.llama_cpp_bin) / "llama-bench")
+    model = str(args.model or bench_model("Q4_0"))
+    common = ["-m", model, "-t", str(args.threads), "-p", str(args.n_prompt), "-n", str(args.n_gen),
+              "-r", str(args.repetitions), "-o", "json"]
+    runs: dict[str, dict[str, list[float]]] = {"ref": {"pp": [], "tg": []}, "ours": {"pp": [], "tg": []}}
+    for i in range(args.repeat):
+        # Alternate which tool goes first, so neither always runs on a cooler (or hotter) machine.
+        order = [("ref", [tool, *common]), ("ours", [*pyllama_cmd(), "bench", *common])]
+        outputs = {}
+        for name, cmd in order if i % 2 == 0 else order[::-1]:
+            _, proc = run_timed(cmd)
+            outputs[name] = proc.stdout
+            for kind, ts in avg_ts(proc.stdout).items():
+                runs[name][kind].append(ts)
+        same_model(outputs["ref"], outputs["ours"])
+        print(f"round {i + 1}: llama-bench pp {runs['ref']['pp'][-1]:.2f} tg {runs['ref']['tg'][-1]:.2f} | "
+              f"pyllama pp {runs['ours']['pp'][-1]:.2f} tg {runs['ours']['tg'][-1]:.2f} t/s", file=sys.stderr)
+    rows = [(f"pp{args.n_prompt} t/s ({args.threads} threads)", median(runs["ref"]["pp"]), median(runs["ours"]["pp"]),
+             ">= 0.97"),
+            (f"tg{args.n_gen} t/s ({args.threads} threads)", median(runs["ref"]["tg"]), median(runs["ours"]["tg"]),
+             ">= 0.97")]
+    print_ratio_table(rows, higher_is_better=True)
+    # Each round's two runs are neighbours in time: their ratio cancels slow drifts in machine load.
+    for kind in ("pp", "tg"):
+        paired = [o / r for o, r in zip(runs["ours"][kind], runs["ref"][kind])]
+        print(f"{kind}: median of per-round ratios {median(paired):.3f} (rounds: {', '.join(f'{x:.3f}' for x in paired)})")
+
+
+if __name__ == "__main__":
+    main()
