@@ -6,14 +6,16 @@ import csv
 import io
 import json
 import math
+import os
 import sqlite3
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from pyllama_cli.core.bench import BenchModel, BenchResult, BenchSpec, Instance, stdev, stdev_int
-from pyllama_cli.core.bench_output import FIELDS, Extras, md_columns
+from pyllama_cli.core.bench import BenchModel, BenchResult, BenchSpec, BuildInfo, Instance, stdev, stdev_int
+from pyllama_cli.core.bench_output import FIELDS, Extras, MarkdownPrinter, md_columns
 from pyllama_cli.core.ranges import (
     parse_bool_values,
     parse_choice_values,
@@ -136,6 +138,20 @@ def test_md_columns_show_parameters_that_vary_or_are_not_default() -> None:
     assert md_columns(swept, "CUDA", Extras(ttft=True, compare=True), 4) == [
         "model", "size", "params", "backend", "n_gpu_layers", "n_batch", "n_ubatch", "type_k", "no_kv_offload",
         "flash_attn", "load_mode", "test", "t/s", "ttft", "peak_rss_bytes", "speedup"]
+
+
+def test_md_header_matches_llama_bench_widths_for_a_sweep() -> None:
+    spec = BenchSpec(models=(BenchModel("m", Path("m")),), n_threads=(1,), n_batch=(64,), type_k=("q8_0",),
+                     no_kv_offload=(False, True), flash_attn=("on", "off"), load_mode=("mmap",))
+    lines: list[str] = []
+    cols = md_columns(spec, "CPU", Extras(), 2)
+    MarkdownPrinter(lines.append, BuildInfo("c", 1, "", "", "CPU"), Extras(), cols).header()
+    # What llama-bench prints for `-t 1 -b 64 -ctk q8_0 -nkvo 0,1 -fa on,off -lm mmap`, plus peak RSS.
+    assert lines == [(
+        "| model                          |       size |     params | backend    | threads | n_batch | type_k "
+        "|          nkvo |  fa |         lm |            test |                  t/s |   peak RSS |\n"
+        "| ------------------------------ | ---------: | ---------: | ---------- | ------: | ------: | -----: "
+        "| ------------: | --: | ---------: | --------------: | -------------------: | ---------: |\n")]
 
 
 # ---------------------------------------------------------------- output formats
@@ -327,3 +343,27 @@ def test_ttft_mean_is_in_milliseconds_in_markdown(tiny_model: Path) -> None:
     ttft = row.split("|")[-3].strip()
     mean, _, std = ttft.partition(" ± ")
     assert math.isfinite(float(mean)) and float(mean) > 0 and float(std) >= 0
+
+
+# ---------------------------------------------------------------- against llama-bench itself
+
+
+def _llama_bench() -> Path | None:
+    folder = os.environ.get("LLAMA_CPP_BIN")
+    tool = Path(folder) / "llama-bench" if folder else None
+    return tool if tool is not None and tool.is_file() else None
+
+
+@pytest.mark.reference
+@pytest.mark.skipif(_llama_bench() is None, reason="set LLAMA_CPP_BIN to a folder with llama-bench")
+def test_same_fields_and_values_as_llama_bench(tiny_model: Path) -> None:
+    args = ["-m", str(tiny_model), "-t", "1", "-r", "2", "-p", "8", "-n", "2", "-d", "0,4", "-b", "4", "-ctk", "q8_0",
+            "-fa", "on", "-o", "json"]
+    proc = subprocess.run([str(_llama_bench()), *args], check=True, capture_output=True, timeout=120)
+    theirs = json.loads(proc.stdout)
+    ours = json.loads(run_cli("bench", *args).stdout)
+    timing = {"build_commit", "build_number", "test_time", "avg_ns", "stddev_ns", "avg_ts", "stddev_ts",
+              "samples_ns", "samples_ts"}
+    assert [list(row) for row in theirs] == [list(row)[:len(row) - 2] for row in ours]
+    assert [{k: v for k, v in row.items() if k not in timing} for row in theirs] == \
+        [{k: v for k, v in row.items() if k not in timing and k in FIELDS} for row in ours]

@@ -246,7 +246,7 @@ def md_heading(col: str) -> str:
 def md_width(col: str) -> int:
     if col in _WIDTH:
         return _WIDTH[col]
-    width = max(len(md_heading(col)), 10)
+    width = max(len(col), 10)  # llama-bench sizes by the field's name, not its heading
     return -width if col not in _INT and col not in _BOOL and col not in _FLOAT else width
 
 
