@@ -73,6 +73,18 @@ def test_lines_print_pieces_as_c_strings(tiny_model: Path) -> None:
         assert lines == b"   261 -> ' '\n     3 -> ''\n   198 -> '\xc3'\n   172 -> '\xa9'\n"
 
 
+@pytest.mark.parametrize("long_entry", [3, 500])  # 500: the padded table would be mostly padding
+def test_bulk_output_equals_a_plain_join(long_entry: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    import numpy as np
+
+    from pyllama_cli.core import tokenizer as tk
+
+    monkeypatch.setattr(tk, "_CHUNK_BYTES", 1000)  # many chunks
+    ids = np.array([5, 0, 7, 5, 5, 2, 1000] * 300, dtype=np.int32)
+    render = lambda t: b"%d:" % t + b"x" * (long_entry if t == 7 else t % 4) + b"\xff\n"  # noqa: E731
+    assert b"".join(tk._gather(ids, render)) == b"".join(render(t) for t in ids.tolist())
+
+
 @pytest.mark.parametrize(("typed", "unescaped"), [
     (rb"a\nb\tc\rd", b"a\nb\tc\rd"),
     (rb"q\'q\"q\\n", b"q'q\"q\\n"),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -88,43 +88,58 @@ def tokenize_text(model: Model, text: bytes, *, add_bos: bool = True, parse_spec
 # ---------------------------------------------------------------- output
 
 
-# Tokens rendered per output chunk: large enough that the joins dominate, small enough to stream.
-_CHUNK = 1 << 18
+# Bytes gathered per output chunk: large enough that numpy does the work, small enough to stream.
+_CHUNK_BYTES = 16 << 20
 
 
-def _unique_ids(ids: np.ndarray) -> list[int]:
-    return np.flatnonzero(np.bincount(ids)).tolist() if len(ids) else []
+def _gather(ids: np.ndarray, render: Callable[[int], bytes]) -> Iterator[bytes]:
+    """Concatenate render(id) for every id in chunks, calling render once per distinct id.
 
-
-def _chunks(ids: np.ndarray) -> Iterator[list[int]]:
-    for start in range(0, len(ids), _CHUNK):
-        yield ids[start:start + _CHUNK].tolist()
+    The entries (which never hold a NUL) go into a fixed-width byte table padded with NULs: one
+    numpy gather per chunk and dropping the NULs give the exact concatenation, with no Python
+    object per token. If a few long entries would make that table mostly padding, a plain
+    join of the entries does the work instead.
+    """
+    if not len(ids):
+        return
+    counts = np.bincount(ids)
+    entries = {t: render(t) for t in np.flatnonzero(counts).tolist()}
+    width = max(map(len, entries.values()))
+    total = sum(len(entry) * int(counts[t]) for t, entry in entries.items())
+    step = max(1, _CHUNK_BYTES // max(width, 1))
+    if width * len(ids) > 3 * total:
+        listed = [b""] * len(counts)
+        for t, entry in entries.items():
+            listed[t] = entry
+        for start in range(0, len(ids), step):
+            yield b"".join(map(listed.__getitem__, ids[start:start + step].tolist()))
+        return
+    table = np.zeros(len(counts), dtype=f"S{width}")
+    table[list(entries)] = list(entries.values())
+    rows = table.view(np.uint8).reshape(len(counts), width)
+    for start in range(0, len(ids), step):
+        gathered = np.take(rows, ids[start:start + step], axis=0)
+        yield gathered[gathered != 0].tobytes()
 
 
 def render_token_lines(model: Model, ids: np.ndarray) -> Iterator[bytes]:
     """llama-tokenize's default output, `%6d -> '%s'` per token, in chunks of bytes.
 
-    The piece is printed with C's `%s`, so it stops at a NUL byte, and invalid UTF-8 goes out
-    as raw bytes (llama-tokenize flags it only on Windows consoles). Each distinct id is rendered
-    once and each chunk joined in one go: millions of tokens cost a list lookup each.
+    The piece is printed as C's `%s` prints it: cut at a NUL byte, and invalid UTF-8 as raw bytes
+    (llama-tokenize flags it only on Windows consoles).
     """
-    table: list[bytes] = [b""] * model.n_vocab
-    for token in _unique_ids(ids):
-        piece = model.token_to_piece(token, special=True).split(b"\0", 1)[0]
-        table[token] = b"%6d -> '%s'\n" % (token, piece)
-    for chunk in _chunks(ids):
-        yield b"".join(map(table.__getitem__, chunk))
+    def line(token: int) -> bytes:
+        return b"%6d -> '%s'\n" % (token, model.token_to_piece(token, special=True).split(b"\0", 1)[0])
+
+    return _gather(ids, line)
 
 
 def render_id_list(ids: np.ndarray) -> Iterator[bytes]:
     """llama-tokenize's `--ids` output, `[1, 2, 3]` and a newline, in chunks of bytes."""
-    table: list[str] = [""] * (int(ids.max()) + 1 if len(ids) else 0)
-    for token in _unique_ids(ids):
-        table[token] = str(token)
     yield b"["
-    for i, chunk in enumerate(_chunks(ids)):
-        yield (", " if i else "").encode() + ", ".join(map(table.__getitem__, chunk)).encode()
-    yield b"]\n"
+    # Every id is followed by ", " except the last, which is written on its own.
+    yield from _gather(ids[:-1], lambda t: b"%d, " % t)
+    yield b"%d]\n" % ids[-1] if len(ids) else b"]\n"
 
 
 def render_count(ids: np.ndarray) -> bytes:
@@ -133,7 +148,7 @@ def render_count(ids: np.ndarray) -> bytes:
 
 def token_pieces(model: Model, ids: np.ndarray) -> list[str]:
     """Each token's full piece as text; bytes that are not UTF-8 on their own show as `\\xNN`."""
-    table = {t: model.token_to_piece(t, special=True).decode("utf-8", "backslashreplace") for t in _unique_ids(ids)}
+    table = {t: model.token_to_piece(t, special=True).decode("utf-8", "backslashreplace") for t in set(ids.tolist())}
     return [table[t] for t in ids.tolist()]
 
 
