@@ -152,6 +152,8 @@ def test_detokenize_round_trips(tiny_model: Path, text: str, flags: list[str]) -
 def test_detokenize_takes_ids_as_arguments_and_json(tiny_model: Path) -> None:
     assert run_cli("detokenize", "-m", str(tiny_model), "1", "358", "264").stdout == "Hello world"
     assert run_cli("detokenize", "-m", str(tiny_model), "[358,", "264]").stdout == "Hello world"
+    counted = run_cli("tokenize", "-m", str(tiny_model), "--ids", "--show-count", "Hello world").stdout
+    assert run_cli("detokenize", "-m", str(tiny_model), "--stdin", stdin=counted).stdout == "Hello world"
     doc = run_cli("tokenize", "-m", str(tiny_model), "--json", "Hello world").stdout
     assert run_cli("detokenize", "-m", str(tiny_model), "--stdin", stdin=doc).stdout == "Hello world"
 

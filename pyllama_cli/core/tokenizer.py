@@ -211,15 +211,17 @@ def _add_eos(model: Model) -> bool:
 # ---------------------------------------------------------------- detokenize
 
 _ID_SEPARATORS = re.compile(r"[\s,]+")
+_COUNT_LINE = re.compile(r"^Total number of tokens: \d+\s*$", re.MULTILINE)
 
 
 def parse_ids(text: str) -> list[int]:
-    """Token ids from `1 2 3`, `1,2,3`, tokenize's `[1, 2, 3]`, or its `--json` object.
+    """Token ids from `1 2 3`, `1,2,3`, tokenize's `[1, 2, 3]` (with or without its count line),
+    or its `--json` object.
 
     Raises:
         InputError: a value that is not an integer, naming it.
     """
-    stripped = text.strip()
+    stripped = _COUNT_LINE.sub("", text).strip()
     if stripped.startswith("{"):
         return _ids_from_json(stripped)
     if stripped.startswith("[") and stripped.endswith("]"):
