@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from ..errors import ContextOverflow
 from .native import Batch, Context, Model
-from .sampling import Sampler, SamplingSettings
+from .sampling import NO_TOKEN, Sampler, SamplingSettings
 
 STOP_EOS = "eos"
 STOP_LENGTH = "length"
@@ -172,7 +172,7 @@ class Generator:
             if stats.n_generated == 0:
                 stats.ttft_ms = (time.perf_counter() - start) * 1000
                 gen_start = time.perf_counter()
-            if model.is_eog(token) and not sampler.settings.ignore_eos:
+            if token == NO_TOKEN or (model.is_eog(token) and not sampler.settings.ignore_eos):
                 reason = STOP_GRAMMAR if sampler.settings.grammar else STOP_EOS
                 break
             stats.n_generated += 1

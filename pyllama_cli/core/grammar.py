@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,14 @@ _NAME_CHARS = re.compile(r"[A-Za-z0-9-]")
 _SHIPPED_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
 _ESCAPES = {"t": "\t", "r": "\r", "n": "\n", "\\": "\\", '"': '"', "[": "[", "]": "]"}
 _HEX_ESCAPES = {"x": 2, "u": 4, "U": 8}
+# llama.cpp refuses a repetition whose minimum is above this (MAX_REPETITION_THRESHOLD).
+MAX_REPEAT_MIN = 2000
+# llama.cpp parses groups recursively and overflows its stack on very deep nesting (a segfault near
+# 50,000 levels); real grammars nest a few levels, JSON-schema grammars up to a schema's maxLength.
+MAX_GROUP_DEPTH = 2048
+# Schema counts the converter expands into one grammar element each (minLength 10**8 makes 500 MB).
+MAX_SCHEMA_COUNT = 10_000
+_SCHEMA_COUNTS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties")
 
 
 # ---------------------------------------------------------------- finding grammars
@@ -100,6 +109,7 @@ def schema_to_grammar(schema: str, source: str = "the JSON schema") -> str:
                          hint="quote the schema for the shell, e.g. -j '{\"type\": \"object\"}'") from None
     if not isinstance(parsed, (dict, bool)):
         raise InputError(f"{source}: a JSON schema must be an object, not {type(parsed).__name__}")
+    _check_schema_counts(parsed, source)
     from llama_cpp.llama_grammar import json_schema_to_gbnf
 
     try:
@@ -107,6 +117,21 @@ def schema_to_grammar(schema: str, source: str = "the JSON schema") -> str:
     except Exception as exc:  # noqa: BLE001 - the converter raises bare exceptions for unsupported schemas
         raise InputError(f"{source}: cannot turn this schema into a grammar: {exc}",
                          hint="simplify the schema, or write the grammar yourself with --grammar-file") from None
+
+
+def _check_schema_counts(schema: object, source: str) -> None:
+    """Refuse lengths and item counts the converter would spell out one by one (time and memory)."""
+    todo = [schema]
+    while todo:  # iterative: a hostile schema may nest deeper than Python's recursion limit
+        node = todo.pop()
+        if isinstance(node, list):
+            todo.extend(node)
+        elif isinstance(node, dict):
+            for key, value in node.items():
+                if key in _SCHEMA_COUNTS and isinstance(value, (int, float)) and value > MAX_SCHEMA_COUNT:
+                    raise InputError(f"{source}: {key} {value} is more than the {MAX_SCHEMA_COUNT} a grammar can spell "
+                                     "out", hint=f"use a {key} of at most {MAX_SCHEMA_COUNT}, or leave it out")
+                todo.append(value)
 
 
 # ---------------------------------------------------------------- syntax check
@@ -121,6 +146,11 @@ class GrammarSyntaxError(Exception):
 
 def check_grammar(text: str, source: str = "grammar") -> None:
     """Raise InputError naming the line and column of the first problem in GBNF `text`."""
+    # The checker recurses about three frames per nested group; allow MAX_GROUP_DEPTH of them.
+    # Only ever raised, never lowered, so checks running in other threads are not cut short.
+    needed = 3 * MAX_GROUP_DEPTH + 1000
+    if sys.getrecursionlimit() < needed:
+        sys.setrecursionlimit(needed)
     try:
         _Checker(text).check()
     except GrammarSyntaxError as exc:
@@ -138,7 +168,7 @@ def line_col(text: str, pos: int) -> tuple[int, int]:
 @dataclass
 class _Rule:
     pos: int
-    # Alternatives, each a list of elements: ("lit", nullable) for terminals, ("ref", name, pos), ("group", alts, mod)
+    # Alternatives, each a list of elements: ("lit", nullable[, empty]) for terminals, ("ref", name, pos), ("group", alts, mod)
     alternatives: list[list[tuple]] = field(default_factory=list)
 
 
@@ -148,6 +178,8 @@ class _Checker:
     def __init__(self, text: str):
         self.text = text
         self.rules: dict[str, _Rule] = {}
+        self.depth = 0  # groups open around the current position
+        self.unbounded: list[tuple[tuple, int]] = []  # (element, pos) under *, + or {n,}
 
     def check(self) -> None:
         pos = self.space(0, newlines=True)
@@ -156,6 +188,7 @@ class _Checker:
         if "root" not in self.rules:
             raise GrammarSyntaxError("the grammar has no 'root' rule", len(self.text))
         self.check_references()
+        self.check_repeated_empty()
         self.check_left_recursion()
 
     # ---- lexical helpers
@@ -241,11 +274,7 @@ class _Checker:
             elif c == "[":
                 pos, element = self.char_class(pos)
             elif c == "(":
-                alts: list[list[tuple]] = []
-                pos = self.alternates(self.space(pos + 1, newlines=True), alts, nested=True)
-                if self.peek(pos) != ")":
-                    raise GrammarSyntaxError(f"expected ')', found {self.describe(pos)}", pos)
-                pos, element = pos + 1, ("group", alts, "")
+                pos, element = self.group(pos)
             elif c == ".":
                 pos, element = pos + 1, ("lit", False)
             elif c in "!<":
@@ -257,6 +286,9 @@ class _Checker:
             elif c in "*+?{":
                 if not seq:
                     raise GrammarSyntaxError(f"{c!r} must follow something to repeat", pos)
+                if seq[-1][0] == "lit" and seq[-1][2:] == (True,):
+                    # llama.cpp emits nothing for "" or [] and then finds nothing to repeat.
+                    raise GrammarSyntaxError(f"{c!r} follows an empty literal or class: nothing to repeat", pos)
                 pos, seq[-1] = self.repetition(pos, seq[-1])
                 pos = self.space(pos, nested)
                 continue
@@ -266,25 +298,40 @@ class _Checker:
             pos = self.space(pos, nested)
         return pos
 
+    def group(self, pos: int) -> tuple[int, tuple]:
+        start = pos
+        self.depth += 1
+        if self.depth > MAX_GROUP_DEPTH:
+            raise GrammarSyntaxError(f"groups are nested more than {MAX_GROUP_DEPTH} deep", start)
+        alts: list[list[tuple]] = []
+        pos = self.alternates(self.space(pos + 1, newlines=True), alts, nested=True)
+        if self.peek(pos) != ")":
+            raise GrammarSyntaxError(f"expected ')', found {self.describe(pos)}", pos)
+        self.depth -= 1
+        return pos + 1, ("group", alts, "")
+
     def literal(self, pos: int) -> tuple[int, tuple]:
+        """A quoted string: ("lit", nullable, empty)."""
         start, pos = pos, pos + 1
         while self.peek(pos) != '"':
             if pos >= len(self.text):
                 raise GrammarSyntaxError("unterminated string literal", start)
             pos = self.char(pos)
-        return pos + 1, ("lit", pos == start + 1)
+        empty = pos == start + 1
+        return pos + 1, ("lit", empty, empty)
 
     def char_class(self, pos: int) -> tuple[int, tuple]:
         start, pos = pos, pos + 1
         if self.peek(pos) == "^":
             pos += 1
+        first = pos
         while self.peek(pos) != "]":
             if pos >= len(self.text):
                 raise GrammarSyntaxError("unterminated character class", start)
             pos = self.char(pos)
             if self.peek(pos) == "-" and self.peek(pos + 1) not in ("]", ""):
                 pos = self.char(pos + 1)
-        return pos + 1, ("lit", False)
+        return pos + 1, ("lit", False, pos == first)
 
     def token(self, pos: int) -> tuple[int, tuple]:
         """A token reference such as <[1234]> or <|im_end|>, optionally negated with '!'."""
@@ -300,6 +347,8 @@ class _Checker:
 
     def repetition(self, pos: int, element: tuple) -> tuple[int, tuple]:
         c = self.text[pos]
+        if c in "*+":
+            self.unbounded.append((element, pos))
         if c in "*?":
             return pos + 1, ("group", [[element]], "optional")
         if c == "+":
@@ -318,6 +367,11 @@ class _Checker:
             raise GrammarSyntaxError("a repetition needs a count, as in {2}, {1,3} or {2,}", brace)
         if low is not None and high is not None and high < low:
             raise GrammarSyntaxError(f"repetition {{{low},{high}}} has a maximum below its minimum", brace)
+        if low is not None and low > MAX_REPEAT_MIN:
+            raise GrammarSyntaxError(f"repetition {{{low}...}} repeats more than llama.cpp's limit of {MAX_REPEAT_MIN}",
+                                     brace)
+        if high is None or high > MAX_REPEAT_MIN:  # llama.cpp reads a maximum above its limit as "no maximum"
+            self.unbounded.append((element, brace))
         return pos + 1, (element if low else ("group", [[element]], "optional"))
 
     def integer(self, pos: int, optional: bool) -> tuple[int | None, int]:
@@ -381,6 +435,21 @@ class _Checker:
                     break
         return found
 
+    def check_repeated_empty(self) -> None:
+        """llama.cpp turns S* into S' ::= S S' | , which it finds left-recursive when S has an empty alternative."""
+        for element, pos in self.unbounded:
+            if self._has_empty_alternative(element):
+                raise GrammarSyntaxError("a repeated item can match the empty string, which makes the repetition "
+                                         "left-recursive for llama.cpp", pos)
+
+    def _has_empty_alternative(self, element: tuple) -> bool:
+        # llama.cpp's own test is shallow: an alternative with nothing in it ("" emits nothing), not nullability.
+        if element[0] == "group":
+            return element[2] == "optional" or any(_all_empty(seq) for seq in element[1])
+        if element[0] == "ref":
+            return any(_all_empty(seq) for seq in self.rules[element[1]].alternatives)
+        return False
+
     def check_left_recursion(self) -> None:
         nullable = self.nullable_rules()
         edges = {name: self._left_refs(rule.alternatives, nullable) for name, rule in self.rules.items()}
@@ -395,3 +464,7 @@ class _Checker:
                 if current not in seen:
                     seen.add(current)
                     todo.extend(edges.get(current, ()))
+
+
+def _all_empty(seq: list[tuple]) -> bool:
+    return all(e[0] == "lit" and e[2:] == (True,) for e in seq)

@@ -48,6 +48,7 @@ from .generation import (
     StopMatcher,
     common_prefix,
 )
+from .sampling import NO_TOKEN
 
 IDLE, PREFILL, GENERATING = "idle", "prefill", "generating"
 
@@ -312,7 +313,7 @@ class ParallelEngine(Engine):
         token = slot.sampler.sample(self._ctx, slot.batch_index)
         if stats.n_generated == 0:
             stats.ttft_ms = (time.perf_counter() - slot.started) * 1000
-        if self.model.is_eog(token) and not slot.sampler.settings.ignore_eos:
+        if token == NO_TOKEN or (self.model.is_eog(token) and not slot.sampler.settings.ignore_eos):
             return self._finish(slot, STOP_GRAMMAR if slot.sampler.settings.grammar else STOP_EOS)
         stats.n_generated += 1
         stats.tokens.append(token)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import random
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -16,6 +17,7 @@ DEFAULT_REPEAT_LAST_N = 64
 DEFAULT_MIROSTAT_LR = 0.1  # eta
 DEFAULT_MIROSTAT_ENT = 5.0  # tau
 RANDOM_SEED = -1
+NO_TOKEN = -1  # what `Sampler.sample` returns when the grammar allows no token at all
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,13 @@ class SamplingSettings:
 
 
 class Sampler:
-    """A llama.cpp sampler chain; `sample(ctx, i)` picks from output i's logits and records the token."""
+    """A llama.cpp sampler chain; `sample(ctx, i)` picks from output i's logits and records the token.
+
+    With a grammar, the grammar and bias stages run outside the chain: when they leave no token
+    possible (the grammar is complete but EOS is banned, or it wants text no token spells),
+    llama.cpp would pick one anyway and then throw from C++, which aborts the whole process.
+    `sample` returns NO_TOKEN instead, and the caller ends the generation.
+    """
 
     def __init__(self, model: Any, settings: SamplingSettings):
         from .native import lib
@@ -57,21 +65,55 @@ class Sampler:
         params = lib.llama_sampler_chain_default_params()
         params.no_perf = True
         self.chain = lib.llama_sampler_chain_init(params)
-        for stage in _stages(lib, model, self.settings):
+        self._constraints: list[Any] = []
+        constraints = _constraints(lib, model, self.settings)
+        if self.settings.grammar:
+            self._constraints, constraints = constraints, []
+            self._candidates = _candidates(model.n_vocab)
+        for stage in constraints + _choosers(lib, model, self.settings):
             lib.llama_sampler_chain_add(self.chain, stage)
 
     def sample(self, ctx: Any, index: int = -1) -> int:
+        if self._constraints:
+            return self._sample_constrained(ctx, index)
         # llama_sampler_sample also accepts the token (penalties, grammar and mirostat state advance).
         return int(self._lib.llama_sampler_sample(self.chain, ctx.handle, index))
 
+    def _sample_constrained(self, ctx: Any, index: int) -> int:
+        """llama_sampler_sample's steps, stopping before the pick when the constraints allow nothing."""
+        import numpy as np
+
+        lib, data = self._lib, self._candidates
+        logits = lib.llama_get_logits_ith(ctx.handle, index)
+        data["id"] = np.arange(len(data), dtype=np.int32)
+        data["logit"] = np.ctypeslib.as_array(logits, shape=(len(data),))
+        data["p"] = 0.0
+        cur = lib.llama_token_data_array(data.ctypes.data_as(ctypes.POINTER(lib.llama_token_data)), len(data), -1,
+                                         False)
+        for stage in self._constraints:
+            lib.llama_sampler_apply(stage, ctypes.byref(cur))
+        if not np.isfinite(data["logit"]).any():
+            return NO_TOKEN
+        lib.llama_sampler_apply(self.chain, ctypes.byref(cur))
+        token = int(cur.data[cur.selected].id)
+        self.accept(token)
+        return token
+
     def accept(self, token: int) -> None:
         """Record a token the sampler did not pick (e.g. a prompt token for the repetition penalty)."""
+        for stage in self._constraints:
+            self._lib.llama_sampler_accept(stage, token)
         self._lib.llama_sampler_accept(self.chain, token)
 
     def reset(self) -> None:
+        for stage in self._constraints:
+            self._lib.llama_sampler_reset(stage)
         self._lib.llama_sampler_reset(self.chain)
 
     def close(self) -> None:
+        for stage in self._constraints:
+            self._lib.llama_sampler_free(stage)
+        self._constraints = []
         if self.chain:
             self._lib.llama_sampler_free(self.chain)
             self.chain = None
@@ -83,8 +125,15 @@ class Sampler:
             pass
 
 
-def _stages(lib: Any, model: Any, s: SamplingSettings) -> list[Any]:
-    """The chain in llama.cpp's default order: grammar, bias, penalties, truncation, temperature, pick."""
+def _candidates(n_vocab: int) -> Any:
+    """A reusable buffer laid out as n_vocab llama_token_data records (id, logit, p)."""
+    import numpy as np
+
+    return np.zeros(n_vocab, dtype=np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")]))
+
+
+def _constraints(lib: Any, model: Any, s: SamplingSettings) -> list[Any]:
+    """The chain's first stages, in llama.cpp's default order: grammar, then bias."""
     stages = []
     if s.grammar:
         grammar = lib.llama_sampler_init_grammar(model.vocab, s.grammar.encode(), b"root")
@@ -96,6 +145,12 @@ def _stages(lib: Any, model: Any, s: SamplingSettings) -> list[Any]:
     bias = _logit_bias(model, s)
     if bias:
         stages.append(bias)
+    return stages
+
+
+def _choosers(lib: Any, model: Any, s: SamplingSettings) -> list[Any]:
+    """The rest of the chain: penalties, truncation, temperature, pick."""
+    stages = []
     if s.repeat_penalty != 1.0 or s.presence_penalty or s.frequency_penalty:
         last_n = model.n_ctx_train if s.repeat_last_n == -1 else s.repeat_last_n
         stages.append(lib.llama_sampler_init_penalties(model.n_vocab, last_n, s.repeat_penalty, s.frequency_penalty,
