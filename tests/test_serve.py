@@ -539,8 +539,9 @@ def test_body_over_the_limit_is_413(server: Server) -> None:
     _error(_post(server, "/v1/completions", chunked()), 413)
 
 
-def test_embeddings_on_a_generation_server_is_501(server: Server) -> None:
-    error = _error(_post(server, "/v1/embeddings", {"input": "hello"}), 501)
+def test_embeddings_on_a_generation_server_is_400(server: Server) -> None:
+    error = _error(_post(server, "/v1/embeddings", {"input": "hello"}), 400)
+    assert error["code"] == "not_supported"
     assert error["message"] == "this server does not compute embeddings: start it with --embeddings"
 
 
@@ -597,7 +598,7 @@ def test_embeddings(embedding_server: Server) -> None:
 
 
 def test_an_embedding_server_refuses_generation(embedding_server: Server) -> None:
-    error = _error(_post(embedding_server, "/v1/chat/completions", {"messages": HELLO}), 501)
+    error = _error(_post(embedding_server, "/v1/chat/completions", {"messages": HELLO}), 400)
     assert error["message"] == "this server was started with --embeddings: it serves /v1/embeddings only"
 
 

@@ -49,7 +49,7 @@ from .settings import ServerSettings
 
 ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorResponse, "description": kind} for status, kind in ERROR_TYPES.items()
-    if status in (400, 401, 404, 413, 501, 503)
+    if status in (400, 401, 404, 413, 503)
 }
 OWNER = "pyllama"
 
@@ -93,7 +93,8 @@ def _ready(engine: Engine) -> Engine:
 def _generation(engine: Engine) -> Engine:
     _ready(engine)
     if engine.embeddings:
-        raise APIError(501, "this server was started with --embeddings: it serves /v1/embeddings only",
+        # 400, not llama-server's 501: clients (OpenAI's included) retry 5xx answers, and retrying cannot help.
+        raise APIError(400, "this server was started with --embeddings: it serves /v1/embeddings only",
                        code="not_supported")
     return engine
 
@@ -130,7 +131,7 @@ def _add_openai_routes(app: FastAPI, engine: Engine, settings: ServerSettings) -
         check_model(body.model, settings)
         _ready(engine)
         if not engine.embeddings:
-            raise APIError(501, "this server does not compute embeddings: start it with --embeddings",
+            raise APIError(400, "this server does not compute embeddings: start it with --embeddings",
                            code="not_supported")
         inputs = await run_in_threadpool(prompt_tokens, engine, body.input, "input")
         for ids in inputs:

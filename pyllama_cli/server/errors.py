@@ -68,6 +68,10 @@ def to_api_error(exc: BaseException, request: Request | None = None) -> APIError
         return APIError(400, exc.message, param="messages", code="invalid_template")
     if isinstance(exc, (InputError, UsageError)):
         return APIError(400, exc.message)
+    if isinstance(exc, UnicodeEncodeError) and exc.reason == "surrogates not allowed":
+        # JSON's \ud800-style escapes can carry half a UTF-16 pair, which is no text llama.cpp can take.
+        return APIError(400, f"the request holds a lone UTF-16 surrogate ({exc.object[exc.start]!r}), which is not "
+                        "valid Unicode", code="invalid_value")
     if isinstance(exc, PyllamaError):
         return APIError(500, exc.message)
     return APIError(500, f"internal server error ({type(exc).__name__}: {exc})")
@@ -98,7 +102,20 @@ def _http_error(exc: HTTPException, request: Request | None) -> APIError:
         return APIError(404, f"no such endpoint: {where}", code="not_found")
     if exc.status_code == 405:
         return APIError(405, f"method not allowed: {where}", code="method_not_allowed")
+    if exc.status_code == 400 and exc.__cause__ is not None:  # FastAPI's "error parsing the body"
+        return _body_error(exc.__cause__)
     return APIError(exc.status_code, str(exc.detail))
+
+
+def _body_error(cause: BaseException) -> APIError:
+    """Why a body that is no JSON document failed to parse (FastAPI only says that it did)."""
+    if isinstance(cause, UnicodeDecodeError):
+        reason = f"it is not valid UTF-8 (byte 0x{cause.object[cause.start]:02x} at offset {cause.start})"
+    elif isinstance(cause, RecursionError):
+        reason = "it nests arrays or objects too deeply"
+    else:
+        reason = f"{type(cause).__name__}: {cause}"
+    return APIError(400, f"the request body is not valid JSON: {reason}", code="invalid_json")
 
 
 def _validation_error(exc: RequestValidationError) -> APIError:

@@ -214,7 +214,9 @@ def _grammar(req: GenerationFields, settings: ServerSettings, plan: ToolPlan | N
             check_grammar(req.grammar, "grammar")
             return req.grammar
         if schema is not None:
-            return schema_to_grammar(json.dumps(schema), schema_param)
+            grammar = schema_to_grammar(json.dumps(schema), schema_param)
+            check_grammar(grammar, schema_param)  # limits llama.cpp's parser needs (nesting depth)
+            return grammar
     except InputError as exc:
         param = "grammar" if req.grammar is not None else schema_param
         raise APIError(400, exc.message, param=param, code="invalid_grammar") from None

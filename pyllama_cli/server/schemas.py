@@ -12,7 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class _Lenient(BaseModel):
-    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    # allow_inf_nan: Python's JSON parser reads NaN and Infinity, which no sampling field may hold.
+    model_config = ConfigDict(extra="ignore", populate_by_name=True, allow_inf_nan=False)
 
 
 # ---------------------------------------------------------------- requests: pieces
