@@ -19,7 +19,7 @@ from typing import IO, Any
 import llama_cpp as lib
 import numpy as np
 
-from ..errors import Interrupted, ModelLoadError
+from ..errors import InputError, Interrupted, ModelLoadError
 from .settings import LoadSettings
 
 _backend_lock = threading.Lock()
@@ -105,6 +105,8 @@ class Model:
         self.path = path
         self.vocab = lib.llama_model_get_vocab(handle)
         self.n_vocab = lib.llama_vocab_n_tokens(self.vocab)
+        # A model without a tokenizer ("none"/"no_vocab") aborts inside llama.cpp on any text call.
+        self.has_vocab = lib.llama_vocab_type(self.vocab) != lib.LLAMA_VOCAB_TYPE_NONE
 
     @classmethod
     def load(
@@ -224,6 +226,7 @@ class Model:
 
     def tokenize(self, text: bytes, *, add_special: bool = True, parse_special: bool = False) -> np.ndarray:
         """Token ids of `text` as an int32 array (BOS added when the vocab wants it and add_special)."""
+        self._need_vocab()
         n_max = len(text) + 8
         buf = (lib.llama_token * n_max)()
         n = lib.llama_tokenize(self.vocab, text, len(text), buf, n_max, add_special, parse_special)
@@ -233,7 +236,13 @@ class Model:
             n = lib.llama_tokenize(self.vocab, text, len(text), buf, n_max, add_special, parse_special)
         return np.frombuffer(buf, dtype=np.int32, count=n).copy()
 
+    def _need_vocab(self) -> None:
+        if not self.has_vocab:
+            raise InputError(f"{self.path.name} has no tokenizer (its tokenizer.ggml.model is 'none'), so it "
+                             "cannot turn text into tokens or back", hint="use a model file that has a vocabulary")
+
     def token_to_piece(self, token: int, *, special: bool = True) -> bytes:
+        self._need_vocab()
         buf = ctypes.create_string_buffer(64)
         n = lib.llama_token_to_piece(self.vocab, token, buf, 64, 0, special)
         if n < 0:
@@ -243,6 +252,7 @@ class Model:
 
     def detokenize(self, tokens: list[int] | np.ndarray, *, remove_special: bool = False,
                    unparse_special: bool = True) -> bytes:
+        self._need_vocab()
         ids = (lib.llama_token * len(tokens))(*[int(t) for t in tokens])
         size = max(64, len(tokens) * 8)
         buf = ctypes.create_string_buffer(size)

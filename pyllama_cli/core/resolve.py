@@ -23,6 +23,7 @@ from ..errors import (
     UsageError,
 )
 from .gguf_file import read_gguf
+from .vocab_check import check_vocab
 
 DEFAULT_QUANT = "Q4_K_M"
 FIRST_CHOICE_REPO = "ggml-org/gemma-3-1b-it-GGUF"
@@ -98,6 +99,7 @@ def resolve_local(path: Path) -> ResolvedModel:
         header = read_gguf(path)
     except PermissionError as exc:
         raise ModelNotFound(f"cannot read {path}: permission denied", hint="check the file's permissions") from exc
+    check_vocab(header)
     parts = _split_parts(path, header.get("split.count", 1))
     for part in parts[1:]:
         if not part.exists():
@@ -160,8 +162,10 @@ def resolve_hf(request: ModelRequest, *, tqdm_class: Any = None) -> ResolvedMode
         files = _list_repo_files(repo, request.hf_token)
         names = pick_gguf_files(files, tag, request.hf_file, repo)
         paths = tuple(_download(repo, n, request.hf_token, tqdm_class) for n in names)
-    for p in paths:
-        read_gguf(p)
+    for i, p in enumerate(paths):
+        header = read_gguf(p)
+        if i == 0:
+            check_vocab(header)
     return ResolvedModel(path=paths[0], parts=paths, repo=repo, filename=names[0])
 
 
