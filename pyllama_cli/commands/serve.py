@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import socket
 from pathlib import Path
@@ -9,10 +10,10 @@ from typing import Annotated, Any
 
 import typer
 
-from ..console import err
+from ..console import err, warn
 from ..core.resolve import ModelRequest
 from ..core.settings import LoadSettings
-from ..errors import ModelLoadError, PyllamaError, UsageError
+from ..errors import Interrupted, ModelLoadError, PyllamaError, UsageError
 from ..options import model_options
 from ..sampling_options import SamplingOptions, sampling_options
 from .common import resolve
@@ -30,6 +31,8 @@ Examples:
 SERVER_PANEL = "Server"
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
+# Seconds in-flight requests get to finish after SIGTERM/Ctrl-C before they are cancelled.
+SHUTDOWN_GRACE_S = 3
 _SIZE = re.compile(r"^\s*(\d+)\s*([kmg]?)(i?b)?\s*$", re.IGNORECASE)
 
 
@@ -88,6 +91,9 @@ def serve(
         max_body_size=parse_size(max_body_size), chat_template=chat_template,
     )
     sock = _listen(host, port)
+    if not settings.api_key and not _is_loopback(sock):
+        warn(f"{_url(sock)} is reachable from other machines and there is no --api-key: anyone who can reach it "
+             "can use the model")
     _run(sock, resolved.path, load, settings, embeddings, parallel, kv_unified)
 
 
@@ -123,8 +129,9 @@ def _run(sock: socket.socket, path: Path, load: LoadSettings, settings: Any, emb
     engine = _make_engine(path, load, embeddings, parallel, kv_unified, on_ready=on_ready, on_failure=on_failure)
     app = create_app(engine, settings)
     config = uvicorn.Config(app, log_level="info" if load.verbose else "warning", access_log=load.verbose,
-                            timeout_graceful_shutdown=5, lifespan="on")
-    server = uvicorn.Server(config)
+                            timeout_graceful_shutdown=SHUTDOWN_GRACE_S, lifespan="on")
+    server = _server_class()(config)
+    server.on_stop = engine.cancel_all
     err().print(f"pyllama serve: listening on {url} - loading {path.name} (/health answers 503 until ready)",
                 markup=False, highlight=False)
     try:
@@ -134,6 +141,55 @@ def _run(sock: socket.socket, path: Path, load: LoadSettings, settings: Any, emb
     if engine.error is not None:
         error = engine.error
         raise error if isinstance(error, PyllamaError) else ModelLoadError(f"could not load {path.name}: {error}")
+    if server.stop_signal is not None:
+        import signal
+
+        if server.stop_signal == signal.SIGINT:
+            raise Interrupted("pyllama serve: stopped")
+        err().print(f"pyllama serve: stopped ({signal.Signals(server.stop_signal).name})", markup=False,
+                    highlight=False)
+
+
+def _server_class() -> type:
+    """uvicorn's Server, with a shutdown that ends every request cleanly and exits 0.
+
+    On SIGTERM or Ctrl-C, running requests get SHUTDOWN_GRACE_S - 1 seconds to finish; then
+    `on_stop` (the engine's cancel_all) ends the rest, so their streams still close with
+    `data: [DONE]` before uvicorn's own deadline would cut the connections. uvicorn re-raises
+    the signal once it has shut down, so the process would die of it (status 143) after a
+    graceful stop; this one does not: a service manager sees 0.
+    """
+    import contextlib
+    import signal
+    import threading
+
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        stop_signal: int | None = None
+        on_stop: Any = None
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            if self.stop_signal is None and self.on_stop is not None:
+                timer = threading.Timer(max(SHUTDOWN_GRACE_S - 1, 0), self.on_stop)
+                timer.daemon = True
+                timer.start()
+            self.stop_signal = self.stop_signal or sig
+            super().handle_exit(sig, frame)
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Any:
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+
+    return Server
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -148,6 +204,14 @@ def _listen(host: str, port: int) -> socket.socket:
         raise UsageError(f"cannot listen on {host}:{port}: {reason}",
                          hint="pick another --port (0 = any free port) or --host") from None
     return sock
+
+
+def _is_loopback(sock: socket.socket) -> bool:
+    host = sock.getsockname()[0]
+    try:
+        return ipaddress.ip_address(host.split("%")[0]).is_loopback
+    except ValueError:
+        return False
 
 
 def _url(sock: socket.socket) -> str:

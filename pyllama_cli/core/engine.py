@@ -194,6 +194,10 @@ class Engine(ABC):
         stream.cancel()
 
     @abstractmethod
+    def cancel_all(self) -> None:
+        """Stop every running and queued job (a shutting-down server); the engine keeps serving."""
+
+    @abstractmethod
     def stats(self) -> EngineStats:
         """A snapshot of the counters (thread-safe)."""
 
@@ -289,6 +293,13 @@ class SingleSlotEngine(Engine):
     def stats(self) -> EngineStats:
         with self._lock:
             return replace(self._stats)
+
+    def cancel_all(self) -> None:
+        with self._jobs.mutex:
+            waiting = [s for s in self._jobs.queue if s is not None]
+        for stream in [self._current, *waiting]:
+            if stream is not None:
+                stream.cancel()
 
     def close(self, timeout: float = 10.0) -> None:
         if self.state == CLOSED:

@@ -140,6 +140,13 @@ class ParallelEngine(Engine):
         with self._cond:
             return [slot.describe() for slot in self.slots]
 
+    def cancel_all(self) -> None:
+        with self._cond:
+            for stream in [*(slot.stream for slot in self.slots), *self._queue]:
+                if stream is not None:
+                    stream.cancel()
+            self._cond.notify()
+
     def close(self, timeout: float = 10.0) -> None:
         if self.state == CLOSED:
             return
