@@ -9,6 +9,7 @@ llama.cpp's own log is routed through `llama_log_set`: silent by default, to std
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -107,6 +108,7 @@ class Model:
         self.n_vocab = lib.llama_vocab_n_tokens(self.vocab)
         # A model without a tokenizer ("none"/"no_vocab") aborts inside llama.cpp on any text call.
         self.has_vocab = lib.llama_vocab_type(self.vocab) != lib.LLAMA_VOCAB_TYPE_NONE
+        self.mapped: MappedFile | None = None  # set by load() when the weights are memory-mapped
 
     @classmethod
     def load(
@@ -152,12 +154,23 @@ class Model:
                 f"llama.cpp could not load {path}",
                 hint="run again with --verbose to see llama.cpp's reason (unsupported architecture or a damaged file)",
             )
-        return cls(handle, path)
+        model = cls(handle, path)
+        if settings.mmap and not vocab_only:
+            model.mapped = MappedFile(path)
+        return model
+
+    def check_file(self) -> None:
+        """Raise before llama.cpp touches weights that a shrunken model file no longer has (see MappedFile)."""
+        if self.mapped is not None:
+            self.mapped.check()
 
     def close(self) -> None:
         if self.handle:
             lib.llama_model_free(self.handle)
             self.handle = None
+        if self.mapped is not None:
+            self.mapped.close()
+            self.mapped = None
 
     def __enter__(self) -> Model:
         return self
@@ -264,6 +277,29 @@ class Model:
         return buf.raw[:n]
 
 
+class MappedFile:
+    """The model file whose weights llama.cpp reads through mmap.
+
+    Deleting or replacing the file is harmless (the mapping keeps the old data), but truncating it
+    makes any access to the lost pages kill the process with SIGBUS. Decoding checks the size of
+    the file (through a descriptor of its own, so a replaced file does not count) beforehand.
+    """
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.fd = os.open(path, os.O_RDONLY)
+        self.size = os.fstat(self.fd).st_size
+
+    def check(self) -> None:
+        size = os.fstat(self.fd).st_size
+        if size < self.size:
+            raise ModelLoadError(f"{self.path} was truncated while in use ({size} of {self.size} bytes left)",
+                                 hint="restore the file and restart; --no-mmap keeps a private copy of the weights")
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
 def _load_mode(settings: LoadSettings) -> int:
     if settings.mmap and settings.mlock:
         return lib.LLAMA_LOAD_MODE_MMAP_MLOCK
@@ -349,6 +385,7 @@ class Context:
 
     def decode(self, batch: Any) -> None:
         """Run llama_decode; raise on failure or abort."""
+        self.model.check_file()
         rc = lib.llama_decode(self.handle, batch.raw if isinstance(batch, Batch) else batch)
         if rc == 0:
             return

@@ -7,6 +7,7 @@ if present, else the first GGUF; `-hff` names an exact file; split models downlo
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 from dataclasses import dataclass
@@ -360,9 +361,9 @@ def translate_hub_error(exc: BaseException, repo: str, filename: str | None) -> 
         return HubError(f"Hugging Face request for {repo} failed: {str(exc).splitlines()[0]}")
     if isinstance(exc, OSError) and getattr(exc, "errno", None) == 28:
         return HubError(f"disk full while downloading {filename} of {repo}", hint=f"free space in {hub_cache_dir()}")
-    if isinstance(exc, PermissionError):
-        return HubError(f"cannot write to the Hugging Face cache: {exc.filename or hub_cache_dir()}",
-                        hint="set HF_HUB_CACHE to a writable directory")
+    if isinstance(exc, OSError) and getattr(exc, "errno", None) in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return HubError(f"cannot write to the Hugging Face cache: {exc.filename or hub_cache_dir()} "
+                        f"({exc.strerror or 'permission denied'})", hint="set HF_HUB_CACHE to a writable directory")
     if _is_network_error(exc):
         return HubError(f"cannot reach {endpoint} to resolve {repo}",
                         hint="check your connection, or use --offline to use the local cache")
