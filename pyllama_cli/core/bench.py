@@ -428,7 +428,9 @@ def build_info() -> BuildInfo:
 
 def _ggml() -> ctypes.CDLL:
     """libggml (already loaded by llama_cpp) with the device-registry calls llama_cpp does not bind."""
-    lib_dir = Path(lib.__file__).parent / "lib"
+    # Beside the libllama actually loaded (LLAMA_CPP_LIB_PATH can point llama_cpp at another build).
+    loaded = getattr(getattr(lib, "llama_cpp", None), "_lib", None)
+    lib_dir = Path(loaded._name).parent if loaded is not None else Path(lib.__file__).parent / "lib"
     names = sorted(lib_dir.glob("libggml.*")) or sorted(lib_dir.glob("ggml.*"))
     if not names:
         raise PyllamaError(f"libggml not found in {lib_dir}", hint="reinstall llama-cpp-python")
