@@ -8,8 +8,11 @@ aligned tensor data (alignment from `general.alignment`, default 32).
 
 from __future__ import annotations
 
+import mmap
 import os
 import struct
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -89,11 +92,21 @@ class GGUFFile:
         return self.metadata.get(f"{self.architecture}.{suffix}", default)
 
 
-class _Reader:
-    """Bounds-checked little-endian reads from a file of known size."""
+_U64 = struct.Struct("<Q")
 
-    def __init__(self, fh: BinaryIO, size: int, path: Path):
-        self.fh, self.size, self.path = fh, size, path
+
+class _Reader:
+    """Bounds-checked little-endian reads from a memory-mapped file of known size.
+
+    Reading from a mapping (not per-field file reads) keeps a 256k-token vocabulary to a fraction
+    of a second, which every command pays before loading a model.
+    """
+
+    def __init__(self, buf: Any, size: int, path: Path):
+        self.buf, self.size, self.path, self.pos = buf, size, path, 0
+
+    def tell(self) -> int:
+        return self.pos
 
     def fail(self, what: str) -> InvalidGGUF:
         return InvalidGGUF(
@@ -102,17 +115,23 @@ class _Reader:
         )
 
     def read(self, n: int) -> bytes:
-        data = self.fh.read(n)
-        if len(data) != n:
-            raise self.fail(f"header ends early at byte {self.fh.tell()}")
+        if self.pos + n > self.size:
+            raise self.fail(f"header ends early at byte {self.size}")
+        data = self.buf[self.pos:self.pos + n]
+        self.pos += n
         return data
 
     def unpack(self, fmt: str) -> Any:
-        return struct.unpack(fmt, self.read(struct.calcsize(fmt)))[0]
+        n = struct.calcsize(fmt)
+        if self.pos + n > self.size:
+            raise self.fail(f"header ends early at byte {self.size}")
+        value = struct.unpack_from(fmt, self.buf, self.pos)[0]
+        self.pos += n
+        return value
 
     def string(self) -> str:
         n = self.unpack("<Q")
-        if n > MAX_STRING_BYTES or self.fh.tell() + n > self.size:
+        if n > MAX_STRING_BYTES or self.pos + n > self.size:
             raise self.fail(f"string length {n} runs past the end of the file")
         return self.read(n).decode("utf-8", errors="replace")
 
@@ -128,13 +147,33 @@ class _Reader:
     def array(self) -> list[Any]:
         item_type = self.unpack("<I")
         n = self.unpack("<Q")
-        if n > MAX_ARRAY_LEN or n > self.size - self.fh.tell():
+        if n > MAX_ARRAY_LEN or n > self.size - self.pos:
             raise self.fail(f"array length {n} runs past the end of the file")
         if item_type in _SCALARS:
             fmt = _SCALARS[item_type]
             raw = self.read(struct.calcsize(fmt) * n)
             return list(struct.unpack(f"<{n}{fmt[1]}", raw))
+        if item_type == _STRING:
+            return self.string_array(n)
         return [self.value(item_type) for _ in range(n)]
+
+    def string_array(self, n: int) -> list[str]:
+        # The hot loop of a header read (vocabularies): locals only, one unpack and one slice per string.
+        buf, pos, size, unpack = self.buf, self.pos, self.size, _U64.unpack_from
+        out: list[str] = [""] * n
+        for i in range(n):
+            if pos + 8 > size:
+                self.pos = pos
+                raise self.fail(f"header ends early at byte {size}")
+            (length,) = unpack(buf, pos)
+            end = pos + 8 + length
+            if length > MAX_STRING_BYTES or end > size:
+                self.pos = pos
+                raise self.fail(f"string length {length} runs past the end of the file")
+            out[i] = buf[pos + 8:end].decode("utf-8", errors="replace")
+            pos = end
+        self.pos = pos
+        return out
 
 
 def _type_name(vtype: int) -> str:
@@ -155,14 +194,15 @@ def read_gguf(path: str | os.PathLike[str], *, check_data: bool = True) -> GGUFF
     """
     p = Path(path)
     size = p.stat().st_size
-    with open(p, "rb") as fh:
-        r = _Reader(fh, size, p)
-        magic = fh.read(4)
+    with open(p, "rb") as fh, _mapped(fh, size) as buf:
+        r = _Reader(buf, size, p)
+        magic = r.buf[:4]
         if magic != GGUF_MAGIC:
             raise InvalidGGUF(
                 f"{p} is not a GGUF file (it does not start with the GGUF magic bytes)",
                 hint="pyllama runs GGUF models; convert other formats with llama.cpp's convert_hf_to_gguf.py",
             )
+        r.pos = 4
         version = r.unpack("<I")
         if version not in (2, 3):
             raise r.fail(f"unsupported GGUF version {version}")
@@ -174,7 +214,7 @@ def read_gguf(path: str | os.PathLike[str], *, check_data: bool = True) -> GGUFF
         alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
         if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
             raise r.fail(f"general.alignment {alignment!r} is not a power of two")
-        data_offset = -(-fh.tell() // alignment) * alignment
+        data_offset = -(-r.tell() // alignment) * alignment
     gguf = GGUFFile(p, version, metadata, tensors, data_offset, size, array_types)
     if check_data:
         _check_tensor_data(gguf, r)
@@ -188,9 +228,9 @@ def _read_metadata(r: _Reader, n_kv: int) -> tuple[dict[str, Any], dict[str, str
         key = r.string()
         vtype = r.unpack("<I")
         if vtype == _ARRAY:
-            pos = r.fh.tell()
+            pos = r.tell()
             array_types[key] = _type_name(r.unpack("<I"))
-            r.fh.seek(pos)
+            r.pos = pos
         metadata[key] = r.value(vtype)
     return metadata, array_types
 
@@ -222,6 +262,16 @@ def _check_tensor_data(gguf: GGUFFile, r: _Reader) -> None:
                 f"{gguf.path} is truncated: tensor {t.name!r} needs {missing} bytes past the end of the file",
                 hint="the download or conversion did not finish; fetch the file again",
             )
+
+
+@contextmanager
+def _mapped(fh: BinaryIO, size: int) -> Iterator[Any]:
+    """The file's bytes as a read-only mapping (an empty file cannot be mapped: plain bytes then)."""
+    if size == 0:
+        yield b""
+        return
+    with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        yield mapped
 
 
 def is_split_first_part(path: Path) -> bool:
