@@ -129,7 +129,7 @@ def _run(sock: socket.socket, path: Path, load: LoadSettings, settings: Any, emb
     engine = _make_engine(path, load, embeddings, parallel, kv_unified, on_ready=on_ready, on_failure=on_failure)
     app = create_app(engine, settings)
     config = uvicorn.Config(app, log_level="info" if load.verbose else "warning", access_log=load.verbose,
-                            timeout_graceful_shutdown=SHUTDOWN_GRACE_S, lifespan="on")
+                            log_config=_log_config(), timeout_graceful_shutdown=SHUTDOWN_GRACE_S, lifespan="on")
     server = _server_class()(config)
     server.on_stop = engine.cancel_all
     err().print(f"pyllama serve: listening on {url} - loading {path.name} (/health answers 503 until ready)",
@@ -148,6 +148,17 @@ def _run(sock: socket.socket, path: Path, load: LoadSettings, settings: Any, emb
             raise Interrupted("pyllama serve: stopped")
         err().print(f"pyllama serve: stopped ({signal.Signals(server.stop_signal).name})", markup=False,
                     highlight=False)
+
+
+def _log_config() -> dict[str, Any]:
+    """uvicorn's logging setup with the access log on stderr too (uvicorn sends it to stdout)."""
+    import copy
+
+    from uvicorn.config import LOGGING_CONFIG
+
+    config = copy.deepcopy(LOGGING_CONFIG)
+    config["handlers"]["access"]["stream"] = "ext://sys.stderr"
+    return config
 
 
 def _server_class() -> type:

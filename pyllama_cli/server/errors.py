@@ -88,7 +88,8 @@ async def handle_error(request: Request, exc: Exception) -> JSONResponse:
     return error.response()
 
 
-_ANSWERED_INSIDE = (APIError, RequestValidationError, HTTPException, PyllamaError)
+# UnicodeEncodeError: utf-8 fails only on the lone surrogates a JSON body can carry, a client error (400).
+_ANSWERED_INSIDE = (APIError, RequestValidationError, HTTPException, PyllamaError, UnicodeEncodeError)
 
 
 def install_error_handlers(app: FastAPI) -> None:
