@@ -1,0 +1,133 @@
+"""The long fuzz run: schemathesis against `pyllama serve`, hostile requests, and mutated GGUF headers.
+
+The same checks as tests/test_reliability.py, with many more cases:
+
+  * schema: every operation of the live server's /openapi.json, valid and invalid cases
+    (--examples per operation and mode): no 5xx, every error in OpenAI's error shape, the server
+    alive afterwards and no traceback in its log;
+  * hostile: the hand-written list (nesting, 10 MB strings, bad UTF-8, bad numbers and ids,
+    bad grammars and schemas), each with the answer it must get;
+  * gguf: every targeted mutation of the tiny model's header plus --gguf-random blind ones, each
+    given to `pyllama info` and `pyllama tokenize` in a forked child: a clean error or a result,
+    never a signal or a hang; whatever makes llama.cpp itself crash must be refused by pyllama first.
+
+Only 127.0.0.1 is used. Exit status 1 when anything is found.
+
+    python benchmarks/fuzz_long.py [--examples 60] [--gguf-random 2000] [--seed 0] [--only schema|hostile|gguf]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import _common  # noqa: F401 - puts the repository on sys.path
+
+from tests.fixtures import fuzzing
+from tests.fixtures.make_gguf import TINY, write_llama_gguf
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--examples", type=int, default=60, help="schemathesis cases per operation and mode (60)")
+    p.add_argument("--gguf-random", type=int, default=2000, help="blind GGUF header mutations (2000)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the GGUF mutations (schema cases are random)")
+    p.add_argument("--only", choices=("schema", "hostile", "gguf"), action="append", help="run only these parts")
+    return p.parse_args()
+
+
+def serve(model: Path, log: Path) -> Any:
+    """A `pyllama serve -np 4` on 127.0.0.1 (tests/test_serve.py's starter)."""
+    from tests.test_serve import _start
+
+    return _start(model, log, "-np", "4")
+
+
+def schema_part(model: Path, tmp: Path, examples: int) -> list[str]:
+    import httpx
+
+    server = serve(model, tmp / "schema.log")
+    try:
+        start = time.perf_counter()
+        report = fuzzing.schema_fuzz(server.url, examples, seed=None)
+        alive = httpx.get(f"{server.url}/health", timeout=10).status_code == 200
+        print(f"schema: {report.cases} cases in {time.perf_counter() - start:.0f} s, statuses "
+              f"{dict(sorted(report.statuses.items()))}, server alive: {alive}")
+    finally:
+        server.stop()
+    problems = list(report.problems)
+    if not alive:
+        problems.append("schema: the server did not answer /health afterwards")
+    if "Traceback" in server.stderr:
+        where = server.stderr.index("Traceback")
+        problems.append("schema: a traceback in the server log:\n" + server.stderr[where:where + 2000])
+    return problems
+
+
+def hostile_part(model: Path, tmp: Path) -> list[str]:
+    import httpx
+
+    server = serve(model, tmp / "hostile.log")
+    problems = []
+    try:
+        with httpx.Client(timeout=120) as client:
+            for case in fuzzing.hostile_requests():
+                reply = case.send(client, server.url)
+                status = reply.status_code
+                shape = fuzzing.error_shape_problem(status, reply.content) if status >= 400 else None
+                if reply.status_code != case.status or shape or case.expect not in reply.text:
+                    problems.append(f"hostile {case.name}: {reply.status_code} {reply.text[:300]}")
+            alive = client.get(f"{server.url}/health").status_code == 200
+        print(f"hostile: {len(fuzzing.hostile_requests())} requests, {len(problems)} unexpected answers, "
+              f"server alive: {alive}")
+    finally:
+        server.stop()
+    return problems if alive else [*problems, "hostile: the server died"]
+
+
+def gguf_part(model: Path, tmp: Path, n_random: int, seed: int) -> list[str]:
+    base = fuzzing.GGUFImage.read(model)
+    fuzzing.warm_up(model)
+    cases = fuzzing.gguf_cases(base, n_random, seed)
+    start, problems, crashers = time.perf_counter(), [], []
+    for i, case in enumerate(cases, 1):
+        verdict = fuzzing.check_gguf_case(case, base, tmp / "fuzz.gguf")
+        if verdict.problem:
+            problems.append(f"gguf {case.name}: {verdict.problem}")
+        if verdict.llama_crashes:
+            crashers.append(case.name)
+        if i % 500 == 0:
+            print(f"  gguf: {i}/{len(cases)} cases, {len(problems)} problems", file=sys.stderr)
+    print(f"gguf: {len(cases)} cases in {time.perf_counter() - start:.0f} s, {len(problems)} problems; "
+          f"{len(crashers)} of them crash llama.cpp when it loads them unchecked, all refused by pyllama first"
+          + (f" ({', '.join(crashers[:12])}{', ...' if len(crashers) > 12 else ''})" if crashers else ""))
+    return problems
+
+
+def main() -> int:
+    args = parse_args()
+    parts = args.only or ["hostile", "schema", "gguf"]
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        model = write_llama_gguf(tmp / "tiny.gguf", TINY)
+        os.environ.pop("PYLLAMA_API_KEY", None)
+        problems: list[str] = []
+        if "hostile" in parts:
+            problems += hostile_part(model, tmp)
+        if "schema" in parts:
+            problems += schema_part(model, tmp, args.examples)
+        if "gguf" in parts:
+            problems += gguf_part(model, tmp, args.gguf_random, args.seed)
+    for problem in problems[:50]:
+        print(f"PROBLEM {problem}")
+    print(f"{'FAIL' if problems else 'PASS'}: {len(problems)} problems")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,261 @@
+"""Soak `pyllama serve --parallel 4`: 16 streaming clients for 5 minutes, 10% of them hanging up mid-stream.
+
+A bounded load (127.0.0.1 only, at most --max-requests requests, at most --duration seconds):
+each client sends streaming chat or text completions one after another; a request drawn with
+probability --disconnect-rate reads a few events and closes the connection. Checked at the end:
+
+  * zero failed requests among those that stayed (HTTP 200, no error event, ends with [DONE]);
+  * the server's resident memory at the end within 10% of its value after the first minute;
+  * no slot busy and no request queued once the load has stopped;
+  * SIGTERM then stops the server with exit status 0 within 5 s.
+
+Printed: requests (completed, disconnected, failed), RSS after 1 min and at the end, p50/p95
+latency of whole requests and of the first token, slots busy after. Exit status 1 if a check fails.
+
+    python benchmarks/soak_serve.py [-m MODEL.gguf] [--duration 300] [--clients 16] [--max-requests 50000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from _common import REPO_ROOT
+
+PROMPTS = ["hello", "Tell me a story about a cat.", "What is the capital of France?", "Write a poem about the sea",
+           "Explain how a bicycle works, step by step.", "the quick brown fox jumps over the lazy dog " * 8]
+
+
+@dataclass
+class Tally:
+    completed: int = 0
+    disconnected: int = 0
+    failures: list[str] = field(default_factory=list)
+    latencies: list[float] = field(default_factory=list)
+    ttfts: list[float] = field(default_factory=list)
+    tokens: int = 0
+
+    @property
+    def sent(self) -> int:
+        return self.completed + self.disconnected + len(self.failures)
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("-m", "--model", type=Path, default=None, help="GGUF to serve (default: the tiny test model)")
+    p.add_argument("--duration", type=float, default=300, help="seconds of load (default 300)")
+    p.add_argument("--clients", type=int, default=16, help="concurrent streaming clients (default 16)")
+    p.add_argument("--parallel", type=int, default=4, help="server slots, -np (default 4)")
+    p.add_argument("--max-requests", type=int, default=50000, help="stop after this many requests (default 50000)")
+    p.add_argument("--disconnect-rate", type=float, default=0.10, help="share of requests that hang up (0.10)")
+    p.add_argument("--max-tokens", type=int, default=96, help="largest max_tokens a request asks for (96)")
+    p.add_argument("-c", "--ctx-size", type=int, default=4096, help="server context, shared by the slots (4096)")
+    p.add_argument("-t", "--threads", type=int, default=1, help="server threads (default 1: the clients need a core)")
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args()
+
+
+def tiny_model() -> Path:
+    from tests.fixtures.make_gguf import TINY, write_llama_gguf
+
+    path = Path(tempfile.gettempdir()) / "pyllama-soak-tiny.gguf"
+    if not path.exists():
+        write_llama_gguf(path.with_suffix(".tmp"), TINY).rename(path)
+    return path
+
+
+def start_server(args: argparse.Namespace, model: Path, log: Path) -> tuple[subprocess.Popen, str]:
+    cmd = [sys.executable, "-m", "pyllama_cli", "serve", "-m", str(model), "--host", "127.0.0.1", "--port", "0",
+           "-np", str(args.parallel), "-c", str(args.ctx_size), "-t", str(args.threads)]
+    env = {k: v for k, v in os.environ.items() if k != "PYLLAMA_API_KEY"}
+    with open(log, "wb") as sink:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=sink, cwd=REPO_ROOT, env=env)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        text = log.read_text(errors="replace")
+        found = re.search(r"listening on (http://127\.0\.0\.1:\d+)", text)
+        if found and "ready at" in text:
+            return proc, found.group(1)
+        if proc.poll() is not None:
+            sys.exit(f"the server exited with {proc.returncode}:\n{text}")
+        time.sleep(0.1)
+    proc.kill()
+    sys.exit("the server did not become ready in 120 s")
+
+
+def rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+async def one_request(client, url: str, rng: random.Random, tally: Tally, max_tokens: int,
+                      disconnect_rate: float) -> None:
+    chat = rng.random() < 0.5
+    prompt = rng.choice(PROMPTS)
+    body: dict = {"max_tokens": rng.randint(8, max_tokens), "stream": True, "seed": rng.randrange(1 << 30),
+                  "stream_options": {"include_usage": True}}
+    if chat:
+        body["messages"] = [{"role": "user", "content": prompt}]
+    else:
+        body["prompt"] = prompt
+    hang_up_after = rng.randint(1, 8) if rng.random() < disconnect_rate else None
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    start, first, events, done, usage = time.perf_counter(), None, 0, False, None
+    try:
+        async with client.stream("POST", url + path, json=body, timeout=120) as resp:
+            if resp.status_code != 200:
+                tally.failures.append(f"HTTP {resp.status_code}: {(await resp.aread())[:200]!r}")
+                return
+            async for line in resp.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                if line == "data: [DONE]":
+                    done = True
+                    break
+                data = json.loads(line[6:])
+                if "error" in data:
+                    tally.failures.append(f"error event: {data['error']}")
+                    return
+                events += 1
+                first = first or time.perf_counter()
+                usage = data.get("usage") or usage
+                if hang_up_after is not None and events >= hang_up_after:
+                    tally.disconnected += 1
+                    return  # leaving the block closes the connection mid-stream
+    except Exception as exc:  # noqa: BLE001 - every way a request can fail is a failure to count
+        tally.failures.append(f"{type(exc).__name__}: {exc}")
+        return
+    if not done:
+        tally.failures.append("the stream ended without data: [DONE]")
+        return
+    tally.completed += 1
+    tally.latencies.append(time.perf_counter() - start)
+    tally.ttfts.append((first or time.perf_counter()) - start)
+    tally.tokens += usage["completion_tokens"] if usage else 0
+
+
+async def load(url: str, args: argparse.Namespace, tally: Tally, pid: int, rss: dict[str, float]) -> float:
+    import httpx
+
+    deadline = time.monotonic() + args.duration
+    budget = [args.max_requests]
+
+    async def client_loop(i: int) -> None:
+        rng = random.Random(args.seed * 1000 + i)
+        limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+        async with httpx.AsyncClient(limits=limits) as client:
+            while time.monotonic() < deadline and budget[0] > 0:
+                budget[0] -= 1
+                await one_request(client, url, rng, tally, args.max_tokens, args.disconnect_rate)
+
+    async def sample_rss() -> None:
+        start, first = time.monotonic(), min(60.0, args.duration / 2)  # short trial runs sample at half time
+        while True:
+            await asyncio.sleep(1)
+            if "1min" not in rss and time.monotonic() - start >= first:
+                rss["1min"], rss["first_s"] = rss_mib(pid), first
+                print(f"  after {first:.0f} s: {tally.sent} requests, RSS {rss['1min']:.1f} MiB", file=sys.stderr)
+
+    started = time.monotonic()
+    sampler = asyncio.create_task(sample_rss())
+    await asyncio.gather(*(client_loop(i) for i in range(args.clients)))
+    sampler.cancel()
+    return time.monotonic() - started
+
+
+def idle_after(url: str, timeout: float = 5.0) -> tuple[int, int]:
+    """Slots still busy and requests still queued, polled until both are zero or `timeout` passes."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while True:
+        state = httpx.get(url + "/slots", timeout=10).json()
+        busy = sum(slot["state"] != "idle" for slot in state["slots"])
+        if (busy == 0 and state["queue"] == 0) or time.monotonic() > deadline:
+            return busy, state["queue"]
+        time.sleep(0.2)
+
+
+def stop(proc: subprocess.Popen) -> tuple[int, float]:
+    start = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    try:
+        code = proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        code = proc.wait()
+    return code, time.monotonic() - start
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
+
+
+def main() -> int:
+    args = parse_args()
+    model = args.model or tiny_model()
+    with tempfile.TemporaryDirectory() as tmp:
+        log = Path(tmp) / "serve.log"
+        proc, url = start_server(args, model, log)
+        print(f"soak: {args.clients} streaming clients, {args.duration:.0f} s or {args.max_requests} requests, "
+              f"{args.disconnect_rate:.0%} hang up, against {url} -np {args.parallel}", file=sys.stderr)
+        tally, rss = Tally(), {}
+        try:
+            wall = asyncio.run(load(url, args, tally, proc.pid, rss))
+            rss.setdefault("1min", float("nan"))
+            busy, queued = idle_after(url)
+            rss["end"] = rss_mib(proc.pid)
+        finally:
+            code, stop_s = stop(proc)
+        log_text = log.read_text(errors="replace")
+    growth = (rss["end"] - rss["1min"]) / rss["1min"] if rss["1min"] == rss["1min"] else float("nan")
+    checks = {
+        "zero failed requests": not tally.failures,
+        "RSS at the end within 10% of 1 min": abs(growth) <= 0.10,
+        "no slot busy, no request queued after the load": busy == 0 and queued == 0,
+        "SIGTERM: exit 0 within 5 s": code == 0 and stop_s <= 5,
+        "no traceback in the server log": "Traceback" not in log_text,
+    }
+    summary = {
+        "duration_s": round(wall, 1), "requests": tally.sent, "completed": tally.completed,
+        "disconnected": tally.disconnected, "failed": len(tally.failures), "tokens": tally.tokens,
+        "rss_1min_mib": round(rss["1min"], 1), "rss_end_mib": round(rss["end"], 1),
+        "rss_growth_pct": round(growth * 100, 2), "latency_p50_s": round(pct(tally.latencies, 50), 3),
+        "latency_p95_s": round(pct(tally.latencies, 95), 3), "ttft_p50_s": round(pct(tally.ttfts, 50), 3),
+        "ttft_p95_s": round(pct(tally.ttfts, 95), 3), "slots_busy_after": busy, "queued_after": queued,
+        "exit_code": code, "stop_s": round(stop_s, 2),
+    }
+    print(f"requests      {tally.sent} in {wall:.0f} s: {tally.completed} completed, {tally.disconnected} hung up "
+          f"mid-stream, {len(tally.failures)} failed ({tally.tokens} tokens streamed)")
+    print(f"memory (RSS)  {rss['1min']:.1f} MiB after {rss.get('first_s', 60):.0f} s, {rss['end']:.1f} MiB at the end "
+          f"({growth:+.1%})")
+    print(f"latency       p50 {summary['latency_p50_s']} s, p95 {summary['latency_p95_s']} s "
+          f"(first token p50 {summary['ttft_p50_s']} s, p95 {summary['ttft_p95_s']} s)")
+    print(f"after load    {busy} slots busy, {queued} queued; SIGTERM -> exit {code} in {stop_s:.2f} s")
+    for failure in tally.failures[:10]:
+        print(f"  failure: {failure}")
+    for name, ok in checks.items():
+        print(f"{'PASS' if ok else 'FAIL'}  {name}")
+    print(json.dumps(summary))
+    return 0 if all(checks.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

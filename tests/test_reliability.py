@@ -1,0 +1,361 @@
+"""Reliability and security, short versions: hostile requests, schema fuzzing, GGUF fuzzing, faults, defaults.
+
+The long versions are benchmarks/fuzz_long.py (more fuzz cases) and benchmarks/soak_serve.py (5 minutes of load).
+Every server here is a real `pyllama serve` process on 127.0.0.1 with the tiny model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import resource
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.fixtures import fuzzing
+from tests.fixtures.fake_hf import FakeHub
+from tests.helpers import REPO_ROOT, run_cli, run_process
+from tests.test_serve import Server, _start
+
+API_KEY = "k3y-that-must-not-leak"
+
+
+@pytest.fixture(scope="module")
+def rserver(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    srv = _start(tiny_model, tmp_path_factory.mktemp("reliability") / "stderr.log", "-np", "4")
+    yield srv
+    srv.stop()
+
+
+def _alive(server: Server) -> bool:
+    return server.proc.poll() is None and httpx.get(f"{server.url}/health", timeout=10).status_code == 200
+
+
+# ---------------------------------------------------------------- hostile requests and schema fuzzing
+
+
+@pytest.mark.parametrize("case", fuzzing.hostile_requests(), ids=lambda c: c.name)
+def test_hostile_request_gets_a_clear_answer(rserver: Server, case: fuzzing.Hostile) -> None:
+    with httpx.Client(timeout=60) as client:
+        response = case.send(client, rserver.url)
+    assert response.status_code == case.status, response.text[:500]
+    if case.status >= 400:
+        assert fuzzing.error_shape_problem(response.status_code, response.content) is None
+        assert case.expect in response.json()["error"]["message"], response.text[:500]
+    else:
+        assert response.json()["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+def test_schema_fuzz_finds_no_server_error(rserver: Server) -> None:
+    report = fuzzing.schema_fuzz(rserver.url, examples_per_operation=8)
+    assert report.cases >= 100
+    assert report.problems == []
+    assert _alive(rserver)
+    assert "Traceback" not in rserver.stderr
+
+
+def test_streaming_load_with_hang_ups_leaves_no_slot_busy(rserver: Server) -> None:
+    """A 3-second version of the soak: 16 streaming clients on 4 slots, every 10th request hangs up mid-stream."""
+
+    async def client(i: int, url: str, results: list[str]) -> None:
+        deadline = time.monotonic() + 3
+        async with httpx.AsyncClient(timeout=60) as http:
+            n = 0
+            while time.monotonic() < deadline:
+                n += 1
+                hang_up = (i + n) % 10 == 0
+                body = {"prompt": f"hello {i} {n}", "max_tokens": 24, "stream": True, "ignore_eos": True}
+                async with http.stream("POST", f"{url}/v1/completions", json=body) as resp:
+                    lines = []
+                    async for line in resp.aiter_lines():
+                        lines.append(line)
+                        if hang_up and len(lines) > 4:
+                            break
+                    results.append("hung up" if hang_up else ("ok" if resp.status_code == 200 and
+                                                              lines[-2:] == ["data: [DONE]", ""] else repr(lines[-3:])))
+
+    results: list[str] = []
+
+    async def main() -> None:
+        await asyncio.gather(*(client(i, rserver.url, results) for i in range(16)))
+
+    asyncio.run(main())
+    assert set(results) <= {"ok", "hung up"}, [r for r in results if r not in ("ok", "hung up")][:3]
+    assert results.count("hung up") >= 5
+    deadline = time.monotonic() + 5
+    while True:
+        state = httpx.get(f"{rserver.url}/slots", timeout=10).json()
+        if all(s["state"] == "idle" for s in state["slots"]) and state["queue"] == 0:
+            break
+        assert time.monotonic() < deadline, state
+        time.sleep(0.1)
+
+
+# ---------------------------------------------------------------- GGUF fuzzing
+
+
+def test_gguf_fuzz_info_and_tokenize_never_crash(tiny_model: Path, tmp_path: Path) -> None:
+    """Mutated and truncated headers of the tiny model: a clean error or a result, each in a forked child."""
+    base = fuzzing.GGUFImage.read(tiny_model)
+    fuzzing.warm_up(tiny_model)
+    cases = fuzzing.gguf_cases(base, n_random=40, seed=1)
+    verdicts = [fuzzing.check_gguf_case(case, base, tmp_path / "fuzz.gguf") for case in cases]
+    assert len(verdicts) > 300
+    assert [f"{v.case}: {v.problem}" for v in verdicts if v.problem] == []
+    # llama.cpp itself aborts on some of these; pyllama caught every one of them first.
+    assert sum(v.llama_crashes for v in verdicts) >= 5
+
+
+def test_vocab_check_names_the_broken_token(tiny_model: Path, tmp_path: Path) -> None:
+    image = fuzzing.GGUFImage.read(tiny_model)
+    tokens = image.get("tokenizer.ggml.tokens")
+    tokens.value[1][7] = tokens.value[1][3]
+    path = image.write(tmp_path / "dup.gguf")
+    result = run_cli("tokenize", "-m", str(path), "hello")
+    assert result.exit_code == 1
+    assert result.first_stderr_line == (f"Error: {path} has a broken tokenizer: tokens 3 and 7 are both '<0x00>' "
+                                        "(token texts must be unique)")
+
+
+# ---------------------------------------------------------------- faults
+
+
+def _stream_in_background(url: str, n: int, results: dict[int, str], max_tokens: int = 100_000) -> list[threading.Thread]:
+    def stream(i: int) -> None:
+        events, last = 0, ""
+        try:
+            body = {"prompt": f"story {i}", "max_tokens": max_tokens, "stream": True, "ignore_eos": True}
+            with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as resp:
+                for line in resp.iter_lines():
+                    if line.startswith("data: "):
+                        events, last = events + 1, line
+            results[i] = f"{events} events, last {last[:40]!r}"
+        except Exception as exc:  # noqa: BLE001 - the test reads what happened
+            results[i] = f"{type(exc).__name__}: {exc}"
+
+    threads = [threading.Thread(target=stream, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    return threads
+
+
+def test_deleted_model_keeps_serving_and_sigterm_ends_requests_and_exits_0(tiny_model: Path, tmp_path: Path) -> None:
+    model = Path(shutil.copy(tiny_model, tmp_path / "served.gguf"))
+    srv = _start(model, tmp_path / "stderr.log", "-np", "2", "-c", "32768")
+    results: dict[int, str] = {}
+    threads = _stream_in_background(srv.url, 3, results)  # two generate, one waits for a slot
+    time.sleep(1.0)
+    model.unlink()  # mmap'd: the mapping keeps the data
+    reply = httpx.post(f"{srv.url}/tokenize", json={"content": "still here"}, timeout=10)
+    assert reply.status_code == 200
+    start = time.monotonic()
+    srv.proc.send_signal(signal.SIGTERM)
+    code = srv.proc.wait(timeout=10)
+    elapsed = time.monotonic() - start
+    for t in threads:
+        t.join(10)
+    assert code == 0 and elapsed < 5, (code, elapsed, srv.stderr[-2000:])
+    assert all(r.endswith("last 'data: [DONE]'") for r in results.values()), results
+    assert "Traceback" not in srv.stderr
+    assert srv.stderr.rstrip().endswith("pyllama serve: stopped (SIGTERM)")
+
+
+def test_truncated_model_fails_requests_cleanly(tiny_model: Path, tmp_path: Path) -> None:
+    model = Path(shutil.copy(tiny_model, tmp_path / "served.gguf"))
+    srv = _start(model, tmp_path / "stderr.log", "-c", "1024")
+    try:
+        body = {"prompt": "hello", "max_tokens": 3}
+        assert httpx.post(f"{srv.url}/v1/completions", json=body, timeout=30).status_code == 200
+        os.truncate(model, 30_000)  # touching the lost pages of the mapping would be SIGBUS
+        for _ in range(2):
+            reply = httpx.post(f"{srv.url}/v1/completions", json=body, timeout=30)
+            assert reply.status_code == 500
+            assert reply.json()["error"]["message"] == (f"{model} was truncated while in use "
+                                                        f"(30000 of {tiny_model.stat().st_size} bytes left)")
+        assert _alive(srv)
+    finally:
+        srv.stop()
+    assert srv.proc.returncode == 0
+
+
+def test_taken_port_is_one_line_error(tiny_model: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_process("serve", "-m", str(tiny_model), "--port", str(port), timeout=60)
+    assert result.exit_code == 1
+    assert result.stderr.splitlines() == [f"Error: cannot listen on 127.0.0.1:{port}: Address already in use",
+                                          "Hint: pick another --port (0 = any free port) or --host"]
+
+
+def _mount_tmpfs(path: Path, size: str, read_only: bool = False) -> bool:
+    """Mount a small tmpfs (root only); False when the machine does not allow it."""
+    if os.geteuid() != 0 or not shutil.which("mount"):
+        return False
+    path.mkdir(parents=True, exist_ok=True)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], check=False,
+                      capture_output=True).returncode != 0:
+        return False
+    if read_only:
+        (path / "hf").mkdir()
+        subprocess.run(["mount", "-o", "remount,ro", str(path)], check=True, capture_output=True)
+    return True
+
+
+def _umount(path: Path) -> None:
+    subprocess.run(["umount", str(path)], check=True, capture_output=True)
+
+
+def test_read_only_hf_cache_is_one_line_error(tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                              ) -> None:
+    cache = tmp_path / "ro"
+    mounted = _mount_tmpfs(cache, "1m", read_only=True)
+    if not mounted:
+        if os.geteuid() == 0:
+            pytest.skip("root cannot be denied writes without a read-only mount, and mount is not permitted")
+        (cache / "hf").mkdir(parents=True)
+        cache.chmod(0o555)
+        (cache / "hf").chmod(0o555)
+    try:
+        with FakeHub() as hub:
+            hub.add_repo("org/tiny-GGUF", {"tiny-Q8_0.gguf": tiny_model})
+            monkeypatch.setenv("HF_ENDPOINT", hub.url)
+            monkeypatch.setenv("HF_HOME", str(cache / "hf"))
+            result = run_cli("info", "-hf", "org/tiny-GGUF:Q8_0")
+    finally:
+        if mounted:
+            _umount(cache)
+    assert result.exit_code == 1
+    assert re.fullmatch(r"Error: cannot write to the Hugging Face cache: \S+ \((Read-only file system|Permission "
+                        r"denied)\)\nHint: set HF_HUB_CACHE to a writable directory\n", result.stderr), result.stderr
+
+
+def test_disk_full_during_quantize_leaves_no_partial_output(tiny_model: Path, tmp_path: Path) -> None:
+    """A 1 MiB tmpfs when mounting is allowed, else a 1 MiB file-size limit (RLIMIT_FSIZE) on the process."""
+    out_dir = tmp_path / "small"
+    mounted = _mount_tmpfs(out_dir, "1m")
+    out_dir.mkdir(exist_ok=True)
+
+    def limit() -> None:
+        if not mounted:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+
+    try:
+        proc = subprocess.run([sys.executable, "-m", "pyllama_cli", "quantize", str(tiny_model),
+                               str(out_dir / "out.gguf"), "Q8_0"], check=False, capture_output=True, text=True,
+                              timeout=120, cwd=REPO_ROOT, preexec_fn=limit)
+        left = sorted(p.name for p in out_dir.iterdir())
+    finally:
+        if mounted:
+            _umount(out_dir)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.startswith("Error: ") and "Traceback" not in proc.stderr
+    assert ("the disk is full" if mounted else "could not write the output") in proc.stderr
+    assert left == []
+
+
+# ---------------------------------------------------------------- security defaults
+
+
+def _stderr_until(proc: subprocess.Popen, pattern: str, timeout: float = 60) -> str:
+    """Read the process's stderr until a line matches `pattern`; return everything read."""
+    text = ""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        text += line
+        if re.search(pattern, line) or not line:
+            return text
+    return text
+
+
+def _serve_process(model: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    environ = {k: v for k, v in os.environ.items() if k != "PYLLAMA_API_KEY"}
+    return subprocess.Popen([sys.executable, "-m", "pyllama_cli", "serve", "-m", str(model), "--port", "0", *args],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT,
+                            env={**environ, **(env or {})})
+
+
+def test_binds_loopback_by_default_and_warns_on_a_public_bind_without_key(tiny_model: Path) -> None:
+    default = _serve_process(tiny_model)
+    public = _serve_process(tiny_model, "--host", "0.0.0.0")
+    keyed = _serve_process(tiny_model, "--host", "0.0.0.0", env={"PYLLAMA_API_KEY": API_KEY})
+    try:
+        lines = {name: _stderr_until(p, "listening on").splitlines()
+                 for name, p in (("default", default), ("public", public), ("keyed", keyed))}
+    finally:
+        for p in (default, public, keyed):
+            p.kill()
+            p.wait()
+    assert re.fullmatch(r"pyllama serve: listening on http://127\.0\.0\.1:\d+ - loading tiny\.gguf .*",
+                        lines["default"][0])
+    warning, listening = lines["public"]
+    port = re.search(r"0\.0\.0\.0:(\d+)", listening).group(1)
+    assert warning == (f"Warning: http://0.0.0.0:{port} is reachable from other machines and there is no "
+                       "--api-key: anyone who can reach it can use the model")
+    assert len(lines["keyed"]) == 1 and lines["keyed"][0].startswith("pyllama serve: listening on http://0.0.0.0:")
+
+
+def test_api_key_never_appears_in_logs_or_metrics(tiny_model: Path, tmp_path: Path) -> None:
+    srv = _start(tiny_model, tmp_path / "stderr.log", "--verbose", env={"PYLLAMA_API_KEY": API_KEY})
+    try:
+        good = {"Authorization": f"Bearer {API_KEY}"}
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        assert httpx.post(f"{srv.url}/v1/chat/completions", json=body, headers=good, timeout=30).status_code == 200
+        wrong = httpx.post(f"{srv.url}/v1/chat/completions", json=body, timeout=30,
+                           headers={"Authorization": f"Bearer {API_KEY}x"})
+        assert wrong.status_code == 401 and API_KEY not in wrong.text
+        metrics = httpx.get(f"{srv.url}/metrics", headers={"X-Api-Key": API_KEY}, timeout=30)
+        assert metrics.status_code == 200 and "pyllama_requests_total" in metrics.text
+    finally:
+        srv.stop()
+    assert "POST /v1/chat/completions" in srv.stderr  # --verbose logs every request...
+    assert API_KEY not in srv.stderr and API_KEY not in metrics.text  # ...but never the key
+
+
+def test_no_request_reaches_a_file(rserver: Server, tmp_path: Path) -> None:
+    """No field or route takes a path: slot save/restore does not exist, names and templates are not files."""
+    secret = tmp_path / "secret.txt"
+    secret.write_text("TOP-SECRET")
+    url = rserver.url
+    with httpx.Client(timeout=30) as client:
+        for method, path, body in (
+            ("POST", "/slots/0?action=save", {"filename": "../../../../tmp/pwned.bin"}),
+            ("POST", "/slots/0?action=restore", {"filename": str(secret)}),
+            ("POST", "/slots", {"action": "save", "filename": "/etc/passwd"}),
+            ("GET", f"/v1/models/..%2F..%2F{secret}", None),
+            ("GET", "/static/../../etc/passwd", None),
+        ):
+            reply = client.request(method, url + path, json=body)
+            assert 400 <= reply.status_code < 500, (path, reply.status_code)
+            assert fuzzing.error_shape_problem(reply.status_code, reply.content) is None
+            assert "TOP-SECRET" not in reply.text
+        templated = client.post(f"{url}/apply-template", json={
+            "messages": [{"role": "user", "content": "hi"}], "chat_template": str(secret),
+            "template": str(secret)}).json()
+        assert "TOP-SECRET" not in templated["prompt"]
+        grammar = client.post(f"{url}/v1/completions", json={"prompt": "hi", "grammar": str(secret)})
+        assert grammar.status_code == 400 and "TOP-SECRET" not in grammar.text
+    assert not Path("/tmp/pwned.bin").exists()
+
+
+def test_cors_is_off_unless_configured(rserver: Server) -> None:
+    preflight = httpx.options(f"{rserver.url}/v1/chat/completions", headers={
+        "Origin": "https://evil.example", "Access-Control-Request-Method": "POST"})
+    plain = httpx.get(f"{rserver.url}/v1/models", headers={"Origin": "https://evil.example"})
+    for reply in (preflight, plain):
+        assert not any(h.startswith("access-control-") for h in reply.headers), reply.headers
+    assert json.loads(plain.text)["data"][0]["id"] == "tiny"
