@@ -255,6 +255,45 @@ class Engine(ABC):
     def is_eog(self, token: int) -> bool:
         return self.model.is_eog(token)
 
+    def token_prob(self, logits: np.ndarray, token: int, k: int) -> TokenProb:
+        """The token's log-probability under `logits` (before any sampler stage) and the `k` likeliest tokens."""
+        values = logits.astype(np.float64)
+        top = values.max()
+        logprobs = values - (top + np.log(np.exp(values - top).sum()))
+        best: tuple[tuple[int, bytes, float], ...] = ()
+        if k > 0:
+            ids = np.argpartition(-logprobs, min(k, len(logprobs) - 1))[:k]
+            ids = ids[np.argsort(-logprobs[ids], kind="stable")]
+            best = tuple((int(i), self.piece(int(i)), float(logprobs[i])) for i in ids)
+        return TokenProb(token, self.piece(token), float(logprobs[token]), best)
+
+    # ---- the worker thread's life: load, report, work, clean up
+
+    def _run(self) -> None:
+        try:
+            self._load()
+        except BaseException as exc:  # noqa: BLE001 - reported to the server, which exits with it
+            self.error, self.state = exc, FAILED
+            if self._on_failure is not None:
+                self._on_failure(exc)
+            return
+        self.state = READY
+        if self._on_ready is not None:
+            self._on_ready(self)
+        try:
+            self._work()
+        finally:
+            self._unload()
+
+    def _load(self) -> None:
+        raise NotImplementedError
+
+    def _work(self) -> None:
+        raise NotImplementedError
+
+    def _unload(self) -> None:
+        raise NotImplementedError
+
 
 # ---------------------------------------------------------------- one slot, one worker thread
 
@@ -317,23 +356,7 @@ class SingleSlotEngine(Engine):
 
     # ---- worker thread
 
-    def _run(self) -> None:
-        try:
-            self._load()
-        except BaseException as exc:  # noqa: BLE001 - reported to the server, which exits with it
-            self.error, self.state = exc, FAILED
-            if self._on_failure is not None:
-                self._on_failure(exc)
-            return
-        self.state = READY
-        if self._on_ready is not None:
-            self._on_ready(self)
-        try:
-            self._serve_jobs()
-        finally:
-            self._unload()
-
-    def _serve_jobs(self) -> None:
+    def _work(self) -> None:
         while True:
             stream = self._jobs.get()
             if stream is None:
@@ -405,7 +428,7 @@ class SingleSlotEngine(Engine):
     def _generate(self, job: GenerationJob, stream: JobStream) -> str:
         """Stream one generation's events; return "done" or "cancelled"."""
         probs: list[TokenProb] = []
-        on_token = (lambda token: probs.append(self._token_prob(token, job.n_probs))) if job.n_probs >= 0 else None
+        on_token = (lambda token: probs.append(self.token_prob(self._ctx.logits(-1), token, job.n_probs))) if job.n_probs >= 0 else None
         gen = self._generator
         try:
             for text in gen.stream(list(job.prompt), job.sampling, max_tokens=job.max_tokens, stop=job.stop,
@@ -417,17 +440,6 @@ class SingleSlotEngine(Engine):
         stream.put(Event(done=True, probs=probs, stats=gen.stats))
         return "cancelled" if gen.stats.stop_reason == STOP_INTERRUPTED else "done"
 
-    def _token_prob(self, token: int, k: int) -> TokenProb:
-        """Log-probabilities from the logits the token was sampled from (before any sampler stage)."""
-        logits = self._ctx.logits(-1).astype(np.float64)
-        top = logits.max()
-        logprobs = logits - (top + np.log(np.exp(logits - top).sum()))
-        best: tuple[tuple[int, bytes, float], ...] = ()
-        if k > 0:
-            ids = np.argpartition(-logprobs, min(k, len(logprobs) - 1))[:k]
-            ids = ids[np.argsort(-logprobs[ids], kind="stable")]
-            best = tuple((int(i), self.piece(int(i)), float(logprobs[i])) for i in ids)
-        return TokenProb(token, self.piece(token), float(logprobs[token]), best)
 
     def _embed(self, job: EmbeddingJob, stream: JobStream) -> list[np.ndarray]:
         from .native import Batch, lib

@@ -21,8 +21,6 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import numpy as np
-
 from ..errors import ContextOverflow, InputError
 from .engine import (
     CLOSED,
@@ -35,7 +33,6 @@ from .engine import (
     GenerationJob,
     JobStream,
     ModelSummary,
-    TokenProb,
 )
 from .generation import (
     STOP_CONTEXT,
@@ -163,22 +160,6 @@ class ParallelEngine(Engine):
 
     # ---------------------------------------------------------------- scheduler thread
 
-    def _run(self) -> None:
-        try:
-            self._load()
-        except BaseException as exc:  # noqa: BLE001 - reported to the server, which exits with it
-            self.error, self.state = exc, FAILED
-            if self._on_failure is not None:
-                self._on_failure(exc)
-            return
-        self.state = READY
-        if self._on_ready is not None:
-            self._on_ready(self)
-        try:
-            self._loop()
-        finally:
-            self._shutdown()
-
     def _load(self) -> None:
         from .native import Batch, Context, Model
 
@@ -200,7 +181,7 @@ class ParallelEngine(Engine):
             embeddings=False, n_batch=self._ctx.n_batch,
         )
 
-    def _shutdown(self) -> None:
+    def _unload(self) -> None:
         for slot in self.slots:
             if slot.stream is not None:
                 self._finish(slot, STOP_INTERRUPTED)
@@ -211,7 +192,7 @@ class ParallelEngine(Engine):
         if self._ctx is not None:
             self._ctx.close()
 
-    def _loop(self) -> None:
+    def _work(self) -> None:
         while True:
             with self._cond:
                 while not self._stopping and not self._queue and all(s.state == IDLE for s in self.slots):
@@ -324,7 +305,7 @@ class ParallelEngine(Engine):
             return self._finish(slot, STOP_GRAMMAR if slot.sampler.settings.grammar else STOP_EOS)
         stats.n_generated += 1
         stats.tokens.append(token)
-        probs = [self._token_prob(slot, token, job.n_probs)] if job.n_probs >= 0 else []
+        probs = [self.token_prob(self._ctx.logits(slot.batch_index), token, job.n_probs)] if job.n_probs >= 0 else []
         text, hit = slot.matcher.feed(slot.decoder.decode(self.model.token_to_piece(token, special=False)))
         if text or probs:
             slot.stream.put(Event(text=text, probs=probs))
@@ -335,17 +316,6 @@ class ParallelEngine(Engine):
         if len(slot.cached) >= self.n_ctx_slot:  # no position left for this token
             return self._finish(slot, STOP_CONTEXT)
         slot.last_token = token
-
-    def _token_prob(self, slot: Slot, token: int, k: int) -> TokenProb:
-        logits = self._ctx.logits(slot.batch_index).astype(np.float64)
-        top = logits.max()
-        logprobs = logits - (top + np.log(np.exp(logits - top).sum()))
-        best: tuple[tuple[int, bytes, float], ...] = ()
-        if k > 0:
-            ids = np.argpartition(-logprobs, min(k, len(logprobs) - 1))[:k]
-            ids = ids[np.argsort(-logprobs[ids], kind="stable")]
-            best = tuple((int(i), self.piece(int(i)), float(logprobs[i])) for i in ids)
-        return TokenProb(token, self.piece(token), float(logprobs[token]), best)
 
     # ---- ending a request
 

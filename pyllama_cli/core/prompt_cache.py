@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
+from .generation import common_prefix
 from .native import Context, Model, lib
 
 MAGIC = b"pyllama-prompt-cache\n"
@@ -88,7 +89,7 @@ def load_prompt_cache(path: Path, model: Model, ctx: Context, prompt: list[int])
         made_with = (header.get("model") or {}).get("path", "another model")
         return CacheLoad(saved_tokens=[], warning=f"ignoring prompt cache {path}: it was saved for {made_with}; "
                                                   "it will be replaced")
-    reuse = _common_prefix(saved, prompt)
+    reuse = common_prefix(saved, prompt)
     if reuse == 0:
         return CacheLoad(saved_tokens=saved)
     data = path.read_bytes()[offset:]
@@ -132,11 +133,3 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
