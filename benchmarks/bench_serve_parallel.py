@@ -18,7 +18,6 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import _common as common
 

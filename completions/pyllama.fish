@@ -175,7 +175,7 @@ complete -c pyllama -n '__pyllama_using complete' -l truncate -d 'If the prompt 
 complete -c pyllama -n '__pyllama_using complete' -l prompt-cache -d 'Save the evaluated prompt\'s state to this file and reuse its longest matching prefix next time.' -x -a '(__pyllama_values file)'
 complete -c pyllama -n '__pyllama_using complete' -l echo -d 'Print the prompt before the generated text.'
 complete -c pyllama -n '__pyllama_using complete' -l stats -d 'Print speed and stop reason on stderr after the text (also with -v).'
-complete -c pyllama -n '__pyllama_using complete' -l json -d 'With --stats: print the statistics as one JSON line on stderr.'
+complete -c pyllama -n '__pyllama_using complete' -l json -d 'Print the statistics as one JSON line on stderr (implies --stats).'
 complete -c pyllama -n '__pyllama_using complete' -s n -l n-predict -d 'Tokens to generate (-1 = until end of generation or a full context).' -x
 complete -c pyllama -n '__pyllama_using complete' -l temp -d 'Temperature (0 = greedy: always the most likely token).' -x
 complete -c pyllama -n '__pyllama_using complete' -l top-k -d 'Keep the K most likely tokens (0 = off).' -x
@@ -310,6 +310,8 @@ complete -c pyllama -n '__pyllama_using serve' -l cors-origin -d 'Allow browser 
 complete -c pyllama -n '__pyllama_using serve' -l embeddings -d 'Serve an embedding model: /v1/embeddings only.'
 complete -c pyllama -n '__pyllama_using serve' -l max-body-size -d 'Largest request body accepted (bytes, or with K/M/G; larger gets 413).' -x
 complete -c pyllama -n '__pyllama_using serve' -l chat-template -d 'Chat template NAME, .jinja FILE or Jinja text (default: the model\'s own).' -x -a '(__pyllama_values file chatml gemma llama2 llama3 mistral phi3 zephyr)'
+complete -c pyllama -n '__pyllama_using serve' -o np -l parallel -d 'Slots: requests generated at once, batched together (continuous batching); more wait in a queue.' -x
+complete -c pyllama -n '__pyllama_using serve' -l kv-unified -d 'One KV cache for all slots: each may use the whole context while there is room.'
 complete -c pyllama -n '__pyllama_using serve' -s n -l n-predict -d 'Tokens to generate (-1 = until end of generation or a full context).' -x
 complete -c pyllama -n '__pyllama_using serve' -l temp -d 'Temperature (0 = greedy: always the most likely token).' -x
 complete -c pyllama -n '__pyllama_using serve' -l top-k -d 'Keep the K most likely tokens (0 = off).' -x

@@ -12,7 +12,7 @@ import inspect
 import typing
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 
@@ -30,15 +30,15 @@ from .core.settings import (
 MODEL_PANEL = "Model"
 LOAD_PANEL = "Loading"
 
-ModelPathOpt = Annotated[Optional[str], typer.Option(
+ModelPathOpt = Annotated[str | None, typer.Option(
     "-m", "--model", help="Local GGUF model file.", rich_help_panel=MODEL_PANEL, show_default=False)]
-HfRepoOpt = Annotated[Optional[str], typer.Option(
+HfRepoOpt = Annotated[str | None, typer.Option(
     "-hf", "--hf-repo", help="Hugging Face repo as user/repo[:quant] (default quant: Q4_K_M, else the first GGUF).",
     rich_help_panel=MODEL_PANEL, show_default=False)]
-HfFileOpt = Annotated[Optional[str], typer.Option(
+HfFileOpt = Annotated[str | None, typer.Option(
     "-hff", "--hf-file", help="Exact GGUF file in the -hf repo (overrides the quant tag).",
     rich_help_panel=MODEL_PANEL, show_default=False)]
-HfTokenOpt = Annotated[Optional[str], typer.Option(
+HfTokenOpt = Annotated[str | None, typer.Option(
     "-hft", "--hf-token", help="Hugging Face token for gated or private repos (default: $HF_TOKEN).",
     rich_help_panel=MODEL_PANEL, show_default=False)]
 OfflineOpt = Annotated[bool, typer.Option(
@@ -67,7 +67,7 @@ SeedOpt = Annotated[int, typer.Option(
     "-s", "--seed", help="Random seed (-1 = random).", rich_help_panel=LOAD_PANEL)]
 VerboseOpt = Annotated[bool, typer.Option(
     "-v", "--verbose", help="Show llama.cpp's own log on stderr.", rich_help_panel=LOAD_PANEL)]
-LogFileOpt = Annotated[Optional[Path], typer.Option(
+LogFileOpt = Annotated[Path | None, typer.Option(
     "--log-file", help="Append llama.cpp's log to this file.", rich_help_panel=LOAD_PANEL, show_default=False,
     dir_okay=False)]
 

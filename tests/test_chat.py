@@ -212,7 +212,9 @@ def test_fit_context_counts_and_drops_whole_turns() -> None:
     conv = Conversation(system="S", messages=[{"role": r, "content": c} for r, c in
                                               [("user", "a"), ("assistant", "b"), ("user", "c"), ("assistant", "d"),
                                                ("user", "e")]])
-    count = lambda messages: 10 * len(messages)
+    def count(messages):
+        return 10 * len(messages)
+
     assert fit_context(conv, count, 100, reserve=10, shift=False) == 0
     assert fit_context(conv, count, 40, reserve=10, shift=True) == 2
     assert [m["content"] for m in conv.to_messages()] == ["S", "e"]

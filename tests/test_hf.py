@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.fake_hf import FakeHub
-from tests.fixtures.make_gguf import TINY, write_llama_gguf, write_quantized, write_split_gguf
+from tests.fixtures.make_gguf import TINY, write_quantized, write_split_gguf
 from tests.helpers import run_cli
 
 REPO = "org/tiny-GGUF"

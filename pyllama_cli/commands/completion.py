@@ -143,7 +143,8 @@ def _write_if_changed(path: Path, text: str) -> bool:
         os.replace(staging, path)
     except OSError as exc:
         staging.unlink(missing_ok=True)
-        raise PyllamaError(f"cannot write {path}: {exc.strerror or exc}", hint="check the directory's permissions")
+        raise PyllamaError(f"cannot write {path}: {exc.strerror or exc}",
+                           hint="check the directory's permissions") from exc
     return True
 
 
@@ -158,5 +159,6 @@ def _add_rc_lines(rc: Path, lines: tuple[str, ...]) -> bool:
         with rc.open("a", encoding="utf-8") as fh:
             fh.write(sep + ("\n" if current else "") + "\n".join((RC_COMMENT, *lines)) + "\n")
     except OSError as exc:
-        raise PyllamaError(f"cannot update {rc}: {exc.strerror or exc}", hint="add these lines yourself: " + "; ".join(lines))
+        raise PyllamaError(f"cannot update {rc}: {exc.strerror or exc}",
+                           hint="add these lines yourself: " + "; ".join(lines)) from exc
     return True

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterable
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -12,7 +12,7 @@ from ..console import stdout_is_tty
 from ..core.resolve import ModelRequest
 from ..core.settings import LoadSettings
 from ..errors import InputError, UsageError
-from ..options import JsonOpt, VerboseOpt, model_options
+from ..options import VerboseOpt, model_options
 from .common import open_model
 
 EXAMPLES = """\
@@ -32,12 +32,12 @@ OUTPUT_PANEL = "Output"
 @model_options(load=False)
 def tokenize(
     model: ModelRequest,
-    text: Annotated[Optional[str], typer.Argument(
+    text: Annotated[str | None, typer.Argument(
         help="Text to tokenize (or use -p, -f or --stdin).", show_default=False)] = None,
-    prompt: Annotated[Optional[str], typer.Option(
+    prompt: Annotated[str | None, typer.Option(
         "-p", "--prompt", help="Text to tokenize, as llama-tokenize's -p.", rich_help_panel=INPUT_PANEL,
         show_default=False)] = None,
-    file: Annotated[Optional[str], typer.Option(
+    file: Annotated[str | None, typer.Option(
         "-f", "--file", help="Read the text from FILE (bytes as they are).", rich_help_panel=INPUT_PANEL,
         show_default=False)] = None,
     stdin: Annotated[bool, typer.Option(
@@ -45,7 +45,7 @@ def tokenize(
     chat: Annotated[bool, typer.Option(
         "--chat", help="The input is a JSON list of messages: render it with the chat template, then tokenize.",
         rich_help_panel=INPUT_PANEL)] = False,
-    chat_template: Annotated[Optional[str], typer.Option(
+    chat_template: Annotated[str | None, typer.Option(
         "--chat-template", help="With --chat: a built-in template name, a .jinja file or Jinja text "
         "(default: the model's).", rich_help_panel=INPUT_PANEL, show_default=False)] = None,
     no_bos: Annotated[bool, typer.Option(
@@ -141,7 +141,7 @@ def _write(chunks: Iterable[bytes]) -> None:
 @model_options(load=False)
 def detokenize(
     model: ModelRequest,
-    token_ids: Annotated[Optional[list[str]], typer.Argument(
+    token_ids: Annotated[list[str] | None, typer.Argument(
         metavar="ID...", help="Token ids: 1 2 3, 1,2,3 or [1, 2, 3].", show_default=False)] = None,
     stdin: Annotated[bool, typer.Option(
         "--stdin", help="Read the ids from standard input (tokenize's --ids or --json output works).")] = False,

@@ -11,6 +11,7 @@ deviation over the repetitions are reported.
 from __future__ import annotations
 
 import ctypes
+import functools
 import itertools
 import math
 import resource
@@ -225,7 +226,7 @@ def run_benchmark(spec: BenchSpec, on_step: Progress | None = None) -> Iterator[
                     model.close()
                     model = None
                 model, model_key = load_bench_model(inst, spec.verbose), inst.model_key()
-            progress = (lambda what, i=index: step(i, len(instances), what))
+            progress = functools.partial(step, index, len(instances))
             yield measure(model, inst, spec, depth_cache, progress)
     finally:
         if model is not None:

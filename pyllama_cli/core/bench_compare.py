@@ -31,7 +31,7 @@ def load_baseline(path: Path) -> list[dict[str, Any]]:
     except OSError as exc:
         raise InputError(f"cannot read baseline {path}: {exc.strerror or exc}", hint=hint) from exc
     try:
-        rows = json.loads(text) if text.lstrip().startswith("[") else [json.loads(l) for l in text.splitlines() if l.strip()]
+        rows = json.loads(text) if text.lstrip().startswith("[") else [json.loads(line) for line in text.splitlines() if line.strip()]
     except json.JSONDecodeError as exc:
         raise InputError(f"baseline {path} is not valid JSON (line {exc.lineno})", hint=hint) from exc
     rows = [r for r in rows if isinstance(r, dict) and "avg_ts" in r]
