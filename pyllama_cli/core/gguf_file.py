@@ -213,7 +213,7 @@ def read_gguf(path: str | os.PathLike[str], *, check_data: bool = True) -> GGUFF
         tensors = [_read_tensor_info(r) for _ in range(n_tensors)]
         alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
         if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
-            raise r.fail(f"general.alignment {alignment!r} is not a power of two")
+            raise r.fail(f"general.alignment {_show(alignment)} is not a power of two")
         data_offset = -(-r.tell() // alignment) * alignment
     gguf = GGUFFile(p, version, metadata, tensors, data_offset, size, array_types)
     if check_data:
@@ -239,17 +239,17 @@ def _read_tensor_info(r: _Reader) -> TensorInfo:
     name = r.string()
     n_dims = r.unpack("<I")
     if n_dims == 0 or n_dims > MAX_DIMS:
-        raise r.fail(f"tensor {name!r} has {n_dims} dimensions")
+        raise r.fail(f"tensor {_show(name)} has {n_dims} dimensions")
     shape = tuple(r.unpack("<Q") for _ in range(n_dims))
     ggml_type = r.unpack("<I")
     offset = r.unpack("<Q")
     if ggml_type not in GGML_TYPES:
-        raise r.fail(f"tensor {name!r} has unknown type {ggml_type}")
+        raise r.fail(f"tensor {_show(name)} has unknown type {ggml_type}")
     if any(d == 0 or d > 1 << 40 for d in shape):
-        raise r.fail(f"tensor {name!r} has an impossible shape {list(shape)}")
+        raise r.fail(f"tensor {_show(name)} has an impossible shape {list(shape)}")
     block = GGML_TYPES[ggml_type][1]
     if shape[0] % block:
-        raise r.fail(f"tensor {name!r} row of {shape[0]} is not a multiple of its block size {block}")
+        raise r.fail(f"tensor {_show(name)} row of {shape[0]} is not a multiple of its block size {block}")
     return TensorInfo(name, shape, ggml_type, offset)
 
 
@@ -259,7 +259,7 @@ def _check_tensor_data(gguf: GGUFFile, r: _Reader) -> None:
         if end > gguf.file_size:
             missing = end - gguf.file_size
             raise InvalidGGUF(
-                f"{gguf.path} is truncated: tensor {t.name!r} needs {missing} bytes past the end of the file",
+                f"{gguf.path} is truncated: tensor {_show(t.name)} needs {missing} bytes past the end of the file",
                 hint="the download or conversion did not finish; fetch the file again",
             )
 
@@ -272,6 +272,12 @@ def _mapped(fh: BinaryIO, size: int) -> Iterator[Any]:
         return
     with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
         yield mapped
+
+
+def _show(value: Any, limit: int = 80) -> str:
+    """repr() cut short for messages: a corrupt header can make a name megabytes long."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def is_split_first_part(path: Path) -> bool:

@@ -32,8 +32,10 @@ def check_vocab(gguf: GGUFFile) -> None:
     tokens = gguf.get("tokenizer.ggml.tokens")
     if not isinstance(kind, str) or not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
         return  # llama.cpp refuses these itself, with its own message
-    _check_unique(gguf, tokens)
-    _check_byte_tokens(gguf, kind, tokens)
+    # llama.cpp reads each text as a C string (it ends at a NUL byte), then renames empty ones "[EMPTY_i]".
+    texts = [t.split("\0", 1)[0] or f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
+    _check_unique(gguf, texts)
+    _check_byte_tokens(gguf, kind, texts)
     for name, key in (("bos", "add_bos_token"), ("eos", "add_eos_token"), ("sep", "add_sep_token")):
         added = gguf.get(f"tokenizer.ggml.{key}")
         if (added if isinstance(added, bool) else name in _DEFAULT_ADDS.get(kind, ())) and \
@@ -44,15 +46,15 @@ def check_vocab(gguf: GGUFFile) -> None:
             raise _invalid(gguf, f"the tokenizer adds a {name.upper()} token to every text, but {why}")
 
 
-def _check_unique(gguf: GGUFFile, tokens: list[str]) -> None:
-    # llama.cpp renames empty tokens to "[EMPTY_i]" before indexing them by text.
-    texts = [t or f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
+def _check_unique(gguf: GGUFFile, texts: list[str]) -> None:
     if len(set(texts)) == len(texts):
         return
     seen: dict[str, int] = {}
     for i, text in enumerate(texts):
-        if text in seen:
-            raise _invalid(gguf, f"tokens {seen[text]} and {i} are both {text!r} (token texts must be unique)")
+        # Texts that were not valid UTF-8 read back with U+FFFD and may differ as bytes: not proof of a duplicate.
+        if text in seen and "\ufffd" not in text:
+            shown = repr(text) if len(text) <= 40 else f"{text[:40]!r}..."
+            raise _invalid(gguf, f"tokens {seen[text]} and {i} are both {shown} (token texts must be unique)")
         seen[text] = i
 
 
