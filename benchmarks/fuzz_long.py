@@ -104,7 +104,7 @@ def gguf_part(model: Path, tmp: Path, n_random: int, seed: int) -> list[str]:
         if i % 500 == 0:
             print(f"  gguf: {i}/{len(cases)} cases, {len(problems)} problems", file=sys.stderr)
     print(f"gguf: {len(cases)} cases in {time.perf_counter() - start:.0f} s, {len(problems)} problems; "
-          f"{len(crashers)} of them crash llama.cpp when it loads them unchecked, all refused by pyllama first"
+          f"{len(crashers)} of them crash llama.cpp when it loads them unchecked"
           + (f" ({', '.join(crashers[:12])}{', ...' if len(crashers) > 12 else ''})" if crashers else ""))
     return problems
 

@@ -103,6 +103,35 @@ def test_streaming_load_with_hang_ups_leaves_no_slot_busy(rserver: Server) -> No
         time.sleep(0.1)
 
 
+# Hostile constraints on the command line: each once aborted, crashed or tracebacked `complete`.
+CLI_CASES = [
+    (["--grammar", 'root ::= "a"', "--ignore-eos"], 0, "a"),  # grammar done, EOS banned: llama.cpp threw
+    (["--grammar", "root ::= <[99999]>"], 0, ""),  # no token can match: llama.cpp threw
+    (["-j", '{"type": "string", "maxLength": 600}'], 0, None),  # deep grammar: RecursionError
+    (["-j", '{"type": "string", "minLength": 100000000}'], 1, "Error: -j/--json-schema: minLength 100000000 is "
+                                                              "more than the 10000 a grammar can spell out"),
+    (["--grammar", "root ::= " + "(" * 50_000 + '"a"' + ")" * 50_000], 1,
+     "Error: --grammar: groups are nested more than 2048 deep at line 1, column 2058"),  # llama.cpp segfaulted
+    (["--grammar", 'root ::= ("")*'], 1, "Error: --grammar: a repeated item can match the empty string, which makes "
+                                         "the repetition left-recursive for llama.cpp at line 1, column 14"),
+]
+
+
+@pytest.mark.parametrize(("flags", "code", "expect"), CLI_CASES, ids=[" ".join(c[0])[:40] for c in CLI_CASES])
+def test_complete_survives_hostile_constraints(tiny_model: Path, flags: list[str], code: int, expect: str | None
+                                               ) -> None:
+    body = fuzzing.cli_in_child("complete", "-m", str(tiny_model), "-p", "hi", "-n", "4", "-s", "1", *flags)
+    child = fuzzing.run_forked(body)  # a crash shows as a signal instead of killing pytest
+    result = fuzzing.cli_result(child)
+    assert result is not None, child
+    assert result["exit_code"] == code, result["stderr"]
+    if code == 1:
+        assert result["stderr"].splitlines()[0] == expect
+    elif expect is not None:
+        assert result["stdout"] == expect
+    assert "Traceback" not in result["stderr"]
+
+
 # ---------------------------------------------------------------- GGUF fuzzing
 
 
