@@ -3,8 +3,9 @@
 The same checks as tests/test_reliability.py, with many more cases:
 
   * schema: every operation of the live server's /openapi.json, valid and invalid cases
-    (--examples per operation and mode): no 5xx, every error in OpenAI's error shape, the server
-    alive afterwards and no traceback in its log;
+    (--examples per operation and mode), against a generation server (-np 4) and an --embeddings
+    one: no 5xx, every error in OpenAI's error shape, the server alive afterwards and no traceback
+    in its log;
   * hostile: the hand-written list (nesting, 10 MB strings, bad UTF-8, bad numbers and ids,
     bad grammars and schemas), each with the answer it must get;
   * gguf: every targeted mutation of the tiny model's header plus --gguf-random blind ones, each
@@ -23,6 +24,7 @@ import os
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -41,23 +43,24 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
-def serve(model: Path, log: Path) -> Any:
-    """A `pyllama serve -np 4` on 127.0.0.1 (tests/test_serve.py's starter)."""
+def serve(model: Path, log: Path, *args: str) -> Any:
+    """A `pyllama serve -np 4` (or with ARGS) on 127.0.0.1 (tests/test_serve.py's starter)."""
     from tests.test_serve import _start
 
-    return _start(model, log, "-np", "4")
+    return _start(model, log, *(args or ("-np", "4")))
 
 
-def schema_part(model: Path, tmp: Path, examples: int) -> list[str]:
+def schema_part(model: Path, tmp: Path, examples: int, *args: str) -> list[str]:
     import httpx
 
-    server = serve(model, tmp / "schema.log")
+    server = serve(model, tmp / f"schema{len(args)}.log", *args)
     try:
         start = time.perf_counter()
         report = fuzzing.schema_fuzz(server.url, examples, seed=None)
         alive = httpx.get(f"{server.url}/health", timeout=10).status_code == 200
-        print(f"schema: {report.cases} cases in {time.perf_counter() - start:.0f} s, statuses "
-              f"{dict(sorted(report.statuses.items()))}, server alive: {alive}")
+        print(f"schema{' ' + ' '.join(args) if args else ''}: {report.cases} cases in "
+              f"{time.perf_counter() - start:.0f} s, statuses {dict(sorted(report.statuses.items()))}, "
+              f"server alive: {alive}")
     finally:
         server.stop()
     problems = list(report.problems)
@@ -121,6 +124,8 @@ def main() -> int:
             problems += hostile_part(model, tmp)
         if "schema" in parts:
             problems += schema_part(model, tmp, args.examples)
+            embedder = write_llama_gguf(tmp / "tiny-embed.gguf", replace(TINY, embedding_only=True))
+            problems += schema_part(embedder, tmp, args.examples, "--embeddings")
         if "gguf" in parts:
             problems += gguf_part(model, tmp, args.gguf_random, args.seed)
     for problem in problems[:50]:
