@@ -19,7 +19,7 @@ from typing import Any
 
 from ..errors import ContextOverflow, InputError
 from .chat_template import TURN_END_MARKERS, render_template, validate_messages
-from .generation import GenerationStats, Generator
+from .generation import STOP_EOS, STOP_LENGTH, GenerationStats, Generator
 from .sampling import SamplingSettings
 
 Message = dict[str, Any]
@@ -179,6 +179,9 @@ def _overflow(n: int, reserve: int, n_ctx: int, shift: bool) -> ContextOverflow:
                                 "or restart with a larger -c or with --context-shift")
 
 
+_MAX_SNAPSHOTS = 8
+
+
 class ChatEngine:
     """Answers a conversation with a model: renders it, tokenizes it, streams the reply.
 
@@ -199,6 +202,10 @@ class ChatEngine:
         self.eos_text = _token_text(model, model.eos)
         self.turn_end = TURN_END_MARKERS.get(template_name, ())
         self.opens_reasoning = False  # the last prompt ended inside <think> (the template opened it)
+        # Recent prompts and prompt+answer pairs as text and as the exact tokens the model saw and produced,
+        # so a later turn extends those tokens instead of re-tokenizing an answer that may split differently
+        # (which would re-evaluate it), and /regen sees the very tokens the first answer came from.
+        self._snapshots: list[tuple[str, list[int]]] = []
 
     def close(self) -> None:
         self.generator.close()
@@ -244,9 +251,35 @@ class ChatEngine:
         # Not a generator itself: the prompt is rendered (and template errors raised) right away.
         text = self.render(messages)
         self.opens_reasoning = text.rstrip().endswith("<think>")
-        prompt = self._tokenize(text)
-        return self.generator.stream(prompt, sampling, max_tokens=max_tokens,
-                                     stop=tuple(stop) + self.turn_end, stop_flag=stop_flag)
+        prompt = self._continuation(text)
+        if prompt is None:
+            prompt = self._tokenize(text)
+        stream = self.generator.stream(prompt, sampling, max_tokens=max_tokens,
+                                       stop=tuple(stop) + self.turn_end, stop_flag=stop_flag)
+        return self._remember_turn(text, prompt, stream)
+
+    def _continuation(self, text: str) -> list[int] | None:
+        """The tokens of the longest remembered text that `text` extends, plus the tokens of the rest."""
+        matches = [snap for snap in self._snapshots if text.startswith(snap[0])]
+        if not matches:
+            return None
+        known_text, known_tokens = max(matches, key=lambda snap: len(snap[0]))
+        tail = text[len(known_text):].encode("utf-8")
+        return known_tokens + self.model.tokenize(tail, add_special=False, parse_special=True).tolist()
+
+    def _remember(self, text: str, tokens: list[int]) -> None:
+        self._snapshots = [*self._snapshots[-(_MAX_SNAPSHOTS - 1):], (text, tokens)]
+
+    def _remember_turn(self, text: str, prompt: list[int], stream: Iterator[str]) -> Iterator[str]:
+        self._remember(text, list(prompt))
+        pieces = []
+        for piece in stream:
+            pieces.append(piece)
+            yield piece
+        stats = self.generator.stats
+        # Only an answer that ended by itself or by length is exactly its tokens (a stop string is cut out).
+        if stats.stop_reason in (STOP_EOS, STOP_LENGTH):
+            self._remember(text + "".join(pieces), list(prompt) + list(stats.tokens))
 
     def describe(self) -> dict[str, Any]:
         """Facts about the model and context for /show."""
