@@ -100,6 +100,20 @@ class JobStream:
     def cancelled(self) -> bool:
         return bool(self.stop_flag)
 
+    @staticmethod
+    def put_all(items: list[tuple[JobStream, Event]]) -> None:
+        """Deliver many streams' events with one wake-up per event loop (one per step of the batch
+        scheduler, instead of one per token per client)."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[JobStream, Event]]] = {}
+        for stream, event in items:
+            by_loop.setdefault(stream._loop, []).append((stream, event))
+        for loop, batch in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_deliver, batch)
+            except RuntimeError:  # the event loop is gone (server shut down): nobody is listening
+                for stream, _ in batch:
+                    stream.stop_flag.set()
+
     # ---- consumer side
 
     def cancel(self) -> None:
@@ -118,6 +132,11 @@ class JobStream:
             raise event.error
         self._finished = event.done
         return event
+
+
+def _deliver(batch: list[tuple[JobStream, Event]]) -> None:
+    for stream, event in batch:
+        stream._queue.put_nowait(event)
 
 
 @dataclass

@@ -102,6 +102,7 @@ class ParallelEngine(Engine):
         self._ctx: Any = None
         self._batch: Any = None
         self.n_ctx_slot = 0
+        self._outbox: list[tuple[JobStream, Event]] = []  # events of this step, delivered together
 
     # ---------------------------------------------------------------- Engine interface
 
@@ -185,6 +186,7 @@ class ParallelEngine(Engine):
         for slot in self.slots:
             if slot.stream is not None:
                 self._finish(slot, STOP_INTERRUPTED)
+        self._flush()
         while self._queue:
             self._queue.popleft().put(Event(error=InputError("the server is shutting down"), done=True))
         if self._batch is not None:
@@ -203,6 +205,7 @@ class ParallelEngine(Engine):
             self._drop_cancelled()
             if self._build_batch():
                 self._decode_and_sample()
+            self._flush()
 
     # ---- admission
 
@@ -308,7 +311,7 @@ class ParallelEngine(Engine):
         probs = [self.token_prob(self._ctx.logits(slot.batch_index), token, job.n_probs)] if job.n_probs >= 0 else []
         text, hit = slot.matcher.feed(slot.decoder.decode(self.model.token_to_piece(token, special=False)))
         if text or probs:
-            slot.stream.put(Event(text=text, probs=probs))
+            self._post(slot.stream, Event(text=text, probs=probs))
         if hit:
             return self._finish(slot, STOP_STOP)
         if job.max_tokens >= 0 and stats.n_generated >= job.max_tokens:
@@ -324,7 +327,7 @@ class ParallelEngine(Engine):
         if slot.matcher is not None and reason != STOP_STOP:
             tail = slot.matcher.flush(slot.decoder.decode(b"", final=True))
             if tail and stream is not None:
-                stream.put(Event(text=tail))
+                self._post(stream, Event(text=tail))
         stats.stop_reason = reason
         if slot.gen_started:
             stats.generation_ms = (time.perf_counter() - slot.gen_started) * 1000
@@ -341,7 +344,15 @@ class ParallelEngine(Engine):
             self._release(slot)
         # Released first, so a client that sees the end of its stream also sees its slot idle.
         if stream is not None:
-            stream.put(Event(done=True, stats=stats))
+            self._post(stream, Event(done=True, stats=stats))
+
+    def _post(self, stream: JobStream, event: Event) -> None:
+        self._outbox.append((stream, event))
+
+    def _flush(self) -> None:
+        if self._outbox:
+            JobStream.put_all(self._outbox)
+            self._outbox = []
 
     def _fail(self, slot: Slot, exc: Exception) -> None:
         stream = slot.stream
@@ -352,7 +363,7 @@ class ParallelEngine(Engine):
             self._stats.jobs_failed += 1
             self._release(slot)
         if stream is not None:
-            stream.put(Event(error=exc, done=True))
+            self._post(stream, Event(error=exc, done=True))
 
     def _release(self, slot: Slot) -> None:
         if slot.sampler is not None:
