@@ -22,11 +22,17 @@ from __future__ import annotations
 
 import json
 import re
-import resource
-import subprocess
 import sys
 
-from _common import base_parser, bench_model, llama_cpp_bin, median, print_ratio_table, pyllama_cmd, run_timed
+from _common import (
+    base_parser,
+    bench_model,
+    llama_cpp_bin,
+    median,
+    print_ratio_table,
+    pyllama_cmd,
+    run_cpu_timed,
+)
 
 PROMPT = ("The history of the city begins with a small market town on the river, where traders from the "
           "north and the south met each spring to exchange wool, salt and iron. Over the centuries")
@@ -75,14 +81,6 @@ def same_text_as_ref(ref: bytes, ours: bytes) -> bool:
     return ref.decode("utf-8", errors="replace").rstrip("\n") == ours.decode("utf-8")
 
 
-def cpu_seconds(cmd: list[str]) -> tuple[float, subprocess.CompletedProcess[bytes]]:
-    """Run a command; return the CPU time (user + system) it used and the finished process."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    _, proc = run_timed(cmd, stdin=b"")
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), proc
-
-
 def main() -> None:
     p = base_parser(__doc__.splitlines()[0])
     p.set_defaults(repeat=5)
@@ -109,8 +107,8 @@ def main() -> None:
         done, base = {}, {}
         for who in order:
             cmd = ref_cmd if who == "ref" else our_cmd
-            base_cpu, base[who] = cpu_seconds(cmd(1))
-            full_cpu, done[who] = cpu_seconds(cmd(N_PREDICT))
+            _, base_cpu, base[who] = run_cpu_timed(cmd(1), stdin=b"")
+            _, full_cpu, done[who] = run_cpu_timed(cmd(N_PREDICT), stdin=b"")
             # CPU time per generated token: independent of how much of the CPU others leave us.
             runs[f"{who}_cpu"].append((full_cpu - base_cpu) / (N_PREDICT - 1) * 1000)
         ref_err = done["ref"].stderr.decode(errors="replace")

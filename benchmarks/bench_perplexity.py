@@ -15,8 +15,6 @@ checks that the printed tables agree.
 from __future__ import annotations
 
 import re
-import resource
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -29,6 +27,7 @@ from _common import (
     median,
     print_ratio_table,
     pyllama_cmd,
+    run_cpu_timed,
     run_timed,
 )
 
@@ -73,8 +72,8 @@ def compare_ppl(args, ref_bin: Path, model: Path, text: Path) -> list[tuple[str,
     ref_times, our_times, ref_cpu, our_cpu = [], [], [], []
     compared = None
     for i in range(args.repeat):
-        t_ref, c_ref, ref = cpu_timed(ref_cmd)
-        t_our, c_our, our = cpu_timed(our_cmd)
+        t_ref, c_ref, ref = run_cpu_timed(ref_cmd)
+        t_our, c_our, our = run_cpu_timed(our_cmd)
         ref_times.append(t_ref)
         our_times.append(t_our)
         ref_cpu.append(c_ref)
@@ -97,14 +96,6 @@ def compare_ppl(args, ref_bin: Path, model: Path, text: Path) -> list[tuple[str,
     what = f"{args.chunks} chunks of {args.ctx}"
     return [(f"wall s, {what}", median(ref_times), median(our_times), "<= 1.10"),
             (f"CPU s, {what}", median(ref_cpu), median(our_cpu), "(less noisy on a shared machine)")]
-
-
-def cpu_timed(cmd: list[str]) -> tuple[float, float, subprocess.CompletedProcess[bytes]]:
-    """Wall time, CPU time (user + system of the child) and the finished process."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    wall, proc = run_timed(cmd)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), proc
 
 
 def compare_kld(args, ref_bin: Path, text: Path) -> None:

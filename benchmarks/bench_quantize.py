@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import resource
 import shutil
 import sys
 from pathlib import Path
@@ -27,6 +26,7 @@ from _common import (
     median,
     print_ratio_table,
     pyllama_cmd,
+    run_cpu_timed,
     run_timed,
 )
 
@@ -80,17 +80,6 @@ def bench_imatrix() -> Path:
     return path
 
 
-def timed(cmd: list) -> tuple[float, float]:
-    """Wall time and CPU time (user + system, all threads) of one run.
-
-    CPU time hardly moves when other work shares the machine, so it backs up a noisy wall ratio.
-    """
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    wall = run_timed(cmd)[0]
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-
-
 def time_types(tool: str, model: Path, folder: Path, threads: int, types: list[str], repeat: int) -> list[tuple]:
     rows = []
     for qtype in types:
@@ -102,7 +91,7 @@ def time_types(tool: str, model: Path, folder: Path, threads: int, types: list[s
             for who in ("ref", "ours") if i % 2 == 0 else ("ours", "ref"):
                 clean(folder)
                 os.sync()
-                runs[who].append(timed(ref_cmd if who == "ref" else our_cmd))
+                runs[who].append(run_cpu_timed(ref_cmd if who == "ref" else our_cmd)[:2])
         clean(folder)
         ref_runs, our_runs = runs["ref"], runs["ours"]
         print(f"{qtype}: wall/cpu (s) llama.cpp {[(round(w, 2), round(c, 2)) for w, c in ref_runs]} "

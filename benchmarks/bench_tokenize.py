@@ -11,12 +11,10 @@ Target: pyllama within 1.2x of llama-tokenize.
 from __future__ import annotations
 
 import random
-import resource
-import subprocess
 import sys
 
 from _common import (BENCH_DIR, base_parser, bench_model, llama_cpp_bin, median, print_ratio_table, pyllama_cmd,
-                     run_timed)
+                     run_cpu_timed)
 
 # Mixed text: English words, punctuation, digits, newlines, tabs, accents, CJK, emoji and the odd
 # special-token text, so byte-fallback and special-token parsing are exercised too.
@@ -52,14 +50,6 @@ def text_file(size_mb: float) -> str:
     return str(path)
 
 
-def cpu_timed(cmd: list[str]) -> tuple[float, float, subprocess.CompletedProcess[bytes]]:
-    """Wall time, and user+system CPU time of the child (steadier than wall time on a busy machine)."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    wall, proc = run_timed(cmd)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), proc
-
-
 def main() -> None:
     p = base_parser(__doc__.splitlines()[0])
     p.add_argument("--size-mb", type=float, default=10.0, help="size of the text file in MB (default 10)")
@@ -74,8 +64,8 @@ def main() -> None:
         our_cmd = [*pyllama_cmd(), "tokenize", "-m", model, "-f", path, "--show-count", *extra]
         ref_times, our_times, ref_cpu, our_cpu = [], [], [], []
         for _ in range(args.repeat):
-            t_ref, c_ref, ref = cpu_timed(ref_cmd)
-            t_our, c_our, our = cpu_timed(our_cmd)
+            t_ref, c_ref, ref = run_cpu_timed(ref_cmd)
+            t_our, c_our, our = run_cpu_timed(our_cmd)
             if ref.stdout != our.stdout:
                 sys.exit(f"outputs differ for {label}: llama-tokenize {len(ref.stdout)} bytes, "
                          f"pyllama {len(our.stdout)} bytes")
