@@ -74,29 +74,29 @@ LogFileOpt = Annotated[Path | None, typer.Option(
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")]
 
 
-def _param(name: str, annotation: Any, default: Any) -> inspect.Parameter:
+def option_param(name: str, annotation: Any, default: Any) -> inspect.Parameter:
     return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation, default=default)
 
 
 _MODEL_PARAMS = [
-    _param("model_path", ModelPathOpt, None),
-    _param("hf_repo", HfRepoOpt, None),
-    _param("hf_file", HfFileOpt, None),
-    _param("hf_token", HfTokenOpt, None),
-    _param("offline", OfflineOpt, False),
+    option_param("model_path", ModelPathOpt, None),
+    option_param("hf_repo", HfRepoOpt, None),
+    option_param("hf_file", HfFileOpt, None),
+    option_param("hf_token", HfTokenOpt, None),
+    option_param("offline", OfflineOpt, False),
 ]
 _LOAD_PARAMS = [
-    _param("ctx_size", CtxSizeOpt, DEFAULT_N_CTX),
-    _param("threads", ThreadsOpt, -1),
-    _param("n_gpu_layers", GpuLayersOpt, DEFAULT_N_GPU_LAYERS),
-    _param("flash_attn", FlashAttnOpt, "auto"),
-    _param("batch_size", BatchOpt, DEFAULT_N_BATCH),
-    _param("ubatch_size", UBatchOpt, DEFAULT_N_UBATCH),
-    _param("mlock", MlockOpt, False),
-    _param("no_mmap", NoMmapOpt, False),
-    _param("seed", SeedOpt, DEFAULT_SEED),
-    _param("verbose", VerboseOpt, False),
-    _param("log_file", LogFileOpt, None),
+    option_param("ctx_size", CtxSizeOpt, DEFAULT_N_CTX),
+    option_param("threads", ThreadsOpt, -1),
+    option_param("n_gpu_layers", GpuLayersOpt, DEFAULT_N_GPU_LAYERS),
+    option_param("flash_attn", FlashAttnOpt, "auto"),
+    option_param("batch_size", BatchOpt, DEFAULT_N_BATCH),
+    option_param("ubatch_size", UBatchOpt, DEFAULT_N_UBATCH),
+    option_param("mlock", MlockOpt, False),
+    option_param("no_mmap", NoMmapOpt, False),
+    option_param("seed", SeedOpt, DEFAULT_SEED),
+    option_param("verbose", VerboseOpt, False),
+    option_param("log_file", LogFileOpt, None),
 ]
 
 
@@ -128,24 +128,37 @@ def model_options(load: bool = True) -> Callable[[Callable[..., Any]], Callable[
     replaces them with the individual flags in `--help` and builds the objects from them.
     """
 
+    def build(kwargs: dict[str, Any]) -> None:
+        kwargs["model"] = model_request(kwargs)
+        if load:
+            kwargs["load"] = load_settings(kwargs)
+
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
-        sig = inspect.signature(fn)
-        # Resolve string annotations (PEP 563) in the command's own module, where its names live.
-        hints = typing.get_type_hints(fn, include_extras=True)
-        own = [p.replace(annotation=hints.get(name, p.annotation))
-               for name, p in sig.parameters.items() if name not in ("model", "load")]
-        added = _MODEL_PARAMS + (_LOAD_PARAMS if load else [])
-
-        @functools.wraps(fn)
-        def wrapper(**kwargs: Any) -> Any:
-            kwargs["model"] = model_request(kwargs)
-            if load:
-                kwargs["load"] = load_settings(kwargs)
-            return fn(**kwargs)
-
-        wrapper.__signature__ = sig.replace(parameters=own + added)  # type: ignore[attr-defined]
-        wrapper.__annotations__ = {p.name: p.annotation for p in own + added}
-        del wrapper.__wrapped__  # typer must read the new signature, not the original's
-        return wrapper
+        return replace_params(fn, ("model", "load"), _MODEL_PARAMS + (_LOAD_PARAMS if load else []), build)
 
     return decorate
+
+
+def replace_params(fn: Callable[..., Any], replaced: tuple[str, ...], added: list[inspect.Parameter],
+                   build: Callable[[dict[str, Any]], None]) -> Callable[..., Any]:
+    """Wrap a command so its signature shows the `added` flags instead of the `replaced` parameters.
+
+    Before the command runs, `build(kwargs)` pops the added flags' values and sets the replaced
+    parameters (e.g. a LoadSettings made of the load flags).
+    """
+    sig = inspect.signature(fn)
+    # Resolve string annotations (PEP 563) in the command's own module, where its names live.
+    hints = typing.get_type_hints(fn, include_extras=True)
+    own = [p.replace(annotation=hints.get(name, p.annotation))
+           for name, p in sig.parameters.items() if name not in replaced]
+    params = own + list(added)
+
+    @functools.wraps(fn)
+    def wrapper(**kwargs: Any) -> Any:
+        build(kwargs)
+        return fn(**kwargs)
+
+    wrapper.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {p.name: p.annotation for p in params}
+    del wrapper.__wrapped__  # typer (and outer decorators) must read the new signature, not the original's
+    return wrapper

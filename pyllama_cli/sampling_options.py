@@ -13,10 +13,7 @@ the object. The seed is not declared here: it is `-s/--seed` from the load optio
 
 from __future__ import annotations
 
-import functools
-import inspect
 import re
-import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +35,7 @@ from .core.sampling import (
     SamplingSettings,
 )
 from .errors import UsageError
+from .options import option_param, replace_params
 
 SAMPLING_PANEL = "Sampling"
 CONSTRAINT_PANEL = "Output constraints"
@@ -164,32 +162,28 @@ def sampling_settings(
     )
 
 
-def _param(name: str, annotation: Any, default: Any) -> inspect.Parameter:
-    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation, default=default)
-
-
 # Parameter names double as sampling_settings() keywords.
 _SAMPLING_PARAMS = [
-    _param("n_predict", NPredictOpt, DEFAULT_N_PREDICT),
-    _param("temp", TempOpt, DEFAULT_TEMPERATURE),
-    _param("top_k", TopKOpt, DEFAULT_TOP_K),
-    _param("top_p", TopPOpt, DEFAULT_TOP_P),
-    _param("min_p", MinPOpt, DEFAULT_MIN_P),
-    _param("typical", TypicalOpt, DEFAULT_TYPICAL_P),
-    _param("repeat_penalty", RepeatPenaltyOpt, DEFAULT_REPEAT_PENALTY),
-    _param("repeat_last_n", RepeatLastNOpt, DEFAULT_REPEAT_LAST_N),
-    _param("presence_penalty", PresencePenaltyOpt, 0.0),
-    _param("frequency_penalty", FrequencyPenaltyOpt, 0.0),
-    _param("mirostat", MirostatOpt, 0),
-    _param("mirostat_lr", MirostatLrOpt, DEFAULT_MIROSTAT_LR),
-    _param("mirostat_ent", MirostatEntOpt, DEFAULT_MIROSTAT_ENT),
-    _param("ignore_eos", IgnoreEosOpt, False),
-    _param("reverse_prompt", ReversePromptOpt, None),
-    _param("logit_bias", LogitBiasOpt, None),
-    _param("grammar", GrammarOpt, None),
-    _param("grammar_file", GrammarFileOpt, None),
-    _param("json_schema", JsonSchemaOpt, None),
-    _param("json_schema_file", JsonSchemaFileOpt, None),
+    option_param("n_predict", NPredictOpt, DEFAULT_N_PREDICT),
+    option_param("temp", TempOpt, DEFAULT_TEMPERATURE),
+    option_param("top_k", TopKOpt, DEFAULT_TOP_K),
+    option_param("top_p", TopPOpt, DEFAULT_TOP_P),
+    option_param("min_p", MinPOpt, DEFAULT_MIN_P),
+    option_param("typical", TypicalOpt, DEFAULT_TYPICAL_P),
+    option_param("repeat_penalty", RepeatPenaltyOpt, DEFAULT_REPEAT_PENALTY),
+    option_param("repeat_last_n", RepeatLastNOpt, DEFAULT_REPEAT_LAST_N),
+    option_param("presence_penalty", PresencePenaltyOpt, 0.0),
+    option_param("frequency_penalty", FrequencyPenaltyOpt, 0.0),
+    option_param("mirostat", MirostatOpt, 0),
+    option_param("mirostat_lr", MirostatLrOpt, DEFAULT_MIROSTAT_LR),
+    option_param("mirostat_ent", MirostatEntOpt, DEFAULT_MIROSTAT_ENT),
+    option_param("ignore_eos", IgnoreEosOpt, False),
+    option_param("reverse_prompt", ReversePromptOpt, None),
+    option_param("logit_bias", LogitBiasOpt, None),
+    option_param("grammar", GrammarOpt, None),
+    option_param("grammar_file", GrammarFileOpt, None),
+    option_param("json_schema", JsonSchemaOpt, None),
+    option_param("json_schema_file", JsonSchemaFileOpt, None),
 ]
 
 
@@ -212,21 +206,10 @@ def sampling_options() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     Put it under `@model_options(...)` so that the seed (-s/--seed) is read from the load settings.
     """
 
+    def build(kwargs: dict[str, Any]) -> None:
+        kwargs["sampling"] = sampling_options_from(kwargs)
+
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
-        sig = inspect.signature(fn)
-        hints = typing.get_type_hints(fn, include_extras=True)
-        own = [p.replace(annotation=hints.get(name, p.annotation))
-               for name, p in sig.parameters.items() if name != "sampling"]
-
-        @functools.wraps(fn)
-        def wrapper(**kwargs: Any) -> Any:
-            kwargs["sampling"] = sampling_options_from(kwargs)
-            return fn(**kwargs)
-
-        params = own + _SAMPLING_PARAMS
-        wrapper.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
-        wrapper.__annotations__ = {p.name: p.annotation for p in params}
-        del wrapper.__wrapped__  # typer (and model_options) must read the new signature
-        return wrapper
+        return replace_params(fn, ("sampling",), _SAMPLING_PARAMS, build)
 
     return decorate
