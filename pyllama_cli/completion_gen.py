@@ -218,9 +218,9 @@ def _choices(param: Any, ctx: Any) -> tuple[str, ...]:
 
 
 def _is_path(param: Any) -> bool:
-    click_type = getattr(param, "type", None)  # a plain Click parameter
+    click_type = getattr(param, "type", None)  # a Click parameter: click.Path names itself by what it accepts
     if click_type is not None:
-        return getattr(click_type, "name", "") == "path"
+        return getattr(click_type, "name", "") in ("path", "file", "directory")
     annotation = getattr(getattr(param, "type_descriptor", None), "annotation", None)  # Typer's own metadata
     return _mentions_path(annotation)
 
