@@ -212,12 +212,13 @@ class TerminalUI(ChatUI):
                  reasoning: str = REASONING_SHOW, pt_input: Any = None, pt_output: Any = None,
                  console: Any = None, err_console: Any = None):
         from rich.console import Console
+        from rich.theme import Theme
 
-        from .console import THEME, err
+        from .console import STYLES, err
 
         self.plain = plain
         self.reasoning = reasoning
-        self.console = console or Console(theme=THEME, highlight=False)
+        self.console = console or Console(theme=Theme(STYLES), highlight=False)
         self.err = err_console or err()
         self.session = _prompt_session(history, commands, pt_input, pt_output)
 

@@ -10,24 +10,33 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.theme import Theme
+if TYPE_CHECKING:
+    from rich.console import Console
 
-THEME = Theme({"error": "bold red", "hint": "yellow", "muted": "dim", "accent": "cyan", "warn": "yellow"})
+STYLES = {"error": "bold red", "hint": "yellow", "muted": "dim", "accent": "cyan", "warn": "yellow"}
 
 
+# rich is imported when a console is first needed, not at start-up: about 20 ms that a command
+# which prints nothing for humans (or only a few plain lines) should not pay.
 @lru_cache(maxsize=1)
 def err() -> Console:
     """The stderr console (human-facing chrome)."""
-    return Console(stderr=True, theme=THEME, highlight=False, soft_wrap=True)
+    return _console(stderr=True)
 
 
 @lru_cache(maxsize=1)
 def out() -> Console:
     """A stdout console for rendered data (tables); plain text when stdout is not a terminal."""
-    return Console(theme=THEME, highlight=False, soft_wrap=True)
+    return _console(stderr=False)
+
+
+def _console(*, stderr: bool) -> Console:
+    from rich.console import Console
+    from rich.theme import Theme
+
+    return Console(stderr=stderr, theme=Theme(STYLES), highlight=False, soft_wrap=True)
 
 
 def stderr_is_tty() -> bool:
@@ -54,6 +63,10 @@ def warn(message: str) -> None:
 
 
 def info(message: str) -> None:
+    if not stderr_is_tty():  # rich would write the same characters here: no need to import it for them
+        sys.stderr.write(message + "\n")
+        sys.stderr.flush()
+        return
     err().print(message, style="muted", markup=False, emoji=False)
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from pyllama_cli.chat_commands import ChatRepl, ChatSettings, command_names, find_command, parse_param
 from pyllama_cli.chat_ui import PlainUI, ReasoningSplitter, TerminalUI
-from pyllama_cli.console import THEME
+from pyllama_cli.console import STYLES
 from pyllama_cli.core.chat_template import BUILTIN_TEMPLATES, render_template
 from pyllama_cli.core.conversation import Conversation, fit_context, open_chat_engine
 from pyllama_cli.core.native import Model
@@ -244,14 +244,15 @@ def run_terminal(engine, keys: str, *, history: Path | None, answer_out: io.Stri
     from prompt_toolkit.input import create_pipe_input
     from prompt_toolkit.output import DummyOutput
     from rich.console import Console
+    from rich.theme import Theme
 
     errors = io.StringIO()
     conv = Conversation()
     with create_pipe_input() as pipe:
         pipe.send_text(keys)
         ui = TerminalUI(history=history, commands=command_names(), pt_input=pipe, pt_output=DummyOutput(),
-                        console=Console(file=answer_out or io.StringIO(), force_terminal=True, width=80, theme=THEME),
-                        err_console=Console(file=errors, width=200, theme=THEME))
+                        console=Console(file=answer_out or io.StringIO(), force_terminal=True, width=80, theme=Theme(STYLES)),
+                        err_console=Console(file=errors, width=200, theme=Theme(STYLES)))
         code = ChatRepl(engine, ui, conv, settings or ChatSettings(sampling=GREEDY, max_tokens=4)).run()
     return code, conv, errors.getvalue()
 

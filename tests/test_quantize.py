@@ -85,6 +85,26 @@ def test_summary_names_sizes_ratio_and_time(src: Path, tmp_path: Path) -> None:
     assert line.endswith(" s")
 
 
+def test_quantize_loads_only_what_it_needs(src: Path, tmp_path: Path) -> None:
+    # Start-up time counts against a job that takes a second: quantize must not import numpy, rich
+    # (off a terminal) or llama-cpp-python's high-level API, and the bindings it loads must still
+    # serve a later, full `import llama_cpp`.
+    code = (
+        "import sys\n"
+        "from pyllama_cli.cli import run\n"
+        f"try:\n    run(['quantize', {str(src)!r}, {str(tmp_path / 'q.gguf')!r}, 'Q8_0'])\n"
+        "except SystemExit as e:\n    assert e.code in (0, None), e.code\n"
+        "print(sorted(m for m in ('numpy', 'rich', 'jinja2', 'llama_cpp', 'llama_cpp.llama') if m in sys.modules))\n"
+        "bindings = sys.modules['llama_cpp.llama_cpp']\n"
+        "import llama_cpp\n"
+        "print(llama_cpp.llama_cpp is bindings, callable(llama_cpp.Llama))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-2:] == ["[]", "True True"]
+    assert (tmp_path / "q.gguf").is_file()
+
+
 def test_tensors_that_fall_back_to_another_type_are_noted(tmp_path: Path) -> None:
     odd = write_llama_gguf(tmp_path / "odd.gguf", replace(TINY, n_ff=320))  # rows not a multiple of 256
     result = run_cli("quantize", str(odd), "Q4_K_M")

@@ -11,12 +11,13 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
-
-import numpy as np
+from typing import TYPE_CHECKING, BinaryIO
 
 from ..errors import InputError
 from .gguf_file import GGUF_MAGIC, read_gguf
+
+if TYPE_CHECKING:
+    import numpy as np
 
 _F32 = 0
 _METADATA_KEYS = ("imatrix.datasets", "imatrix.chunk_count", "imatrix.chunk_size")
@@ -84,12 +85,16 @@ def _load_gguf(path: Path) -> ImatrixData:
 def _read_f32(fh: BinaryIO, data_offset: int, tensor: object, path: Path) -> np.ndarray:
     if tensor.ggml_type != _F32:  # type: ignore[attr-defined]
         raise _bad(path, f"{tensor.name} is not F32")  # type: ignore[attr-defined]
+    import numpy as np  # here, not at the top: `pyllama quantize` without --imatrix never needs numpy
+
     fh.seek(data_offset + tensor.offset)  # type: ignore[attr-defined]
     return np.fromfile(fh, dtype="<f4", count=tensor.n_elements).astype(np.float32)  # type: ignore[attr-defined]
 
 
 def _normalise(sums: np.ndarray, counts: np.ndarray) -> np.ndarray:
     """Mean squared activation per column: sums / count for each expert's slice; 1 where nothing was seen."""
+    import numpy as np
+
     # llama.cpp rounds the stored counts to integers (half away from zero), then divides in float32.
     whole = np.where(counts >= 0, np.floor(counts + 0.5), np.ceil(counts - 0.5)).astype(np.float32)
     rows = sums.reshape(len(counts), -1)
@@ -100,6 +105,8 @@ def _normalise(sums: np.ndarray, counts: np.ndarray) -> np.ndarray:
 
 
 def _load_legacy(path: Path) -> ImatrixData:
+    import numpy as np
+
     raw = path.read_bytes()
     pos = 0
 

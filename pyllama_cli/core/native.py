@@ -9,19 +9,44 @@ llama.cpp's own log is routed through `llama_log_set`: silent by default, to std
 from __future__ import annotations
 
 import ctypes
+import importlib
+import importlib.util
 import os
 import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any
-
-import llama_cpp as lib
-import numpy as np
+from typing import IO, TYPE_CHECKING, Any
 
 from ..errors import InputError, Interrupted, ModelLoadError
 from .settings import LoadSettings
+
+if TYPE_CHECKING:
+    import numpy as np
+
+
+def _import_bindings() -> Any:
+    """llama-cpp-python's ctypes bindings (`llama_cpp.llama_cpp`), without its package `__init__`.
+
+    The package's `__init__` also imports the high-level `Llama` API (jinja2, diskcache, numpy's
+    typing): about 60 ms on every start that pyllama never uses. The submodule is loaded under a
+    bare package object that is removed again, so a later `import llama_cpp` runs the real
+    `__init__`, which then reuses these same, already-loaded bindings.
+    """
+    if "llama_cpp" in sys.modules:
+        return importlib.import_module("llama_cpp.llama_cpp")
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is None:
+        raise ModuleNotFoundError("No module named 'llama_cpp'", name="llama_cpp")
+    sys.modules["llama_cpp"] = importlib.util.module_from_spec(spec)
+    try:
+        return importlib.import_module("llama_cpp.llama_cpp")
+    finally:
+        del sys.modules["llama_cpp"]
+
+
+lib = _import_bindings()
 
 _backend_lock = threading.Lock()
 _backend_ready = False
@@ -247,6 +272,8 @@ class Model:
             n_max = -n
             buf = (lib.llama_token * n_max)()
             n = lib.llama_tokenize(self.vocab, text, len(text), buf, n_max, add_special, parse_special)
+        import numpy as np
+
         return np.frombuffer(buf, dtype=np.int32, count=n).copy()
 
     def _need_vocab(self) -> None:
@@ -397,6 +424,8 @@ class Context:
 
     def logits(self, i: int = -1) -> np.ndarray:
         """A view of the logits of output `i` of the last batch (n_vocab float32)."""
+        import numpy as np
+
         ptr = lib.llama_get_logits_ith(self.handle, i)
         return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,))
 

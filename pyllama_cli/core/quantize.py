@@ -11,7 +11,6 @@ from __future__ import annotations
 import ctypes
 import os
 import re
-import secrets
 import shutil
 import signal
 import threading
@@ -408,7 +407,7 @@ class _Staging:
     def __init__(self, req: QuantizeRequest):
         self.finals = req.output_paths()
         first = self.finals[0]
-        base = f".{_split_prefix(req.output).name}.{secrets.token_hex(4)}.tmp"
+        base = f".{_split_prefix(req.output).name}.{os.urandom(4).hex()}.tmp"
         self.llama_target = first.with_name(base)
         if req.keep_split:
             n = len(self.finals)
