@@ -158,6 +158,30 @@ def test_vocab_check_names_the_broken_token(tiny_model: Path, tmp_path: Path) ->
                                         "(token texts must be unique)")
 
 
+def test_quantize_does_not_need_a_working_tokenizer(tiny_model: Path, tmp_path: Path) -> None:
+    # llama-quantize never loads the vocabulary, so pyllama neither decodes nor checks it there.
+    image = fuzzing.GGUFImage.read(tiny_model)
+    image.get("tokenizer.ggml.tokens").value[1][7] = image.get("tokenizer.ggml.tokens").value[1][3]
+    path = image.write(tmp_path / "dup.gguf")
+    result = run_cli("quantize", str(path), str(tmp_path / "dup-q8.gguf"), "Q8_0")
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == f"{tmp_path / 'dup-q8.gguf'}\n"
+
+
+def test_quantize_reports_a_header_cut_inside_the_vocabulary(tiny_model: Path, tmp_path: Path) -> None:
+    # Stepping over the token texts without decoding them still checks every length against the file.
+    data = tiny_model.read_bytes()
+    cut = data.index(b"<0x41>") + 3
+    path = tmp_path / "cut-vocab.gguf"
+    path.write_bytes(data[:cut])
+    for command in (["quantize", str(path), str(tmp_path / "out.gguf"), "Q8_0"], ["info", "-m", str(path)]):
+        result = run_cli(*command)
+        assert result.exit_code == 1
+        assert result.first_stderr_line.startswith(f"Error: {path} is not a valid GGUF file: ")
+        assert "Traceback" not in result.stderr
+    assert not (tmp_path / "out.gguf").exists()
+
+
 # ---------------------------------------------------------------- faults
 
 

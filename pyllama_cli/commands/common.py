@@ -7,9 +7,9 @@ from ..core.resolve import ModelRequest, ResolvedModel, resolve_model
 from ..core.settings import LoadSettings
 
 
-def resolve(request: ModelRequest) -> ResolvedModel:
-    """Resolve a model request, drawing download progress on a terminal."""
-    return resolve_model(request, tqdm_class=download_tqdm())
+def resolve(request: ModelRequest, *, tokenizer: bool = True) -> ResolvedModel:
+    """Resolve a model request, drawing download progress on a terminal (see resolve_model)."""
+    return resolve_model(request, tqdm_class=download_tqdm(), tokenizer=tokenizer)
 
 
 def open_model(request: ModelRequest, settings: LoadSettings, *, vocab_only: bool = False):  # noqa: ANN201

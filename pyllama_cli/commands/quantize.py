@@ -86,7 +86,7 @@ def quantize(
     output_type = parse_tensor_type(output_tensor_type, "--output-tensor-type")
     embedding_type = parse_tensor_type(token_embedding_type, "--token-embedding-type")
     overrides = tuple(core.parse_override_kv(kv) for kv in override_kv or ())
-    resolved = resolve(replace(model, model=pos.input) if pos.input else model)
+    resolved = resolve(replace(model, model=pos.input) if pos.input else model, tokenizer=False)
     output = Path(pos.output) if pos.output else core.default_output(
         resolved.path, pos.quant, from_hub=resolved.repo is not None)
     request = core.QuantizeRequest(

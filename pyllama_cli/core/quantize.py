@@ -238,7 +238,7 @@ def quantize_model(req: QuantizeRequest, *, on_progress: Callable[[TensorProgres
     check_request(req)
     imatrix = load_imatrix(req.imatrix, req.include_weights, req.exclude_weights) if req.imatrix else None
     # Tensor sizes weight the progress bar; without one, skip re-reading the header.
-    sizes = {t.name: t.n_bytes for p in req.inputs for t in read_gguf(p).tensors} if on_progress else {}
+    sizes = {t.name: t.n_bytes for p in req.inputs for t in read_gguf(p, strings=False).tensors} if on_progress else {}
     staging = _Staging(req)
     parser = _LogParser(sizes)
     start = time.perf_counter()

@@ -67,12 +67,14 @@ class CachedModel:
     size: int
 
 
-def resolve_model(request: ModelRequest, *, tqdm_class: Any = None) -> ResolvedModel:
+def resolve_model(request: ModelRequest, *, tqdm_class: Any = None, tokenizer: bool = True) -> ResolvedModel:
     """Resolve a model request to local, checked GGUF file(s), downloading if needed.
 
     Args:
         request: what the user named.
         tqdm_class: a tqdm-compatible class that renders download progress (None: no progress).
+        tokenizer: the caller will load the tokenizer, so check it (quantize does not; it neither
+            decodes nor checks the vocabulary).
 
     Raises:
         NoModelGiven, UsageError, ModelNotFound, InvalidGGUF, QuantNotFound, OfflineMiss, HubError.
@@ -80,15 +82,15 @@ def resolve_model(request: ModelRequest, *, tqdm_class: Any = None) -> ResolvedM
     if request.model and request.hf_repo:
         raise UsageError("give either -m/--model or -hf/--hf-repo, not both")
     if request.model:
-        return resolve_local(Path(request.model).expanduser())
+        return resolve_local(Path(request.model).expanduser(), tokenizer=tokenizer)
     if request.hf_repo:
-        return resolve_hf(request, tqdm_class=tqdm_class)
+        return resolve_hf(request, tqdm_class=tqdm_class, tokenizer=tokenizer)
     if request.hf_file:
         raise UsageError("-hff/--hf-file needs -hf/--hf-repo to say which repo it is in")
     raise no_model_error()
 
 
-def resolve_local(path: Path) -> ResolvedModel:
+def resolve_local(path: Path, *, tokenizer: bool = True) -> ResolvedModel:
     """Check a local model path and the parts of a split model."""
     if not path.exists():
         raise ModelNotFound(f"model file not found: {path}", hint="check the path, or use -hf user/repo to download one")
@@ -97,15 +99,16 @@ def resolve_local(path: Path) -> ResolvedModel:
         hint = f"pick a file in it, e.g. -m {path / ggufs[0]}" if ggufs else "give the path of a .gguf file"
         raise InvalidGGUF(f"{path} is a directory, not a GGUF file", hint=hint)
     try:
-        header = read_gguf(path)
+        header = read_gguf(path, strings=tokenizer)
     except PermissionError as exc:
         raise ModelNotFound(f"cannot read {path}: permission denied", hint="check the file's permissions") from exc
-    check_vocab(header)
+    if tokenizer:
+        check_vocab(header)
     parts = _split_parts(path, header.get("split.count", 1))
     for part in parts[1:]:
         if not part.exists():
             raise ModelNotFound(f"split model part missing: {part}", hint=f"all {len(parts)} parts must sit beside the first")
-        read_gguf(part)
+        read_gguf(part, strings=tokenizer)
     return ResolvedModel(path=path, parts=parts)
 
 
@@ -143,7 +146,7 @@ def offline_requested(request: ModelRequest) -> bool:
     return request.offline or os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
 
 
-def resolve_hf(request: ModelRequest, *, tqdm_class: Any = None) -> ResolvedModel:
+def resolve_hf(request: ModelRequest, *, tqdm_class: Any = None, tokenizer: bool = True) -> ResolvedModel:
     repo, tag = parse_hf_spec(request.hf_repo or "")
     if offline_requested(request):
         snapshot = _cached_snapshot(repo)
@@ -164,8 +167,8 @@ def resolve_hf(request: ModelRequest, *, tqdm_class: Any = None) -> ResolvedMode
         names = pick_gguf_files(files, tag, request.hf_file, repo)
         paths = tuple(_download(repo, n, request.hf_token, tqdm_class) for n in names)
     for i, p in enumerate(paths):
-        header = read_gguf(p)
-        if i == 0:
+        header = read_gguf(p, strings=tokenizer)
+        if i == 0 and tokenizer:
             check_vocab(header)
     return ResolvedModel(path=paths[0], parts=paths, repo=repo, filename=names[0])
 
