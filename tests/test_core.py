@@ -58,6 +58,16 @@ def test_model_tokenizes_with_the_vocab(tiny_model: Path) -> None:
         assert (model.bos, model.eos, model.eot) == (1, 2, 260)
 
 
+def test_end_of_generation_tokens_and_pieces(tiny_model: Path) -> None:
+    # Both are cached per model; the cache must give what llama.cpp gives.
+    with Model.load(tiny_model, LoadSettings(), vocab_only=True) as model:
+        assert model.eog_tokens == (2, 260)  # </s> and <|im_end|>
+        assert [t for t in range(model.n_vocab) if model.is_eog(t)] == [2, 260]
+        assert [model.token_to_piece(t) for t in (1, 67, 260, 263)] == [b"<s>", b"@", b"<|im_end|>", b" hello"]
+        assert model.token_to_piece(260, special=False) == b""  # a control token spells nothing in text
+        assert model.token_to_piece(263) == b" hello"  # the second call comes from the cache
+
+
 def test_ctrl_c_exits_130_without_traceback() -> None:
     script = textwrap.dedent("""
         import typer

@@ -9,6 +9,7 @@ llama.cpp's own log is routed through `llama_log_set`: silent by default, to std
 from __future__ import annotations
 
 import ctypes
+import functools
 import importlib
 import importlib.util
 import os
@@ -47,6 +48,29 @@ def _import_bindings() -> Any:
 
 
 lib = _import_bindings()
+
+
+def _keeping_gil(fn: Any) -> Any:
+    """`fn` (a llama.cpp function from the bindings), called without releasing the GIL.
+
+    ctypes releases the GIL around every call, and taking it back may wait for another thread's
+    Python work: in a server, the event loop's. A generation loop that makes a few microsecond-calls
+    per token then stalls between decodes while llama.cpp's threads sit idle. For calls that are
+    short, never block and start no threads, keeping the GIL is the cheaper choice; llama_decode
+    still releases it, which is when the other threads should run.
+    """
+    cdll = getattr(lib, "_lib", None)
+    if cdll is None:  # bindings laid out differently: the plain (GIL-releasing) call still works
+        return fn
+    quick = getattr(ctypes.PyDLL(cdll._name, handle=cdll._handle), fn.__name__)
+    quick.argtypes, quick.restype = fn.argtypes, fn.restype
+    return quick
+
+
+_token_to_piece = _keeping_gil(lib.llama_token_to_piece)
+_vocab_is_eog = _keeping_gil(lib.llama_vocab_is_eog)
+# Top-k, top-p, temperature and a draw over one row of logits: tens of microseconds (no grammar).
+sampler_sample = _keeping_gil(lib.llama_sampler_sample)
 
 _backend_lock = threading.Lock()
 _backend_ready = False
@@ -134,6 +158,10 @@ class Model:
         # A model without a tokenizer ("none"/"no_vocab") aborts inside llama.cpp on any text call.
         self.has_vocab = lib.llama_vocab_type(self.vocab) != lib.LLAMA_VOCAB_TYPE_NONE
         self.mapped: MappedFile | None = None  # set by load() when the weights are memory-mapped
+        # A token's piece and end-of-generation flag never change: generation loops ask for the same
+        # few thousand tokens over and over, so each is fetched from llama.cpp once.
+        self._pieces: dict[tuple[int, bool], bytes] = {}
+        self._eog: dict[int, bool] = {}
 
     @classmethod
     def load(
@@ -260,7 +288,15 @@ class Model:
         return bool(lib.llama_vocab_get_add_bos(self.vocab))
 
     def is_eog(self, token: int) -> bool:
-        return bool(lib.llama_vocab_is_eog(self.vocab, token))
+        eog = self._eog.get(token)
+        if eog is None:
+            eog = self._eog[token] = bool(_vocab_is_eog(self.vocab, token))
+        return eog
+
+    @functools.cached_property
+    def eog_tokens(self) -> tuple[int, ...]:
+        """Every end-of-generation token (EOS, EOT, <|im_end|>, ...), found by one pass over the vocabulary."""
+        return tuple(t for t in range(self.n_vocab) if _vocab_is_eog(self.vocab, t))
 
     def tokenize(self, text: bytes, *, add_special: bool = True, parse_special: bool = False) -> np.ndarray:
         """Token ids of `text` as an int32 array (BOS added when the vocab wants it and add_special)."""
@@ -282,12 +318,18 @@ class Model:
                              "cannot turn text into tokens or back", hint="use a model file that has a vocabulary")
 
     def token_to_piece(self, token: int, *, special: bool = True) -> bytes:
+        piece = self._pieces.get((token, special))
+        if piece is None:
+            piece = self._pieces[token, special] = self._fetch_piece(token, special)
+        return piece
+
+    def _fetch_piece(self, token: int, special: bool) -> bytes:
         self._need_vocab()
         buf = ctypes.create_string_buffer(64)
-        n = lib.llama_token_to_piece(self.vocab, token, buf, 64, 0, special)
+        n = _token_to_piece(self.vocab, token, buf, 64, 0, special)
         if n < 0:
             buf = ctypes.create_string_buffer(-n)
-            n = lib.llama_token_to_piece(self.vocab, token, buf, -n, 0, special)
+            n = _token_to_piece(self.vocab, token, buf, -n, 0, special)
         return buf.raw[:n]
 
     def detokenize(self, tokens: list[int] | np.ndarray, *, remove_special: bool = False,
@@ -304,6 +346,29 @@ class Model:
         return buf.raw[:n]
 
 
+def _size_reader() -> Callable[[int], int]:
+    """The size of an open file, read before every decode.
+
+    lseek(fd, 0, SEEK_END) through libc keeps the GIL (see _keeping_gil); os.fstat would release it
+    just before llama_decode. Where libc cannot be reached that way, os.fstat it is.
+    """
+    try:
+        libc = ctypes.PyDLL(None)
+        seek = getattr(libc, "lseek64", None) or libc.lseek
+    except (OSError, AttributeError, TypeError):
+        return lambda fd: os.fstat(fd).st_size
+    seek.argtypes, seek.restype = (ctypes.c_int, ctypes.c_int64, ctypes.c_int), ctypes.c_int64
+
+    def size(fd: int) -> int:
+        end = seek(fd, 0, os.SEEK_END)
+        return end if end >= 0 else os.fstat(fd).st_size
+
+    return size
+
+
+_current_size = _size_reader()
+
+
 class MappedFile:
     """The model file whose weights llama.cpp reads through mmap.
 
@@ -318,7 +383,7 @@ class MappedFile:
         self.size = os.fstat(self.fd).st_size
 
     def check(self) -> None:
-        size = os.fstat(self.fd).st_size
+        size = _current_size(self.fd)
         if size < self.size:
             raise ModelLoadError(f"{self.path} was truncated while in use ({size} of {self.size} bytes left)",
                                  hint="restore the file and restart; --no-mmap keeps a private copy of the weights")

@@ -58,9 +58,10 @@ class Sampler:
     """
 
     def __init__(self, model: Any, settings: SamplingSettings):
-        from .native import lib
+        from .native import lib, sampler_sample
 
         self._lib = lib
+        self._sample_chain = sampler_sample
         self.settings = settings.with_seed()
         params = lib.llama_sampler_chain_default_params()
         params.no_perf = True
@@ -77,7 +78,7 @@ class Sampler:
         if self._constraints:
             return self._sample_constrained(ctx, index)
         # llama_sampler_sample also accepts the token (penalties, grammar and mirostat state advance).
-        return int(self._lib.llama_sampler_sample(self.chain, ctx.handle, index))
+        return int(self._sample_chain(self.chain, ctx.handle, index))
 
     def _sample_constrained(self, ctx: Any, index: int) -> int:
         """llama_sampler_sample's steps, stopping before the pick when the constraints allow nothing."""
@@ -184,7 +185,7 @@ def _logit_bias(model: Any, s: SamplingSettings) -> Any:
 
     biases = list(s.logit_bias)
     if s.ignore_eos:
-        biases += [(t, float("-inf")) for t in range(model.n_vocab) if model.is_eog(t)]
+        biases += [(t, float("-inf")) for t in model.eog_tokens]
     if not biases:
         return None
     arr = (lib.llama_logit_bias * len(biases))()
