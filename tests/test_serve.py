@@ -613,3 +613,16 @@ def test_a_taken_port_is_a_one_line_error(tiny_model: Path) -> None:
         result = run_cli("serve", "-m", str(tiny_model), "--port", str(port))
     assert result.exit_code == 1
     assert result.first_stderr_line == f"Error: cannot listen on 127.0.0.1:{port}: Address already in use"
+
+
+@pytest.mark.parametrize("text", ["hi", 'quote " backslash \\ newline \n', "é 😀 \u2028 \x00", ""])
+def test_token_chunks_from_the_template_are_the_bytes_of_the_full_encoding(text: str) -> None:
+    from pyllama_cli.server import responses as r
+    from pyllama_cli.server.sse import TextEvents, event
+
+    header = r.Header.new("cmpl", "m")
+    completion = TextEvents(r.text_chunk(header, 2, TextEvents.MARK))
+    chat = TextEvents(r.chat_chunk(header, {"content": TextEvents.MARK}))
+    assert completion.event(text) == event(r.text_chunk(header, 2, text))
+    assert chat.event(text) == event(r.chat_chunk(header, {"content": text}))
+    assert json.loads(completion.event(text)[6:])["choices"][0]["text"] == text

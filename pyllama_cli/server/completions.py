@@ -17,7 +17,7 @@ from ..core.tools import ToolPlan, may_be_call, parse_tool_calls
 from . import responses as r
 from .errors import to_api_error
 from .prepare import PreparedChat
-from .sse import DONE, EventStream, event
+from .sse import DONE, EventStream, TextEvents, event
 
 DISCONNECT_POLL_S = 0.25
 
@@ -92,13 +92,14 @@ async def _chat_events(stream: JobStream, prep: PreparedChat, header: r.Header,
     held = _HeldForTools(prep.tools)
     try:
         yield event(r.chat_chunk(header, {"role": "assistant", "content": ""}))
+        content = TextEvents(r.chat_chunk(header, {"content": TextEvents.MARK}))
         async for ev in stream:
             answer.probs.extend(ev.probs)
             if ev.done and ev.stats is not None:
                 answer.stats = ev.stats
             for text, probs in held.feed(ev.text, ev.probs):
-                yield event(r.chat_chunk(header, {"content": text},
-                                         logprobs=r.chat_logprobs(probs) if prep.logprobs else None))
+                yield event(r.chat_chunk(header, {"content": text}, logprobs=r.chat_logprobs(probs))) \
+                    if prep.logprobs else content.event(text)
         calls, rest = held.finish()
         if rest is not None:
             text, probs = rest
@@ -176,13 +177,16 @@ async def _completion_events(engine: Engine, jobs: list[GenerationJob], first: J
             if index:
                 stream = running.start(engine, job)
             answer, offset = r.Answer(), 0
+            texts = TextEvents(r.text_chunk(header, index, TextEvents.MARK))
             async for ev in stream:
                 if ev.done and ev.stats is not None:
                     answer.stats = ev.stats
-                if ev.text or (ev.probs and logprobs):
-                    lp = r.completion_logprobs(ev.probs, offset) if logprobs else None
+                if logprobs and (ev.text or ev.probs):
+                    lp = r.completion_logprobs(ev.probs, offset)
                     offset += len(ev.text)
                     yield event(r.text_chunk(header, index, ev.text, logprobs=lp))
+                elif ev.text:
+                    yield texts.event(ev.text)
             answers.append(answer)
             yield event(r.text_chunk(header, index, "", finish=r.finish_reason(answer.stats)))
         if include_usage:
