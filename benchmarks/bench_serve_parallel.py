@@ -8,7 +8,8 @@ time to first token, errors. Targets: pyllama >= 1.0x llama-server at 4 clients,
 
     python benchmarks/bench_serve_parallel.py [--llama-cpp-bin DIR] [-m MODEL.gguf] [-t THREADS] [--repeat 3]
 
-Each round starts both servers in turn (alternating which goes first); the table gives medians.
+Each round starts both servers in turn (alternating which goes first) and runs the bounded load
+three times on each; the table gives medians over all of them.
 """
 
 from __future__ import annotations
@@ -116,13 +117,19 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 300) -> None:
     raise SystemExit("server did not become ready")
 
 
+LOADS_PER_START = 3  # the bounded load, run this many times per server start (medians kept)
+
+
 def measure(cmd: list[str], port: int) -> dict[str, dict[str, float]]:
+    """Start a server, warm it up, run the bounded load LOADS_PER_START times; medians per phase."""
     url = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_ready(url, proc)
         asyncio.run(phase(url, 1, 1))  # warm-up
-        return {"4 clients": asyncio.run(phase(url, 4, 16)), "1 client": asyncio.run(phase(url, 1, 4))}
+        loads = [{"4 clients": asyncio.run(phase(url, 4, 16)), "1 client": asyncio.run(phase(url, 1, 4))}
+                 for _ in range(LOADS_PER_START)]
+        return summarise(loads)
     finally:
         proc.terminate()
         try:
@@ -161,7 +168,7 @@ def main() -> None:
 
 
 def summarise(rounds: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
-    """Median tokens/s and TTFT over the rounds, errors summed."""
+    """Median tokens/s and TTFT over runs of the load, errors summed."""
     return {name: {"tps": statistics.median(r[name]["tps"] for r in rounds),
                    "p50_ttft": statistics.median(r[name]["p50_ttft"] for r in rounds),
                    "errors": sum(r[name]["errors"] for r in rounds)}
