@@ -400,14 +400,17 @@ def _kv_array(lib: Any, overrides: list[KvOverride], keepalive: list[Any]) -> An
 class _Staging:
     """Hidden temporary file(s) next to the output that llama.cpp writes; renamed into place on success.
 
-    The names are reserved with O_EXCL, so two runs never share one, and created with mode 0666
-    (less the umask), so the final file gets the same permissions llama-quantize's would.
+    Each name is random, and tried with O_EXCL (which also proves the folder writable), then
+    released again: llama.cpp creates the file itself, as llama-quantize does, with mode 0666 less
+    the umask. Leaving the empty file for llama.cpp to open with O_TRUNC would cost a second or
+    more on big models: ext4 treats truncating an existing file as "replace its contents" and,
+    when it is closed, pushes all of it to disk (auto_da_alloc) before close returns.
     """
 
     def __init__(self, req: QuantizeRequest):
         self.finals = req.output_paths()
         first = self.finals[0]
-        base = f".{_split_prefix(req.output).name}.{os.urandom(4).hex()}.tmp"
+        base = f".{_split_prefix(req.output).name}.{os.urandom(8).hex()}.tmp"
         self.llama_target = first.with_name(base)
         if req.keep_split:
             n = len(self.finals)
@@ -421,6 +424,7 @@ class _Staging:
     def _reserve(path: Path) -> None:
         try:
             os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+            os.unlink(path)
         except OSError as exc:
             raise PyllamaError(f"cannot write in {path.parent}: {exc.strerror}",
                                hint="choose an OUTPUT in a folder you can write to") from None
