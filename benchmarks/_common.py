@@ -65,21 +65,22 @@ def pyllama_cmd() -> tuple[str, ...]:
     return (exe,) if exe else (sys.executable, "-m", "pyllama_cli")
 
 
-def bench_model(kind: str = "Q4_0") -> Path:
-    """The realistic-shape model (1024 wide, 16 layers, 32k vocab), made once and cached.
+def bench_model(kind: str = "Q4_0", preset: str = "bench") -> Path:
+    """A realistic-shape model, made once and cached: `bench` (1024 wide, 16 layers, 32k vocab,
+    246M parameters) or `bench-1b` (TinyLlama-1.1B's shape).
 
     `kind` is "F16" (the converter output) or a quantization type made from it with llama.cpp.
     """
-    from tests.fixtures.make_gguf import BENCH, write_llama_gguf, write_quantized
+    from tests.fixtures.make_gguf import PRESETS, write_llama_gguf, write_quantized
 
     BENCH_DIR.mkdir(parents=True, exist_ok=True)
-    f16 = BENCH_DIR / "bench-F16.gguf"
+    f16 = BENCH_DIR / f"{preset}-F16.gguf"
     if not f16.exists():
         print(f"writing the realistic-shape F16 model to {f16} (once)...", file=sys.stderr)
-        write_llama_gguf(f16.with_suffix(".tmp"), BENCH).rename(f16)
+        write_llama_gguf(f16.with_suffix(".tmp"), PRESETS[preset]).rename(f16)
     if kind.upper() == "F16":
         return f16
-    out = BENCH_DIR / f"bench-{kind.upper()}.gguf"
+    out = BENCH_DIR / f"{preset}-{kind.upper()}.gguf"
     if not out.exists():
         print(f"quantizing it to {kind} (once)...", file=sys.stderr)
         tmp = out.with_suffix(".tmp")

@@ -7,7 +7,11 @@ types, interleaved A,B,B,A,... each from a synced, empty output folder; the tabl
 and their ratio. Target: pyllama within 1.05x of llama-quantize.
 
     python benchmarks/bench_quantize.py [--llama-cpp-bin DIR] [-m MODEL.gguf] [-t N] [--repeat 3]
-        [--types Q4_K_M,Q8_0] [--skip-identity]
+        [--types Q4_K_M,Q8_0] [--skip-identity] [--preset bench|bench-1b]
+
+F16 -> Q8_0 of the 246M-parameter model takes under a second, so pyllama's fixed start (the
+Python interpreter and its imports, ~70 ms) weighs ~8% there; --preset bench-1b times the same
+on TinyLlama-1.1B's shape.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import hashlib
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
 
 from _common import (
@@ -31,6 +36,9 @@ from _common import (
 )
 
 IDENTITY_TYPES = ["Q8_0", "Q4_0", "Q4_K_M", "Q6_K", "F16"]
+# After deleting the last outputs and syncing, let the disk settle (a filesystem mounted with
+# `discard` trims the freed blocks in the background) so that neither tool's run pays for it.
+SETTLE_S = 1.0
 
 
 def sha256(path: Path) -> str:
@@ -52,9 +60,9 @@ def clean(folder: Path) -> None:
         path.unlink()
 
 
-def check_identity(tool: str, model: Path, folder: Path, threads: int) -> None:
+def check_identity(tool: str, model: Path, folder: Path, threads: int, preset: str) -> None:
     cases = [(t, []) for t in IDENTITY_TYPES]
-    cases.append(("Q4_K_M", ["--imatrix", str(bench_imatrix())]))
+    cases.append(("Q4_K_M", ["--imatrix", str(bench_imatrix(preset))]))
     for qtype, flags in cases:
         clean(folder)
         ref_cmd, our_cmd = commands(tool, model, folder / "x.gguf", qtype, threads, flags)
@@ -69,14 +77,14 @@ def check_identity(tool: str, model: Path, folder: Path, threads: int) -> None:
     clean(folder)
 
 
-def bench_imatrix() -> Path:
+def bench_imatrix(preset: str) -> Path:
     """An imatrix for the realistic-shape model in llama-imatrix's GGUF format (made once)."""
-    from tests.fixtures.make_gguf import BENCH
+    from tests.fixtures.make_gguf import PRESETS
     from tests.test_quantize import write_imatrix
 
-    path = BENCH_DIR / "bench-imatrix.gguf"
+    path = BENCH_DIR / f"{preset}-imatrix.gguf"
     if not path.exists():
-        write_imatrix(path.with_suffix(".tmp"), BENCH).rename(path)
+        write_imatrix(path.with_suffix(".tmp"), PRESETS[preset]).rename(path)
     return path
 
 
@@ -91,6 +99,7 @@ def time_types(tool: str, model: Path, folder: Path, threads: int, types: list[s
             for who in ("ref", "ours") if i % 2 == 0 else ("ours", "ref"):
                 clean(folder)
                 os.sync()
+                time.sleep(SETTLE_S)
                 runs[who].append(run_cpu_timed(ref_cmd if who == "ref" else our_cmd)[:2])
         clean(folder)
         ref_runs, our_runs = runs["ref"], runs["ours"]
@@ -107,9 +116,12 @@ def main() -> None:
     p = base_parser(__doc__.splitlines()[0])
     p.add_argument("--types", default="Q4_K_M,Q8_0", help="types to time, comma-separated (default Q4_K_M,Q8_0)")
     p.add_argument("--skip-identity", action="store_true", help="only time; skip the sha256 comparison")
+    p.add_argument("--preset", choices=("bench", "bench-1b"), default="bench",
+                   help="the model to make and time: bench (246M parameters, default) or bench-1b "
+                        "(TinyLlama-1.1B's shape, 2.2 GB in F16)")
     args = p.parse_args()
     tool = str(llama_cpp_bin(args.llama_cpp_bin) / "llama-quantize")
-    model = args.model or bench_model("F16")
+    model = args.model or bench_model("F16", args.preset)
     folder = BENCH_DIR / "quantize-out"
     folder.mkdir(parents=True, exist_ok=True)
     need = 3 * model.stat().st_size
@@ -117,7 +129,7 @@ def main() -> None:
         sys.exit(f"need {need >> 20} MiB free in {folder} for two outputs")
     print(f"input {model} ({model.stat().st_size >> 20} MiB), {args.threads} threads", file=sys.stderr)
     if not args.skip_identity:
-        check_identity(tool, model, folder, args.threads)
+        check_identity(tool, model, folder, args.threads, args.preset)
     rows = time_types(tool, model, folder, args.threads, args.types.split(","), args.repeat)
     print_ratio_table(rows, higher_is_better=False)
 
