@@ -19,10 +19,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from typing import TypeVar
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
+
+T = TypeVar("T")
 
 DEFAULT_REF_BIN = Path("~/.cache/pyllama-ref/bin").expanduser()
 BENCH_DIR = Path(os.environ.get("PYLLAMA_BENCH_DIR", "~/.cache/pyllama-bench")).expanduser()
@@ -115,6 +118,12 @@ def run_cpu_timed(cmd: Sequence[str], *, stdin: bytes | None = None,
 
 def median(values: Sequence[float]) -> float:
     return statistics.median(values)
+
+
+def turn_order(round_index: int, tools: Sequence[T]) -> Sequence[T]:
+    """The order the tools run in, round by round: as given, then reversed (A,B then B,A), so that
+    drift in the machine's load never favours the one that always goes first or second."""
+    return tools if round_index % 2 == 0 else tools[::-1]
 
 
 def print_ratio_table(rows: Sequence[tuple[str, float, float, str]], *, higher_is_better: bool) -> None:

@@ -16,7 +16,16 @@ from __future__ import annotations
 import json
 import sys
 
-from _common import base_parser, bench_model, llama_cpp_bin, median, print_ratio_table, pyllama_cmd, run_timed
+from _common import (
+    base_parser,
+    bench_model,
+    llama_cpp_bin,
+    median,
+    print_ratio_table,
+    pyllama_cmd,
+    run_timed,
+    turn_order,
+)
 
 
 def avg_ts(stdout: bytes) -> dict[str, float]:
@@ -45,10 +54,9 @@ def main() -> None:
               "-r", str(args.repetitions), "-o", "json"]
     runs: dict[str, dict[str, list[float]]] = {"ref": {"pp": [], "tg": []}, "ours": {"pp": [], "tg": []}}
     for i in range(args.repeat):
-        # Alternate which tool goes first, so neither always runs on a cooler (or hotter) machine.
         order = [("ref", [tool, *common]), ("ours", [*pyllama_cmd(), "bench", *common])]
         outputs = {}
-        for name, cmd in order if i % 2 == 0 else order[::-1]:
+        for name, cmd in turn_order(i, order):
             _, proc = run_timed(cmd)
             outputs[name] = proc.stdout
             for kind, ts in avg_ts(proc.stdout).items():

@@ -32,6 +32,7 @@ from _common import (
     print_ratio_table,
     pyllama_cmd,
     run_cpu_timed,
+    turn_order,
 )
 
 PROMPT = ("The history of the city begins with a small market town on the river, where traders from the "
@@ -102,10 +103,8 @@ def main() -> None:
                                                      "ref_cpu", "our_cpu")}
     same_text = []
     for i in range(args.repeat):
-        # Alternate which tool goes first (A,B then B,A), so neither is always second after a load change.
-        order = ("ref", "our") if i % 2 == 0 else ("our", "ref")
         done, base = {}, {}
-        for who in order:
+        for who in turn_order(i, ("ref", "our")):
             cmd = ref_cmd if who == "ref" else our_cmd
             _, base_cpu, base[who] = run_cpu_timed(cmd(1), stdin=b"")
             _, full_cpu, done[who] = run_cpu_timed(cmd(N_PREDICT), stdin=b"")

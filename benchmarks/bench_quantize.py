@@ -33,6 +33,7 @@ from _common import (
     pyllama_cmd,
     run_cpu_timed,
     run_timed,
+    turn_order,
 )
 
 IDENTITY_TYPES = ["Q8_0", "Q4_0", "Q4_K_M", "Q6_K", "F16"]
@@ -94,9 +95,9 @@ def time_types(tool: str, model: Path, folder: Path, threads: int, types: list[s
         ref_cmd, our_cmd = commands(tool, model, folder / "x.gguf", qtype, threads, [])
         runs: dict[str, list[tuple[float, float]]] = {"ref": [], "ours": []}
         for i in range(repeat):
-            # Alternate who goes first, and start each run from an empty folder with no dirty pages,
-            # so neither tool pays for flushing the other's output.
-            for who in ("ref", "ours") if i % 2 == 0 else ("ours", "ref"):
+            # Each run starts from an empty folder with no dirty pages, so neither tool pays for
+            # flushing the other's output.
+            for who in turn_order(i, ("ref", "ours")):
                 clean(folder)
                 os.sync()
                 time.sleep(SETTLE_S)

@@ -152,8 +152,7 @@ def main() -> None:
           f"{args.repeat} rounds", file=sys.stderr)
     runs: dict[str, list[dict[str, dict[str, float]]]] = {"ref": [], "ours": []}
     for i in range(args.repeat):
-        # Alternate who goes first, so drift in the machine's load favours neither server.
-        for who in ("ref", "ours") if i % 2 == 0 else ("ours", "ref"):
+        for who in common.turn_order(i, ("ref", "ours")):
             runs[who].append(measure(ref_cmd if who == "ref" else ours_cmd, port))
             print(f"round {i + 1} {who}: " + ", ".join(
                 f"{name} {runs[who][-1][name]['tps']:.1f} t/s" for name in ("4 clients", "1 client")), file=sys.stderr)
