@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import os
@@ -9,6 +10,7 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -626,3 +628,21 @@ def test_token_chunks_from_the_template_are_the_bytes_of_the_full_encoding(text:
     assert completion.event(text) == event(r.text_chunk(header, 2, text))
     assert chat.event(text) == event(r.chat_chunk(header, {"content": text}))
     assert json.loads(completion.event(text)[6:])["choices"][0]["text"] == text
+
+
+@pytest.mark.parametrize(("headers", "inline"), [
+    ([(b"content-length", b"120")], True),
+    ([(b"content-length", b"8192")], True),
+    ([(b"content-length", b"8193")], False),
+    ([(b"transfer-encoding", b"chunked")], False),  # size unknown until read: never on the event loop
+])
+def test_small_requests_are_prepared_on_the_event_loop_large_ones_in_the_pool(headers: list, inline: bool) -> None:
+    from starlette.requests import Request
+
+    from pyllama_cli.server.app import _prepare
+
+    async def prepared_on_the_loop_thread() -> bool:
+        request = Request({"type": "http", "method": "POST", "headers": headers})
+        return await _prepare(request, threading.current_thread) is threading.current_thread()
+
+    assert asyncio.run(prepared_on_the_loop_thread()) is inline
