@@ -11,6 +11,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from pyllama_cli.core.engine import GenerationJob, JobStream
+from pyllama_cli.core.parallel_engine import GENERATING, PREFILL, ParallelEngine
+from pyllama_cli.core.sampling import SamplingSettings
+from pyllama_cli.core.settings import LoadSettings
 from tests.test_serve import Server, _start
 
 N_SLOTS = 4
@@ -121,3 +125,55 @@ def test_metrics_count_slots_by_state(pserver: Server) -> None:
     text = httpx.get(f"{pserver.url}/metrics").text
     assert 'pyllama_slots{state="idle"} 4' in text
     assert 'pyllama_slots{state="generating"} 0' in text
+
+
+@pytest.fixture
+def engine(tiny_model: Path) -> Iterator[ParallelEngine]:
+    """A loaded engine whose scheduler is not running, so a test can set its slots' states."""
+    eng = ParallelEngine(tiny_model, LoadSettings(n_ctx=N_CTX, n_threads=1), n_slots=N_SLOTS)
+    eng._load()
+    yield eng
+    eng._unload()
+    eng.model.close()
+
+
+def _batch_seq_ids(eng: ParallelEngine) -> list[int]:
+    raw = eng._batch.raw
+    return [raw.seq_id[i][0] for i in range(raw.n_tokens)]
+
+
+def test_a_step_batch_lists_the_slots_in_sequence_order(engine: ParallelEngine) -> None:
+    # Slots 0, 1 and 3 generate while a new request fills slot 2: llama.cpp passes one run of
+    # consecutive increasing sequence ids at a time, so slot 2's tokens must sit between 1 and 3.
+    for slot in engine.slots:
+        slot.state, slot.last_token, slot.cached = GENERATING, 300 + slot.id, [1, 300]
+    prefill = engine.slots[2]
+    prefill.state, prefill.cached, prefill.pending = PREFILL, [], [1, 400, 401]
+    assert engine._build_batch()
+    assert _batch_seq_ids(engine) == [0, 1, 2, 2, 2, 3]
+    assert [s.batch_index for s in engine.slots] == [0, 1, 4, 5]  # each slot's logits: its last token
+    engine._ctx.decode(engine._batch)  # the batch is one llama.cpp accepts
+
+
+def _admit(eng: ParallelEngine, prompt: list[int], loop: asyncio.AbstractEventLoop) -> int:
+    """Queue a request and let the scheduler assign it; the id of the slot it got."""
+    stream = JobStream(GenerationJob(prompt=tuple(prompt), sampling=SamplingSettings(seed=1), max_tokens=4), loop)
+    eng._queue.append(stream)
+    eng._assign_waiting()
+    return next(slot.id for slot in eng.slots if slot.stream is stream)
+
+
+def test_a_new_request_takes_the_idle_slot_that_leaves_no_gap(engine: ParallelEngine) -> None:
+    loop = asyncio.new_event_loop()
+    try:
+        for slot in engine.slots:
+            slot.cached = [1, 400, 401]
+        engine.slots[1].state = engine.slots[3].state = GENERATING
+        # Slots 0 and 2 cache the prompt equally well; slot 2 makes the busy slots one run (1-3).
+        assert _admit(engine, [1, 400, 401, 402], loop) == 2
+        engine._release(engine.slots[2])
+        # The prompt cache still comes first: slot 0 holds more of this prompt.
+        engine.slots[0].cached = [1, 400, 401, 402]
+        assert _admit(engine, [1, 400, 401, 402, 403], loop) == 0
+    finally:
+        loop.close()

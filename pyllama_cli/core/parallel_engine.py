@@ -221,7 +221,8 @@ class ParallelEngine(Engine):
                 self._stats.jobs_cancelled += 1
                 continue
             prompt = list(stream.job.prompt)  # type: ignore[union-attr]
-            slot = max(idle, key=lambda s: (common_prefix(s.cached, prompt), -s.requests_served, -s.id))
+            slot = max(idle, key=lambda s: (common_prefix(s.cached, prompt), -self._runs_with(s),
+                                            -s.requests_served, -s.id))
             try:
                 self._start(slot, stream, prompt)
             except Exception as exc:  # noqa: BLE001 - one bad request must not stop the others
@@ -229,6 +230,15 @@ class ParallelEngine(Engine):
                 stream.put(Event(error=exc, done=True))
                 self._stats.jobs_failed += 1
         self._stats.queue_depth = len(self._queue)
+
+    def _runs_with(self, candidate: Slot) -> int:
+        """How many runs of consecutive busy slots there would be with `candidate` busy too: each run
+        is a separate pass over the model at every step (see _build_batch), so between slots that
+        cache the prompt equally well, the one that closes a gap is the better choice."""
+        if self.kv_unified:  # one stream: llama.cpp passes any mix of sequences at once
+            return 1
+        busy = [slot.state != IDLE or slot is candidate for slot in self.slots]
+        return sum(b and (i == 0 or not busy[i - 1]) for i, b in enumerate(busy))
 
     def _start(self, slot: Slot, stream: JobStream, prompt: list[int]) -> None:
         from .sampling import Sampler
@@ -259,27 +269,33 @@ class ParallelEngine(Engine):
                 self._finish(slot, STOP_INTERRUPTED)
 
     def _build_batch(self) -> bool:
-        """Fill the batch: generating slots' last tokens first, then prompt chunks up to n_batch."""
-        batch, budget = self._batch, self._ctx.n_batch
+        """Fill the batch in slot order: a generating slot's last token, a prefilling slot's next prompt
+        chunk (what room the generating slots leave of n_batch).
+
+        The order is what makes a step one pass over the model. With a KV cache per sequence,
+        llama.cpp cuts a batch into ubatches of consecutive, increasing sequence ids, each a full
+        pass: a new request in slot 2 added after slots 0, 1 and 3 (llama-server's order) would
+        make two passes of that step (measured 14.5 ms instead of 8.6 on the 246M benchmark model).
+        """
+        batch = self._batch
         batch.clear()
+        room = self._ctx.n_batch - sum(slot.state == GENERATING for slot in self.slots)
         for slot in self.slots:
-            slot.batch_index, slot.in_batch = -1, slot.state == GENERATING
+            slot.batch_index, slot.in_batch = -1, False
             if slot.state == GENERATING:
-                slot.batch_index = batch.n_tokens
+                slot.batch_index, slot.in_batch = batch.n_tokens, True
                 batch.add(slot.last_token, len(slot.cached), (slot.id,), True)
                 slot.cached.append(slot.last_token)
-        for slot in self.slots:
-            room = budget - batch.n_tokens
-            if slot.state != PREFILL or room <= 0:
-                continue
-            chunk, slot.pending = slot.pending[:room], slot.pending[room:]
-            slot.in_batch = True
-            for k, token in enumerate(chunk):
-                last = not slot.pending and k == len(chunk) - 1
-                if last:
-                    slot.batch_index = batch.n_tokens
-                batch.add(token, len(slot.cached), (slot.id,), last)
-                slot.cached.append(token)
+            elif slot.state == PREFILL and room > 0:
+                chunk, slot.pending = slot.pending[:room], slot.pending[room:]
+                room -= len(chunk)
+                slot.in_batch = True
+                for k, token in enumerate(chunk):
+                    last = not slot.pending and k == len(chunk) - 1
+                    if last:
+                        slot.batch_index = batch.n_tokens
+                    batch.add(token, len(slot.cached), (slot.id,), last)
+                    slot.cached.append(token)
         return batch.n_tokens > 0
 
     def _decode_and_sample(self) -> None:
