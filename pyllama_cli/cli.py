@@ -51,14 +51,20 @@ def build_app(only: str | None = None) -> typer.Typer:
     return application
 
 
-def _root(
-    version: bool = typer.Option(False, "--version", help="Show pyllama's version and exit.", is_eager=True),
-) -> None:
-    if version:
+def _show_version(value: bool) -> None:
+    # An eager option's callback runs while the options are parsed, before click asks for a command.
+    if value:
         from . import __version__
 
         typer.echo(f"pyllama {__version__}")
         raise typer.Exit()
+
+
+def _root(
+    version: bool = typer.Option(False, "--version", help="Show pyllama's version and exit.", is_eager=True,
+                                 callback=_show_version),
+) -> None:
+    pass
 
 
 def __getattr__(name: str) -> typer.Typer:

@@ -7,6 +7,7 @@ from pathlib import Path
 import gguf
 import pytest
 
+from pyllama_cli import __version__
 from tests.helpers import run_cli, run_process
 
 
@@ -103,3 +104,8 @@ def test_debug_env_shows_the_traceback(tmp_path: Path) -> None:
     assert result.exit_code == 1
     assert "Traceback" in result.stderr
     assert "ModelNotFound" in result.stderr
+
+
+def test_version_flag_prints_the_version_without_a_command() -> None:
+    result = run_cli("--version")
+    assert (result.exit_code, result.stdout) == (0, f"pyllama {__version__}\n")
