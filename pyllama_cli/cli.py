@@ -116,4 +116,27 @@ def main() -> None:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         code = code or 141
-    sys.exit(code)
+    _exit(code)
+
+
+def _exit(code: int) -> None:
+    """Exit without the interpreter's teardown once nothing can be lost by skipping it.
+
+    Tearing down frees every module and object one by one (13 ms after a `quantize`, a tenth of a
+    small model's whole run) only for the OS to reclaim the memory anyway. Skipped only when the
+    atexit handlers have run, both streams are flushed and no other non-daemon thread is still
+    working; under a profiler or tracer the normal exit runs, so their reports still get written.
+    """
+    import atexit
+    import threading
+
+    busy = any(t is not threading.main_thread() and not t.daemon and t.is_alive() for t in threading.enumerate())
+    if busy or sys.getprofile() is not None or sys.gettrace() is not None:
+        sys.exit(code)
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)

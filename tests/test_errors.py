@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import gguf
 import pytest
 
 from pyllama_cli import __version__
-from tests.helpers import run_cli, run_process
+from tests.helpers import REPO_ROOT, run_cli, run_process
 
 
 def assert_clean_error(result, first_line: str, code: int = 1) -> None:
@@ -104,6 +106,34 @@ def test_debug_env_shows_the_traceback(tmp_path: Path) -> None:
     assert result.exit_code == 1
     assert "Traceback" in result.stderr
     assert "ModelNotFound" in result.stderr
+
+
+def _main_in_a_process(setup: str, *args: str) -> subprocess.CompletedProcess:
+    """`pyllama ARGS` through the console entry point, after `setup` ran in the same interpreter."""
+    code = f"import sys\n{setup}\nfrom pyllama_cli.cli import main\nsys.argv = ['pyllama', *{list(args)!r}]\nmain()\n"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
+
+
+def test_the_quick_exit_still_runs_atexit_handlers_and_flushes_output() -> None:
+    proc = _main_in_a_process("import atexit; atexit.register(lambda: print('atexit ran', file=sys.stderr))",
+                              "--version")
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, f"pyllama {__version__}\n", "atexit ran\n")
+
+
+def test_the_exit_code_survives_the_quick_exit(tmp_path: Path) -> None:
+    proc = _main_in_a_process("", "info", "-m", str(tmp_path / "none.gguf"))
+    assert proc.returncode == 1
+    assert proc.stderr.startswith(f"Error: model file not found: {tmp_path / 'none.gguf'}\n")
+
+
+def test_exit_waits_for_a_thread_still_working(tmp_path: Path) -> None:
+    marker = tmp_path / "written-by-the-thread"
+    setup = ("import threading, time, pathlib\n"
+             f"threading.Thread(target=lambda: (time.sleep(0.5), pathlib.Path({str(marker)!r}).write_text('done'))"
+             ").start()")
+    proc = _main_in_a_process(setup, "--version")
+    assert proc.returncode == 0
+    assert marker.read_text() == "done"
 
 
 def test_version_flag_prints_the_version_without_a_command() -> None:
