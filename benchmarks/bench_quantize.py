@@ -37,9 +37,12 @@ from _common import (
 )
 
 IDENTITY_TYPES = ["Q8_0", "Q4_0", "Q4_K_M", "Q6_K", "F16"]
-# After deleting the last outputs and syncing, let the disk settle (a filesystem mounted with
-# `discard` trims the freed blocks in the background) so that neither tool's run pays for it.
-SETTLE_S = 1.0
+# After deleting the last outputs and syncing, wait before the next run: a filesystem mounted with
+# `discard` trims the freed blocks in the background, and a VM with free page reporting hands the
+# freed memory back to its host about 2 s after it is freed. A run that starts inside that window
+# finds part of that memory still backed and part not, and its time swings by 0.5 s on a 1 s job
+# (measured here: llama-quantize F16 -> Q8_0 0.80-1.76 s after a 0-1 s pause, 1.14-1.36 s after 3 s).
+SETTLE_S = 3.0
 
 
 def sha256(path: Path) -> str:
