@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from pyllama_cli.core.engine import GenerationJob, JobStream
-from pyllama_cli.core.parallel_engine import GENERATING, PREFILL, ParallelEngine
+from pyllama_cli.core.parallel_engine import GENERATING, PREFILL, PaddingTrial, ParallelEngine
 from pyllama_cli.core.sampling import SamplingSettings
 from pyllama_cli.core.settings import LoadSettings
 from tests.test_serve import Server, _start
@@ -177,3 +177,45 @@ def test_a_new_request_takes_the_idle_slot_that_leaves_no_gap(engine: ParallelEn
         assert _admit(engine, [1, 400, 401, 402, 403], loop) == 0
     finally:
         loop.close()
+
+
+def test_padding_is_tried_both_ways_then_the_faster_is_kept() -> None:
+    trial = PaddingTrial()
+    choices = []
+    for _ in range(2 * PaddingTrial.TRIALS):
+        padded = trial.choose()
+        choices.append(padded)
+        trial.record(padded, 0.008 if padded else 0.010)
+    assert choices == [False, True] * PaddingTrial.TRIALS
+    assert trial.decision is True and trial.choose() is True
+    slower = PaddingTrial()
+    for _ in range(2 * PaddingTrial.TRIALS):
+        padded = slower.choose()
+        slower.record(padded, 0.012 if padded else 0.010)
+    assert slower.decision is False and slower.choose() is False
+
+
+def test_a_three_token_step_is_padded_through_an_idle_slot_that_keeps_its_cache(engine: ParallelEngine) -> None:
+    from pyllama_cli.core.native import lib
+
+    # Every slot holds two tokens; slots 0, 1 and 3 generate, slot 2 is idle between requests.
+    batch = engine._batch
+    batch.clear()
+    for slot in engine.slots:
+        for pos, token in enumerate([1, 300 + slot.id]):
+            batch.add(token, pos, (slot.id,), False)
+        slot.cached = [1, 300 + slot.id]
+    engine._ctx.decode(batch)
+    for slot in engine.slots:
+        if slot.id != 2:
+            slot.state, slot.last_token = GENERATING, 400
+    engine._padding.decision = True
+    assert engine._build_batch()
+    raw = engine._batch.raw
+    assert _batch_seq_ids(engine) == [0, 1, 2, 3]  # one run of sequences: one pass
+    assert [bool(raw.logits[i]) for i in range(4)] == [True, True, False, True]  # no output for the filler
+    engine._decode_and_sample()
+    memory = engine._ctx.memory
+    assert [lib.llama_memory_seq_pos_max(memory, s) for s in range(N_SLOTS)] == [2, 2, 1, 2]
+    assert engine.slots[2].cached == [1, 302]
+
