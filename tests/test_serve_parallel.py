@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,8 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from pyllama_cli.core.engine import GenerationJob, JobStream
-from pyllama_cli.core.parallel_engine import GENERATING, PREFILL, PaddingTrial, ParallelEngine
+from pyllama_cli.core.engine import READY, GenerationJob, JobStream
+from pyllama_cli.core.parallel_engine import ARRIVAL_WAIT_S, GENERATING, PREFILL, PaddingTrial, ParallelEngine
 from pyllama_cli.core.sampling import SamplingSettings
 from pyllama_cli.core.settings import LoadSettings
 from tests.test_serve import Server, _start
@@ -219,3 +220,61 @@ def test_a_three_token_step_is_padded_through_an_idle_slot_that_keeps_its_cache(
     assert [lib.llama_memory_seq_pos_max(memory, s) for s in range(N_SLOTS)] == [2, 2, 1, 2]
     assert engine.slots[2].cached == [1, 302]
 
+
+def _schedule_in_thread(eng: ParallelEngine) -> tuple[threading.Thread, list[float]]:
+    """What the scheduler does at the top of a step (admit, then wait for arrivals), in a thread."""
+    took: list[float] = []
+
+    def step() -> None:
+        start = time.perf_counter()
+        with eng._cond:
+            eng._assign_waiting()
+            eng._wait_for_arrivals()
+        took.append(time.perf_counter() - start)
+
+    thread = threading.Thread(target=step)
+    thread.start()
+    return thread, took
+
+
+def _job(prompt: list[int]) -> GenerationJob:
+    return GenerationJob(prompt=tuple(prompt), sampling=SamplingSettings(seed=1), max_tokens=4)
+
+
+def test_requests_that_arrive_together_start_in_the_same_step(engine: ParallelEngine) -> None:
+    engine.state = READY
+
+    async def scenario() -> None:
+        engine.submit(_job([1, 400]))  # A
+        with engine.arriving():  # B reached the server and is still being parsed when a step begins
+            thread, took = _schedule_in_thread(engine)
+            await asyncio.sleep(0.001)  # B's parsing and tokenizing
+            engine.submit(_job([1, 500]))
+        await asyncio.to_thread(thread.join)
+        assert took[0] < 0.5
+
+    asyncio.run(scenario())
+    assert sorted(s.pending[-1] for s in engine.slots if s.state == PREFILL) == [400, 500]
+    assert engine._arrivals == set()
+
+
+def test_a_step_waits_at_most_the_arrival_window_for_a_request_that_never_comes(engine: ParallelEngine) -> None:
+    engine.state = READY
+
+    async def scenario() -> float:
+        engine.submit(_job([1, 400]))
+        with engine.arriving():  # a request that will fail before its submit
+            thread, took = _schedule_in_thread(engine)
+            await asyncio.to_thread(thread.join)
+        return took[0]
+
+    waited = asyncio.run(scenario())
+    assert ARRIVAL_WAIT_S * 0.5 <= waited < 0.5
+    assert [s.state for s in engine.slots].count(PREFILL) == 1
+
+
+def test_a_request_that_fails_before_its_submit_is_no_longer_awaited(engine: ParallelEngine) -> None:
+    with pytest.raises(ValueError), engine.arriving():
+        assert len(engine._arrivals) == 1
+        raise ValueError("a bad request")
+    assert engine._arrivals == set()

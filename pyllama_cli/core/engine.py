@@ -16,7 +16,8 @@ import asyncio
 import queue
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -207,6 +208,12 @@ class Engine(ABC):
     @abstractmethod
     def submit(self, job: GenerationJob | EmbeddingJob) -> JobStream:
         """Queue a job; call from the event loop that will read the returned stream."""
+
+    @contextmanager
+    def arriving(self) -> Iterator[None]:
+        """Wrap a request's way from reaching the server to `submit` (parsing, tokenizing): an engine
+        that batches may hold a step a moment for it. Here: nothing to do."""
+        yield
 
     def cancel(self, stream: JobStream) -> None:
         """Stop a submitted job at the next token (the same as `stream.cancel()`)."""

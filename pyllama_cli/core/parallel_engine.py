@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import codecs
+import contextvars
 import statistics
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -49,6 +52,20 @@ from .generation import (
 from .sampling import NO_TOKEN
 
 IDLE, PREFILL, GENERATING = "idle", "prefill", "generating"
+# How long a step may wait for a request that reached the server but is not submitted yet.
+ARRIVAL_WAIT_S = 0.003
+
+
+class _Arrival:
+    """A request between reaching the server and its submit (see ParallelEngine.arriving)."""
+
+    __slots__ = ("since",)
+
+    def __init__(self) -> None:
+        self.since = time.perf_counter()
+
+
+_ARRIVING: contextvars.ContextVar[_Arrival | None] = contextvars.ContextVar("pyllama_arriving", default=None)
 
 
 @dataclass
@@ -134,6 +151,7 @@ class ParallelEngine(Engine):
         self.n_ctx_slot = 0
         self._outbox: list[tuple[JobStream, Event]] = []  # events of this step, delivered together
         self._padding = PaddingTrial()
+        self._arrivals: set[_Arrival] = set()  # requests on their way to submit (guarded by _cond)
         self._pad: tuple[Slot, int] | None = None  # (idle slot, position) of this step's throwaway token
         self._timing_padding = False  # whether this step is one of PaddingTrial's
 
@@ -157,8 +175,32 @@ class ParallelEngine(Engine):
         with self._cond:
             self._queue.append(stream)
             self._stats.queue_depth = len(self._queue)
+            self._arrivals.discard(_ARRIVING.get())  # type: ignore[arg-type]
             self._cond.notify()
         return stream
+
+    @contextmanager
+    def arriving(self) -> Iterator[None]:
+        """Requests that reach the server together start in the same step.
+
+        Clients often send requests together (4 streams that end in the same step send their next
+        4 requests at once), but the server parses and tokenizes them one after another. Starting
+        the first alone would put it a step ahead of the others for good, and from then on every
+        step in which one of them ends runs with a slot short. So while a slot is free, a step
+        waits (at most ARRIVAL_WAIT_S per request) for requests already inside this block.
+        """
+        arrival = _Arrival()
+        with self._cond:
+            self._arrivals.add(arrival)
+        token = _ARRIVING.set(arrival)
+        try:
+            yield
+        finally:
+            _ARRIVING.reset(token)
+            with self._cond:
+                if arrival in self._arrivals:  # it ended without a submit (a bad request)
+                    self._arrivals.discard(arrival)
+                    self._cond.notify()
 
     def stats(self) -> EngineStats:
         with self._cond:
@@ -235,6 +277,7 @@ class ParallelEngine(Engine):
                 if self._stopping:
                     return
                 self._assign_waiting()
+                self._wait_for_arrivals()
             self._drop_cancelled()
             if self._build_batch():
                 self._decode_and_sample()
@@ -272,6 +315,16 @@ class ParallelEngine(Engine):
             return 1
         busy = [slot.state != IDLE or slot is candidate for slot in self.slots]
         return sum(b and (i == 0 or not busy[i - 1]) for i, b in enumerate(busy))
+
+    def _wait_for_arrivals(self) -> None:
+        """Hold this step (with _cond held) while a slot is free for requests still on their way
+        to submit, up to ARRIVAL_WAIT_S after the newest of them reached the server (see arriving)."""
+        while self._arrivals and not self._stopping and any(slot.state == IDLE for slot in self.slots):
+            remaining = max(a.since for a in self._arrivals) + ARRIVAL_WAIT_S - time.perf_counter()
+            if remaining <= 0:
+                return
+            self._cond.wait(remaining)
+            self._assign_waiting()
 
     def _start(self, slot: Slot, stream: JobStream, prompt: list[int]) -> None:
         from .sampling import Sampler

@@ -114,22 +114,24 @@ def _add_openai_routes(app: FastAPI, engine: Engine, settings: ServerSettings) -
     @app.post("/v1/chat/completions", response_model=ChatCompletion, responses=ERRORS, tags=["OpenAI"])
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
         """Answer a conversation; `stream: true` sends server-sent events ending with `data: [DONE]`."""
-        check_model(body.model, settings)
-        _generation(engine)
-        prep = await _prepare(request, prepare_chat, engine, settings, body)
-        if body.stream:
-            return completions.chat_stream(engine, prep, settings.alias, _include_usage(body))
-        return JSONResponse(await completions.chat_body(engine, prep, settings.alias, request))
+        with engine.arriving():
+            check_model(body.model, settings)
+            _generation(engine)
+            prep = await _prepare(request, prepare_chat, engine, settings, body)
+            if body.stream:
+                return completions.chat_stream(engine, prep, settings.alias, _include_usage(body))
+            return JSONResponse(await completions.chat_body(engine, prep, settings.alias, request))
 
     @app.post("/v1/completions", response_model=Completion, responses=ERRORS, tags=["OpenAI"])
     async def text_completions(body: CompletionRequest, request: Request) -> Any:
         """Continue a prompt (a string, a list of strings, or token ids)."""
-        check_model(body.model, settings)
-        _generation(engine)
-        jobs = await _prepare(request, prepare_completion, engine, settings, body)
-        if body.stream:
-            return completions.completion_stream(engine, jobs, settings.alias, _include_usage(body))
-        return JSONResponse(await completions.completion_body(engine, jobs, settings.alias, request))
+        with engine.arriving():
+            check_model(body.model, settings)
+            _generation(engine)
+            jobs = await _prepare(request, prepare_completion, engine, settings, body)
+            if body.stream:
+                return completions.completion_stream(engine, jobs, settings.alias, _include_usage(body))
+            return JSONResponse(await completions.completion_body(engine, jobs, settings.alias, request))
 
     @app.post("/v1/embeddings", response_model=EmbeddingList, responses=ERRORS, tags=["OpenAI"])
     async def embeddings(body: EmbeddingRequest, request: Request) -> Any:
