@@ -1,6 +1,7 @@
 """`pyllama serve --parallel 4` against `llama-server -np 4` under the same bounded load.
 
-Each server in turn, on the same model, context and threads, bound to 127.0.0.1 on a free port:
+Both servers run on the same model, context and threads, each bound to 127.0.0.1 on a free port,
+and are driven in turn with the same bounded load:
   phase 1: 4 concurrent streaming clients share 16 requests of 64 tokens;
   phase 2: 1 client sends 4 requests of 64 tokens.
 Reported per phase: aggregate generated tokens/s (all completion tokens / phase wall time), p50
@@ -8,8 +9,10 @@ time to first token, errors. Targets: pyllama >= 1.0x llama-server at 4 clients,
 
     python benchmarks/bench_serve_parallel.py [--llama-cpp-bin DIR] [-m MODEL.gguf] [-t THREADS] [--repeat 3]
 
-Each round starts both servers in turn (alternating which goes first) and runs the bounded load
-three times on each; the table gives medians over all of them.
+Each round starts both servers (an idle server takes no CPU) and alternates the loads between
+them, A,B then B,A, LOADS_PER_ROUND times: paired runs seconds apart, since this machine's speed
+drifts by 10% over minutes. The table gives medians over all runs; the paired ratios (each run
+against its neighbour on the other server) are printed beside it.
 """
 
 from __future__ import annotations
@@ -117,25 +120,49 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 300) -> None:
     raise SystemExit("server did not become ready")
 
 
-LOADS_PER_START = 3  # the bounded load, run this many times per server start (medians kept)
+LOADS_PER_ROUND = 3  # alternating bounded loads per round (per server start)
+PHASES = (("4 clients", 4, 16), ("1 client", 1, 4))
 
 
-def measure(cmd: list[str], port: int) -> dict[str, dict[str, float]]:
-    """Start a server, warm it up, run the bounded load LOADS_PER_START times; medians per phase."""
-    url = f"http://127.0.0.1:{port}"
+def start_server(cmd: list[str], port: int) -> subprocess.Popen:
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
+        url = f"http://127.0.0.1:{port}"
         wait_ready(url, proc)
         asyncio.run(phase(url, 1, 1))  # warm-up
-        loads = [{"4 clients": asyncio.run(phase(url, 4, 16)), "1 client": asyncio.run(phase(url, 1, 4))}
-                 for _ in range(LOADS_PER_START)]
-        return summarise(loads)
+    except BaseException:
+        stop_server(proc)
+        raise
+    return proc
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def one_round(cmds: dict[str, list[str]], ports: dict[str, int], round_index: int
+              ) -> dict[str, list[dict[str, dict[str, float]]]]:
+    """Start both servers, run the load on each in alternation; the runs per server, in order."""
+    procs: dict[str, subprocess.Popen] = {}
+    runs: dict[str, list[dict[str, dict[str, float]]]] = {who: [] for who in cmds}
+    try:
+        for who in cmds:
+            procs[who] = start_server(cmds[who], ports[who])
+        for k in range(LOADS_PER_ROUND):
+            loads: dict[str, dict[str, dict[str, float]]] = {who: {} for who in cmds}
+            for name, clients, requests in PHASES:
+                for who in common.turn_order(round_index + k, tuple(cmds)):
+                    loads[who][name] = asyncio.run(phase(f"http://127.0.0.1:{ports[who]}", clients, requests))
+            for who in cmds:
+                runs[who].append(loads[who])
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        for proc in procs.values():
+            stop_server(proc)
+    return runs
 
 
 def main() -> None:
@@ -143,27 +170,37 @@ def main() -> None:
     bin_dir = common.llama_cpp_bin(args.llama_cpp_bin)
     model = args.model or common.bench_model("Q4_0")
     n_ctx, t = 4096, str(args.threads)
-    port = free_port()
-    ref_cmd = [str(bin_dir / "llama-server"), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
-               "-c", str(n_ctx), "-t", t, "-np", "4", "--no-webui"]
-    ours_cmd = [*common.pyllama_cmd(), "serve", "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
-                "-c", str(n_ctx), "-t", t, "--parallel", "4"]
+    ports = {"ref": free_port(), "ours": free_port()}
+    cmds = {
+        "ref": [str(bin_dir / "llama-server"), "-m", str(model), "--host", "127.0.0.1", "--port", str(ports["ref"]),
+                "-c", str(n_ctx), "-t", t, "-np", "4", "--no-webui"],
+        "ours": [*common.pyllama_cmd(), "serve", "-m", str(model), "--host", "127.0.0.1", "--port", str(ports["ours"]),
+                 "-c", str(n_ctx), "-t", t, "--parallel", "4"],
+    }
     print(f"model {model.name}, n_ctx {n_ctx}, threads {t}, {N_TOKENS} tokens per request, "
-          f"{args.repeat} rounds", file=sys.stderr)
+          f"{args.repeat} rounds of {LOADS_PER_ROUND} alternating loads", file=sys.stderr)
     runs: dict[str, list[dict[str, dict[str, float]]]] = {"ref": [], "ours": []}
     for i in range(args.repeat):
-        for who in common.turn_order(i, ("ref", "ours")):
-            runs[who].append(measure(ref_cmd if who == "ref" else ours_cmd, port))
-            print(f"round {i + 1} {who}: " + ", ".join(
-                f"{name} {runs[who][-1][name]['tps']:.1f} t/s" for name in ("4 clients", "1 client")), file=sys.stderr)
+        got = one_round(cmds, ports, i)
+        for who in runs:
+            runs[who] += got[who]
+        print(f"round {i + 1}: " + "; ".join(
+            f"{name} llama-server {_speeds(got['ref'], name)} t/s, pyllama {_speeds(got['ours'], name)} t/s"
+            for name, _, _ in PHASES), file=sys.stderr)
     ref, ours = summarise(runs["ref"]), summarise(runs["ours"])
     rows = []
     for name, target in (("4 clients", ">= 1.00"), ("1 client", ">= 0.95")):
         rows.append((f"{name}: gen tokens/s", ref[name]["tps"], ours[name]["tps"], target))
     common.print_ratio_table(rows, higher_is_better=True)
-    for name in ("4 clients", "1 client"):
-        print(f"{name}: p50 TTFT llama-server {ref[name]['p50_ttft']:.3f} s, pyllama {ours[name]['p50_ttft']:.3f} s; "
-              f"errors llama-server {ref[name]['errors']:.0f}, pyllama {ours[name]['errors']:.0f}")
+    for name, _, _ in PHASES:
+        paired = statistics.median(o[name]["tps"] / r[name]["tps"] for r, o in zip(runs["ref"], runs["ours"]))
+        print(f"{name}: median paired ratio {paired:.3f}; p50 TTFT llama-server {ref[name]['p50_ttft']:.3f} s, "
+              f"pyllama {ours[name]['p50_ttft']:.3f} s; errors llama-server {ref[name]['errors']:.0f}, "
+              f"pyllama {ours[name]['errors']:.0f}")
+
+
+def _speeds(runs: list[dict[str, dict[str, float]]], name: str) -> str:
+    return " ".join(f"{r[name]['tps']:.0f}" for r in runs)
 
 
 def summarise(rounds: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
