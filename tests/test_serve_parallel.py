@@ -278,3 +278,16 @@ def test_a_request_that_fails_before_its_submit_is_no_longer_awaited(engine: Par
         assert len(engine._arrivals) == 1
         raise ValueError("a bad request")
     assert engine._arrivals == set()
+
+
+def test_a_memory_that_cannot_drop_the_filler_alone_forgets_that_slot_and_stops_padding(
+        engine: ParallelEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A recurrent model's memory refuses to remove part of a sequence (llama_memory_seq_rm -> false).
+    calls: list[tuple[int, int, int]] = []
+    monkeypatch.setattr(engine._ctx, "remove_tokens",
+                        lambda seq, start, end=-1: calls.append((seq, start, end)) or start == 0)
+    slot = engine.slots[2]
+    slot.cached = [1, 302]
+    engine._unpad(slot, 2)
+    assert calls == [(2, 2, -1), (2, 0, -1)]
+    assert slot.cached == [] and engine._padding.decision is False

@@ -403,6 +403,15 @@ class ParallelEngine(Engine):
         idle = [slot for slot in self.slots if slot.state == IDLE and len(slot.cached) < self.n_ctx_slot - 1]
         return min(idle, key=self._runs_with) if idle else None
 
+    def _unpad(self, slot: Slot, position: int) -> None:
+        """Drop the throwaway token from the idle slot's sequence. A memory that cannot drop a
+        sequence's last token alone (a recurrent model's) forgets the slot's cache instead, and
+        padding stops."""
+        if not self._ctx.remove_tokens(slot.id, position, -1):
+            self._ctx.remove_tokens(slot.id, 0, -1)
+            slot.cached = []
+            self._padding.decision = False
+
     def _decode_and_sample(self) -> None:
         started = time.perf_counter()
         try:
@@ -414,8 +423,7 @@ class ParallelEngine(Engine):
             return
         finally:
             if self._pad is not None:
-                slot, position = self._pad
-                self._ctx.remove_tokens(slot.id, position, -1)
+                self._unpad(*self._pad)
         if self._timing_padding:
             self._padding.record(self._pad is not None, time.perf_counter() - started)
         now = time.perf_counter()
