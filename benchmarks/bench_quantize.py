@@ -9,9 +9,9 @@ and their ratio. Target: pyllama within 1.05x of llama-quantize.
     python benchmarks/bench_quantize.py [--llama-cpp-bin DIR] [-m MODEL.gguf] [-t N] [--repeat 3]
         [--types Q4_K_M,Q8_0] [--skip-identity] [--preset bench|bench-1b]
 
-F16 -> Q8_0 of the 246M-parameter model takes under a second, so pyllama's fixed start (the
-Python interpreter and its imports, ~70 ms) weighs ~8% there; --preset bench-1b times the same
-on TinyLlama-1.1B's shape.
+F16 -> Q8_0 of the 246M-parameter model takes about a second, so pyllama's fixed cost (the
+Python interpreter, its imports and exit: ~60 ms more than llama-quantize on a tiny model) weighs
+~5% there; --preset bench-1b times the same on TinyLlama-1.1B's shape.
 """
 
 from __future__ import annotations
