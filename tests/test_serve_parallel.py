@@ -156,9 +156,13 @@ def test_a_step_batch_lists_the_slots_in_sequence_order(engine: ParallelEngine) 
     engine._ctx.decode(engine._batch)  # the batch is one llama.cpp accepts
 
 
+def _job(prompt: list[int]) -> GenerationJob:
+    return GenerationJob(prompt=tuple(prompt), sampling=SamplingSettings(seed=1), max_tokens=4)
+
+
 def _admit(eng: ParallelEngine, prompt: list[int], loop: asyncio.AbstractEventLoop) -> int:
     """Queue a request and let the scheduler assign it; the id of the slot it got."""
-    stream = JobStream(GenerationJob(prompt=tuple(prompt), sampling=SamplingSettings(seed=1), max_tokens=4), loop)
+    stream = JobStream(_job(prompt), loop)
     eng._queue.append(stream)
     eng._assign_waiting()
     return next(slot.id for slot in eng.slots if slot.stream is stream)
@@ -235,10 +239,6 @@ def _schedule_in_thread(eng: ParallelEngine) -> tuple[threading.Thread, list[flo
     thread = threading.Thread(target=step)
     thread.start()
     return thread, took
-
-
-def _job(prompt: list[int]) -> GenerationJob:
-    return GenerationJob(prompt=tuple(prompt), sampling=SamplingSettings(seed=1), max_tokens=4)
 
 
 def test_requests_that_arrive_together_start_in_the_same_step(engine: ParallelEngine) -> None:
