@@ -395,7 +395,7 @@ class ParallelEngine(Engine):
         """The idle slot that could hold a throwaway token making this step four tokens instead of
         three (see PaddingTrial), or None. Only for steps of one token per slot in a KV cache per
         sequence, where the idle slot's own cells have room; its cached tokens stay as they are."""
-        if self.kv_unified:
+        if self.kv_unified or self._padding.decision is False:  # nothing to pad, or to time
             return None
         busy = [slot for slot in self.slots if slot.state != IDLE]
         if len(busy) % 4 != 3 or any(slot.state == PREFILL and len(slot.pending) != 1 for slot in busy):
