@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import typer
 
-from .errors import Interrupted, PyllamaError
+from .errors import Interrupted, OutputClosed, PyllamaError
 
 # (command name, module under pyllama_cli.commands, attribute). Command modules import nothing heavy
 # at module level; `run` imports only the module of the command being run.
@@ -47,8 +50,25 @@ def build_app(only: str | None = None) -> typer.Typer:
         if isinstance(target, typer.Typer):  # a command group (`pyllama completion install|show`)
             application.add_typer(target, name=name)
         else:
-            application.command(name, epilog=getattr(module, "EXAMPLES", None))(target)
+            application.command(name, epilog=getattr(module, "EXAMPLES", None))(_closing_quietly(target))
     return application
+
+
+def _closing_quietly(command: Callable[..., Any]) -> Callable[..., Any]:
+    """`command`, with a write to a stdout whose reader went away (`| head`) ending the run quietly.
+
+    Left alone, click reports that case as a plain failure (exit 1), which scripts cannot tell from
+    a real error.
+    """
+
+    @functools.wraps(command)
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except BrokenPipeError:
+            raise OutputClosed() from None
+
+    return guarded
 
 
 def _show_version(value: bool) -> None:
@@ -83,6 +103,9 @@ def run(argv: list[str] | None = None) -> int:
         build_app(only)(args=args, prog_name="pyllama")
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except OutputClosed as exc:
+        _silence_stdout()
+        return exc.exit_code
     except Interrupted as exc:
         _flush_stdout()
         print(f"\n{exc.message}", file=sys.stderr)
@@ -113,10 +136,20 @@ def main() -> None:
         sys.stdout.flush()
     except BrokenPipeError:
         # The reader went away (`| head`): quiet exit, as other Unix tools do.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        code = code or 141
+        _silence_stdout()
+        code = code or OutputClosed.exit_code
     _exit(code)
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so that what is still buffered for a reader who left goes nowhere."""
+    try:
+        fd = sys.stdout.fileno()
+    except (OSError, ValueError):  # not a real file (captured in tests): nothing reaches a reader anyway
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
 
 
 def _exit(code: int) -> None:

@@ -62,3 +62,15 @@ class Interrupted(PyllamaError):
     """The user stopped an operation (Ctrl-C) at a point where the core had to unwind."""
 
     exit_code = 130
+
+
+class OutputClosed(PyllamaError):
+    """The reader of stdout went away (`pyllama tokenize ... | head`): stop quietly, as Unix tools do.
+
+    Exit code 141 is what a shell reports for a tool killed by SIGPIPE, as llama.cpp's are.
+    """
+
+    exit_code = 141
+
+    def __init__(self) -> None:
+        super().__init__("stdout was closed by its reader")

@@ -6,6 +6,7 @@ repeat that comparison whenever $LLAMA_CPP_BIN points at llama.cpp's tools.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -114,6 +115,33 @@ def test_json_output(tiny_model: Path) -> None:
     assert json.loads(result.stdout) == {
         "ids": [1, 550, 595, 261, 198, 172], "pieces": ["<s>", " H", "i", " ", "\\xc3", "\\xa9"], "count": 6,
     }
+
+
+def test_a_reader_that_leaves_ends_the_run_quietly_with_141(tiny_model: Path, tmp_path: Path) -> None:
+    # `pyllama tokenize ... | head -c 100`: the shell reports 141 for llama-tokenize killed by SIGPIPE.
+    path = tmp_path / "long.txt"
+    path.write_text("Hello world, and more words. " * 20000, encoding="utf-8")
+    proc = subprocess.Popen([sys.executable, "-m", "pyllama_cli", "tokenize", "-m", str(tiny_model), "-f", str(path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO_ROOT)
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.read(100).startswith(b"     1 -> '<s>'\n")
+    proc.stdout.close()
+    stderr = proc.stderr.read()
+    assert proc.wait(timeout=120) == 141
+    assert stderr == b""
+
+
+def test_short_writes_are_completed() -> None:
+    # A large write cut short (by a signal) returns the count written; the rest must still follow.
+    from pyllama_cli.commands.tokenize import _write_all
+
+    class Trickle(io.BytesIO):
+        def write(self, data: bytes) -> int:  # type: ignore[override]
+            return super().write(bytes(data[:7]))
+
+    out = Trickle()
+    _write_all(out, b"0123456789" * 10)
+    assert out.getvalue() == b"0123456789" * 10
 
 
 CHAT = '[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]'

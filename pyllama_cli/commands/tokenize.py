@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterable
-from typing import Annotated
+from typing import Annotated, BinaryIO
 
 import typer
 
@@ -134,8 +134,17 @@ def _write(chunks: Iterable[bytes]) -> None:
     sys.stdout.flush()
     out = sys.stdout.buffer
     for chunk in chunks:
-        out.write(chunk)
+        _write_all(out, chunk)
     out.flush()
+
+
+def _write_all(out: BinaryIO, chunk: bytes) -> None:
+    # A write larger than the buffer goes straight to the file and may be cut short (a signal, or
+    # the reader of a pipe leaving); Python then returns the count written, not an error. Writing
+    # the rest either completes the chunk or raises BrokenPipeError, never drops output silently.
+    view = memoryview(chunk)
+    while view:
+        view = view[out.write(view):]
 
 
 @model_options(load=False)
