@@ -211,6 +211,36 @@ def test_unknown_type_lists_close_matches(src: Path) -> None:
     ]
 
 
+def _token_length_offsets(path: Path) -> list[int]:
+    """File offsets of the u64 length before each string of tokenizer.ggml.tokens."""
+    import gguf
+
+    reader = gguf.GGUFReader(path)
+    field = reader.fields["tokenizer.ggml.tokens"]
+    base = reader.data.ctypes.data
+    # parts: key length, key, value type, item type, count, then (length, bytes) per token
+    return [int(part.ctypes.data - base) for part in field.parts[5::2]]
+
+
+@pytest.mark.parametrize("damage", ["cut", "length"])
+def test_a_damaged_vocabulary_is_an_invalid_gguf(src: Path, tmp_path: Path, damage: str) -> None:
+    # quantize steps over the vocabulary without decoding it; damage there is still caught.
+    middle = _token_length_offsets(src)[200]
+    data = bytearray(src.read_bytes())
+    if damage == "cut":
+        del data[middle + 4:]
+    else:
+        data[middle:middle + 8] = struct.pack("<Q", 1 << 40)
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(bytes(data))
+    result = run_cli("quantize", str(bad), str(tmp_path / "out.gguf"), "Q8_0")
+    reason = (f"header ends early at byte {middle + 4}" if damage == "cut"
+              else "a string length runs past the end of the file")
+    assert result.exit_code == 1
+    assert result.first_stderr_line == f"Error: {bad} is not a valid GGUF file: {reason}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.gguf", "model-F32.gguf"]
+
+
 def test_unknown_tensor_type_is_refused(src: Path) -> None:
     result = run_cli("quantize", "--token-embedding-type", "q9_0", str(src), "Q8_0")
     assert result.exit_code == 1

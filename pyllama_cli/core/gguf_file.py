@@ -166,9 +166,12 @@ class _Reader:
         return [self.value(item_type) for _ in range(n)]
 
     def string_array(self, n: int) -> list[str] | UnreadStrings:
+        return self._decode_strings(n) if self.strings else self._skip_strings(n)
+
+    def _decode_strings(self, n: int) -> list[str]:
         # The hot loop of a header read (vocabularies): locals only, one unpack and one slice per string.
-        buf, pos, size, unpack, decode = self.buf, self.pos, self.size, _U64.unpack_from, self.strings
-        out: list[str] = [""] * n if decode else []
+        buf, pos, size, unpack = self.buf, self.pos, self.size, _U64.unpack_from
+        out: list[str] = [""] * n
         for i in range(n):
             if pos + 8 > size:
                 self.pos = pos
@@ -178,11 +181,26 @@ class _Reader:
             if length > MAX_STRING_BYTES or end > size:
                 self.pos = pos
                 raise self.fail(f"string length {length} runs past the end of the file")
-            if decode:
-                out[i] = buf[pos + 8:end].decode("utf-8", errors="replace")
+            out[i] = buf[pos + 8:end].decode("utf-8", errors="replace")
             pos = end
         self.pos = pos
-        return out if decode else UnreadStrings(n)
+        return out
+
+    def _skip_strings(self, n: int) -> UnreadStrings:
+        # Only the lengths matter here, so the loop does nothing else: a length that runs past the
+        # end makes a later unpack fail, or leaves `pos` beyond the end, and both are caught below.
+        buf, pos, unpack = self.buf, self.pos, _U64.unpack_from
+        try:
+            for _ in range(n):
+                pos += 8 + unpack(buf, pos)[0]
+        except struct.error:  # fewer than 8 bytes at `pos`
+            pass
+        else:
+            if pos <= self.size:
+                self.pos = pos
+                return UnreadStrings(n)
+        raise self.fail("a string length runs past the end of the file" if pos > self.size
+                        else f"header ends early at byte {self.size}")
 
 
 def _type_name(vtype: int) -> str:
