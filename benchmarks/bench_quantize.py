@@ -4,7 +4,9 @@ First a byte-identity check: both tools quantize the same input to Q8_0, Q4_0, Q
 (and Q4_K_M with an importance matrix); every pair of outputs must have the same sha256.
 Then whole-process wall time (and CPU time, which noise from other work barely moves) for the timed
 types, interleaved A,B,B,A,... each from a synced, empty output folder; the table reports medians
-and their ratio. Target: pyllama within 1.05x of llama-quantize.
+and their ratio, and a line per type gives the median of each round's ratio (a round's two runs are
+seconds apart, so the machine's drift over minutes leaves it alone). Target: pyllama within 1.05x
+of llama-quantize.
 
     python benchmarks/bench_quantize.py [--llama-cpp-bin DIR] [-m MODEL.gguf] [-t N] [--repeat 3]
         [--types Q4_K_M,Q8_0] [--skip-identity] [--preset bench|bench-1b]
@@ -109,6 +111,9 @@ def time_types(tool: str, model: Path, folder: Path, threads: int, types: list[s
         ref_runs, our_runs = runs["ref"], runs["ours"]
         print(f"{qtype}: wall/cpu (s) llama.cpp {[(round(w, 2), round(c, 2)) for w, c in ref_runs]} "
               f"pyllama {[(round(w, 2), round(c, 2)) for w, c in our_runs]}", file=sys.stderr)
+        paired = [o / r for (o, _), (r, _) in zip(our_runs, ref_runs)]
+        print(f"{qtype}: median of per-round wall ratios {median(paired):.3f} "
+              f"(rounds: {', '.join(f'{x:.3f}' for x in paired)})")
         rows.append((f"F16 -> {qtype} wall (s)", median([w for w, _ in ref_runs]), median([w for w, _ in our_runs]),
                      "<= 1.05"))
         rows.append((f"F16 -> {qtype} cpu (s)", median([c for _, c in ref_runs]), median([c for _, c in our_runs]),
