@@ -66,9 +66,23 @@ def _closing_quietly(command: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return command(*args, **kwargs)
         except BrokenPipeError:
+            if not _stdout_reader_gone():  # some other pipe or socket: a real error
+                raise
             raise OutputClosed() from None
 
     return guarded
+
+
+def _stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe whose reading end is closed (poll reports an error on it)."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # no poll (Windows), or not a real file
+        return False
 
 
 def _show_version(value: bool) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -139,3 +140,16 @@ def test_exit_waits_for_a_thread_still_working(tmp_path: Path) -> None:
 def test_version_flag_prints_the_version_without_a_command() -> None:
     result = run_cli("--version")
     assert (result.exit_code, result.stdout) == (0, f"pyllama {__version__}\n")
+
+
+def test_only_a_closed_stdout_counts_as_the_reader_leaving(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A BrokenPipeError from another pipe or socket is a real error, not `| head` going away.
+    from pyllama_cli.cli import _stdout_reader_gone
+
+    read_end, write_end = os.pipe()
+    with os.fdopen(write_end, "w") as pipe_out:
+        monkeypatch.setattr(sys, "stdout", pipe_out)
+        assert not _stdout_reader_gone()
+        os.close(read_end)
+        assert _stdout_reader_gone()
+        monkeypatch.undo()
