@@ -118,7 +118,9 @@ def run(argv: list[str] | None = None) -> int:
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except OutputClosed as exc:
-        _silence_stdout()
+        from .console import silence_stdout
+
+        silence_stdout()
         return exc.exit_code
     except Interrupted as exc:
         _flush_stdout()
@@ -150,20 +152,11 @@ def main() -> None:
         sys.stdout.flush()
     except BrokenPipeError:
         # The reader went away (`| head`): quiet exit, as other Unix tools do.
-        _silence_stdout()
+        from .console import silence_stdout
+
+        silence_stdout()
         code = code or OutputClosed.exit_code
     _exit(code)
-
-
-def _silence_stdout() -> None:
-    """Point stdout at /dev/null, so that what is still buffered for a reader who left goes nowhere."""
-    try:
-        fd = sys.stdout.fileno()
-    except (OSError, ValueError):  # not a real file (captured in tests): nothing reaches a reader anyway
-        return
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, fd)
-    os.close(devnull)
 
 
 def _exit(code: int) -> None:

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -45,6 +45,29 @@ def stderr_is_tty() -> bool:
 
 def stdout_is_tty() -> bool:
     return sys.stdout.isatty()
+
+
+def write_all(out: BinaryIO, data: bytes) -> None:
+    """Write all of `data` to a binary stream, or raise (BrokenPipeError when a pipe's reader left).
+
+    A write larger than the stream's buffer goes straight to the file and may be cut short (a
+    signal, or the reader of a pipe leaving); Python then returns the count written, not an error,
+    so the rest is written again until it is all out.
+    """
+    view = memoryview(data)
+    while view:
+        view = view[out.write(view):]
+
+
+def silence_stdout() -> None:
+    """Point stdout at /dev/null, so that what is still buffered for a reader who left goes nowhere."""
+    try:
+        fd = sys.stdout.fileno()
+    except (OSError, ValueError):  # not a real file (captured in tests): nothing reaches a reader anyway
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
 
 
 def print_error(message: str, hint: str | None = None) -> None:

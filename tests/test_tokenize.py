@@ -133,14 +133,14 @@ def test_a_reader_that_leaves_ends_the_run_quietly_with_141(tiny_model: Path, tm
 
 def test_short_writes_are_completed() -> None:
     # A large write cut short (by a signal) returns the count written; the rest must still follow.
-    from pyllama_cli.commands.tokenize import _write_all
+    from pyllama_cli.console import write_all
 
     class Trickle(io.BytesIO):
         def write(self, data: bytes) -> int:  # type: ignore[override]
             return super().write(bytes(data[:7]))
 
     out = Trickle()
-    _write_all(out, b"0123456789" * 10)
+    write_all(out, b"0123456789" * 10)
     assert out.getvalue() == b"0123456789" * 10
 
 

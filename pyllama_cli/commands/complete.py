@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from ..console import err, warn
+from ..console import err, silence_stdout, warn, write_all
 from ..core.resolve import ModelRequest
 from ..core.settings import LoadSettings
 from ..errors import InputError, Interrupted, UsageError
@@ -155,7 +154,7 @@ class _Stdout:
 
     def write(self, text: str) -> None:
         if self.raw is not None:
-            self.raw.write(text.encode("utf-8", errors="surrogateescape"))
+            write_all(self.raw, text.encode("utf-8", errors="surrogateescape"))
             self.raw.flush()
         else:
             sys.stdout.write(text)
@@ -163,9 +162,8 @@ class _Stdout:
 
     @staticmethod
     def detach() -> None:
-        # Point fd 1 at /dev/null so the interpreter's final flush does not fail again.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        # The interpreter's final flush must not fail again.
+        silence_stdout()
 
 
 def _print_stats(data: dict[str, Any], as_json: bool) -> None:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterable
-from typing import Annotated, BinaryIO
+from typing import Annotated
 
 import typer
 
-from ..console import stdout_is_tty
+from ..console import stdout_is_tty, write_all
 from ..core.resolve import ModelRequest
 from ..core.settings import LoadSettings
 from ..errors import InputError, UsageError
@@ -134,17 +134,8 @@ def _write(chunks: Iterable[bytes]) -> None:
     sys.stdout.flush()
     out = sys.stdout.buffer
     for chunk in chunks:
-        _write_all(out, chunk)
+        write_all(out, chunk)
     out.flush()
-
-
-def _write_all(out: BinaryIO, chunk: bytes) -> None:
-    # A write larger than the buffer goes straight to the file and may be cut short (a signal, or
-    # the reader of a pipe leaving); Python then returns the count written, not an error. Writing
-    # the rest either completes the chunk or raises BrokenPipeError, never drops output silently.
-    view = memoryview(chunk)
-    while view:
-        view = view[out.write(view):]
 
 
 @model_options(load=False)
