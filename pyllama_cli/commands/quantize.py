@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -122,6 +121,8 @@ def _progress(enabled: bool):
 
 def _print_types(types: Any, as_json: bool) -> None:
     if as_json:
+        import json
+
         rows = [{"name": t.name, "ftype": None if t.name == "COPY" else t.ftype, "bpw": t.bpw,
                  "description": t.description, "needs_imatrix": t.needs_imatrix, "alias_of": t.alias_of}
                 for t in types]
@@ -145,6 +146,8 @@ def _bpw(value: float | None) -> str:
 def _report(request: Any, result: Any, as_json: bool) -> None:
     outputs = [str(p) for p in result.outputs]
     if as_json:
+        import json
+
         typer.echo(json.dumps({
             "input": [str(p) for p in request.inputs], "output": outputs, "type": result.quant.name,
             "ftype": result.quant.ftype, "input_bytes": result.input_bytes, "output_bytes": result.output_bytes,

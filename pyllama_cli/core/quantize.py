@@ -19,12 +19,14 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InputError, Interrupted, PyllamaError, UsageError
 from .ftypes import BY_NAME, QuantType, find_type, parse_type
 from .gguf_file import read_gguf
-from .imatrix import ImatrixData, load_imatrix
+
+if TYPE_CHECKING:  # the imatrix reader is imported only by the runs that pass --imatrix
+    from .imatrix import ImatrixData
 
 _SPLIT_SUFFIX = re.compile(r"-\d{5}-of-\d{5}$", re.IGNORECASE)
 _KV_TYPES = ("int", "float", "bool", "str")
@@ -236,11 +238,11 @@ def quantize_model(req: QuantizeRequest, *, on_progress: Callable[[TensorProgres
         PyllamaError: llama.cpp refused the model or could not write the output (a full disk says so).
     """
     check_request(req)
-    imatrix = load_imatrix(req.imatrix, req.include_weights, req.exclude_weights) if req.imatrix else None
+    imatrix = _load_imatrix(req) if req.imatrix else None
     # Tensor sizes weight the progress bar; without one, skip re-reading the header.
     sizes = {t.name: t.n_bytes for p in req.inputs for t in read_gguf(p, strings=False).tensors} if on_progress else {}
     staging = _Staging(req)
-    parser = _LogParser(sizes)
+    parser = _LogParser(sizes, follow_current=on_progress is not None)
     start = time.perf_counter()
     try:
         status = _run_worker(req, imatrix, staging, parser, on_progress)
@@ -255,6 +257,12 @@ def quantize_model(req: QuantizeRequest, *, on_progress: Callable[[TensorProgres
         output_bytes=sum(p.stat().st_size for p in outputs), seconds=time.perf_counter() - start,
         imatrix_entries=len(imatrix.entries) if imatrix else 0, warnings=parser.warnings,
     )
+
+
+def _load_imatrix(req: QuantizeRequest) -> ImatrixData:
+    from .imatrix import load_imatrix
+
+    return load_imatrix(req.imatrix, req.include_weights, req.exclude_weights)
 
 
 def _run_worker(req: QuantizeRequest, imatrix: ImatrixData | None, staging: _Staging, parser: _LogParser,
@@ -484,8 +492,9 @@ class _LogParser:
     llama.cpp logs a tensor's line in pieces; a tensor is done when its line ends.
     """
 
-    def __init__(self, sizes: dict[str, int]):
+    def __init__(self, sizes: dict[str, int], *, follow_current: bool = True):
         self.sizes = sizes
+        self.follow_current = follow_current  # only a progress bar shows the tensor in the works
         self.lock = threading.Lock()
         self.pending = ""
         self.done = 0
@@ -502,7 +511,8 @@ class _LogParser:
             while "\n" in self.pending:
                 line, self.pending = self.pending.split("\n", 1)
                 self._line(level, line)
-            self._peek()
+            if self.follow_current:
+                self._peek()
         if self.on_line is not None:
             self.on_line()
 
