@@ -12,8 +12,9 @@ of llama-quantize.
         [--types Q4_K_M,Q8_0] [--skip-identity] [--preset bench|bench-1b]
 
 F16 -> Q8_0 of the 246M-parameter model takes about a second, so pyllama's fixed cost (the
-Python interpreter, its imports and exit: ~60 ms more than llama-quantize on a tiny model) weighs
-~5% there; --preset bench-1b times the same on TinyLlama-1.1B's shape.
+Python interpreter, its imports and exit: ~55 ms more than llama-quantize) weighs ~5% there; the
+last line measures that cost in the same run (both tools on the tiny test model) and gives its
+share of each timed job. --preset bench-1b times the same on TinyLlama-1.1B's shape.
 """
 
 from __future__ import annotations
@@ -121,6 +122,34 @@ def time_types(tool: str, model: Path, folder: Path, threads: int, types: list[s
     return rows
 
 
+def tiny_model() -> Path:
+    """The tests' tiny model (1024-token vocab, 2 layers, F32), made once."""
+    from tests.fixtures.make_gguf import TINY, write_llama_gguf
+
+    path = BENCH_DIR / "tiny.gguf"
+    if not path.exists():
+        write_llama_gguf(path.with_suffix(".tmp"), TINY).rename(path)
+    return path
+
+
+def time_fixed_cost(tool: str, folder: Path, threads: int, runs: int = 30) -> tuple[float, float]:
+    """Median whole-process wall time of each tool quantizing the tiny model to Q8_0.
+
+    The job itself takes a few milliseconds, so this is what each tool costs to start and stop: for
+    pyllama, the interpreter, typer, llama-cpp-python's bindings and pyllama's own modules. It is the
+    same on every model, so on a short job it alone can decide the ratio.
+    """
+    tiny = tiny_model()
+    ref_cmd, our_cmd = commands(tool, tiny, folder / "x.gguf", "Q8_0", threads, [])
+    times: dict[str, list[float]] = {"ref": [], "ours": []}
+    for i in range(runs):
+        for who in turn_order(i, ("ref", "ours")):
+            clean(folder)
+            times[who].append(run_timed(ref_cmd if who == "ref" else our_cmd)[0])
+    clean(folder)
+    return median(times["ref"]), median(times["ours"])
+
+
 def main() -> None:
     p = base_parser(__doc__.splitlines()[0])
     p.add_argument("--types", default="Q4_K_M,Q8_0", help="types to time, comma-separated (default Q4_K_M,Q8_0)")
@@ -141,6 +170,11 @@ def main() -> None:
         check_identity(tool, model, folder, args.threads, args.preset)
     rows = time_types(tool, model, folder, args.threads, args.types.split(","), args.repeat)
     print_ratio_table(rows, higher_is_better=False)
+    ref_start, our_start = time_fixed_cost(tool, folder, args.threads)
+    print(f"fixed cost (tiny model to Q8_0, 30 runs each): llama-quantize {ref_start * 1e3:.1f} ms, "
+          f"pyllama {our_start * 1e3:.1f} ms; pyllama's extra {(our_start - ref_start) * 1e3:.1f} ms is "
+          + ", ".join(f"{(our_start - ref_start) / ref * 100:.1f}% of llama-quantize's {name.split(' wall')[0]}"
+                      for name, ref, _, _ in rows if " wall" in name))
 
 
 if __name__ == "__main__":
