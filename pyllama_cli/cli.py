@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import functools
 import importlib
 import os
@@ -136,17 +137,49 @@ def run(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
+    except OSError as exc:  # a read or write the command did not expect to fail: a full disk, a closed stream
+        if os.environ.get("PYLLAMA_DEBUG"):
+            raise
+        return _report_os_error(exc)
     return 0
+
+
+# Errors of a write that reached the device: the data is not all there.
+_WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO})
+
+
+def _report_os_error(exc: OSError) -> int:
+    from .console import print_error
+
+    reason = exc.strerror or str(exc)
+    if exc.filename:
+        message = f"{exc.filename}: {reason}"
+    elif exc.errno in _WRITE_ERRNOS:
+        message = f"writing the output failed: {reason}"
+    else:
+        message = reason
+    if exc.errno == errno.EBADF:
+        hint = "redirect the stream (e.g. to /dev/null) instead of closing it"
+    elif exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        hint = "free some space, or send the output somewhere else"
+    else:
+        hint = "set PYLLAMA_DEBUG=1 for a traceback"
+    _flush_stdout()
+    print_error(message, hint)
+    return 1
 
 
 def _flush_stdout() -> None:
     try:
         sys.stdout.flush()
-    except (BrokenPipeError, ValueError):
+    except (OSError, ValueError):
         pass
 
 
 def main() -> None:
+    from .console import stand_in_for_closed_streams
+
+    stand_in_for_closed_streams()
     code = run()
     try:
         sys.stdout.flush()
@@ -156,6 +189,8 @@ def main() -> None:
 
         silence_stdout()
         code = code or OutputClosed.exit_code
+    except OSError as exc:  # the last buffered output could not be written (a full disk)
+        code = _report_os_error(exc)
     _exit(code)
 
 

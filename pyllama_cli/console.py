@@ -5,6 +5,8 @@ Progress bars appear only when stderr is a terminal.
 
 from __future__ import annotations
 
+import errno
+import io
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -68,6 +70,43 @@ def silence_stdout() -> None:
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, fd)
     os.close(devnull)
+
+
+class ClosedStream(io.TextIOBase):
+    """Stands in for a standard stream the shell closed (`>&-`, `<&-`), where Python leaves None.
+
+    Reading or writing it fails as a closed descriptor does, so a command stops with an error
+    instead of its output silently going nowhere (or an AttributeError on None).
+    """
+
+    def __init__(self, name: str):
+        super().__init__()
+        self.label = f"standard {name} is closed"
+
+    @property
+    def buffer(self) -> ClosedStream:  # byte-level callers (`sys.stdin.buffer.read()`) fail the same way
+        return self
+
+    def _fail(self, *_: Any) -> Any:
+        raise OSError(errno.EBADF, self.label)
+
+    read = readline = write = fileno = _fail
+
+    def isatty(self) -> bool:
+        return False
+
+    def flush(self) -> None:
+        pass
+
+
+def stand_in_for_closed_streams() -> None:
+    """Give Python's None for a closed stdin/stdout a ClosedStream; a closed stderr writes nowhere."""
+    if sys.stdin is None:
+        sys.stdin = ClosedStream("input")
+    if sys.stdout is None:
+        sys.stdout = ClosedStream("output")
+    if sys.stderr is None:
+        sys.stderr = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 - lives for the process
 
 
 def print_error(message: str, hint: str | None = None) -> None:

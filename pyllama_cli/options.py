@@ -24,8 +24,12 @@ from .core.settings import (
     DEFAULT_N_UBATCH,
     DEFAULT_SEED,
     FLASH_ATTN_CHOICES,
+    INT32_MAX,
+    MAX_THREADS,
+    UINT32_MAX,
     LoadSettings,
 )
+from .errors import UsageError
 
 MODEL_PANEL = "Model"
 LOAD_PANEL = "Loading"
@@ -49,7 +53,7 @@ CtxSizeOpt = Annotated[int, typer.Option(
     "-c", "--ctx-size", min=0, help="Context size in tokens (0 = the model's trained context).",
     rich_help_panel=LOAD_PANEL)]
 ThreadsOpt = Annotated[int, typer.Option(
-    "-t", "--threads", help="CPU threads (-1 = physical cores).", rich_help_panel=LOAD_PANEL)]
+    "-t", "--threads", min=-1, max=MAX_THREADS, help="CPU threads (-1 = physical cores).", rich_help_panel=LOAD_PANEL)]
 GpuLayersOpt = Annotated[int, typer.Option(
     "-ngl", "--n-gpu-layers", "--gpu-layers", min=-1, help="Layers to offload to the GPU (-1 = all).",
     rich_help_panel=LOAD_PANEL)]
@@ -64,7 +68,7 @@ MlockOpt = Annotated[bool, typer.Option(
 NoMmapOpt = Annotated[bool, typer.Option(
     "--no-mmap", help="Read the model into memory instead of mapping it.", rich_help_panel=LOAD_PANEL)]
 SeedOpt = Annotated[int, typer.Option(
-    "-s", "--seed", help="Random seed (-1 = random).", rich_help_panel=LOAD_PANEL)]
+    "-s", "--seed", min=-1, help="Random seed (-1 = random).", rich_help_panel=LOAD_PANEL)]
 VerboseOpt = Annotated[bool, typer.Option(
     "-v", "--verbose", help="Show llama.cpp's own log on stderr.", rich_help_panel=LOAD_PANEL)]
 LogFileOpt = Annotated[Path | None, typer.Option(
@@ -113,12 +117,22 @@ def load_settings(kwargs: dict[str, Any]) -> LoadSettings:
     flash = kwargs.pop("flash_attn").lower()
     if flash not in FLASH_ATTN_CHOICES:
         raise typer.BadParameter(f"{flash!r} is not one of {', '.join(FLASH_ATTN_CHOICES)}", param_hint="'-fa'")
+    check_fits(ctx_size=("-c", INT32_MAX), n_gpu_layers=("-ngl", INT32_MAX), batch_size=("-b", INT32_MAX),
+               ubatch_size=("-ub", INT32_MAX), seed=("-s", UINT32_MAX), values=kwargs)
     return LoadSettings(
         n_ctx=kwargs.pop("ctx_size"), n_threads=kwargs.pop("threads"), n_gpu_layers=kwargs.pop("n_gpu_layers"),
         flash_attn=flash, n_batch=kwargs.pop("batch_size"), n_ubatch=kwargs.pop("ubatch_size"),
         mlock=kwargs.pop("mlock"), mmap=not kwargs.pop("no_mmap"), seed=kwargs.pop("seed"),
         verbose=kwargs.pop("verbose"), log_file=kwargs.pop("log_file"),
     )
+
+
+def check_fits(*, values: dict[str, Any], **limits: tuple[str, int]) -> None:
+    """Refuse a count too big for the C field llama.cpp keeps it in, where it would silently wrap
+    (`-c 4294967300` became a 4-token context). `limits` maps a parameter name to (flag, largest value)."""
+    for name, (flag, limit) in limits.items():
+        if values[name] > limit:
+            raise UsageError(f"{flag} {values[name]} is too large", hint=f"llama.cpp takes at most {limit}")
 
 
 def model_options(load: bool = True) -> Callable[[Callable[..., Any]], Callable[..., Any]]:

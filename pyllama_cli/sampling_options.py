@@ -13,6 +13,7 @@ the object. The seed is not declared here: it is `-s/--seed` from the load optio
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,8 +35,9 @@ from .core.sampling import (
     RANDOM_SEED,
     SamplingSettings,
 )
+from .core.settings import INT32_MAX
 from .errors import UsageError
-from .options import option_param, replace_params
+from .options import check_fits, option_param, replace_params
 
 SAMPLING_PANEL = "Sampling"
 CONSTRAINT_PANEL = "Output constraints"
@@ -152,6 +154,9 @@ def sampling_settings(
     """
     from .core.grammar import resolve_grammar
 
+    _check_finite(temp=temp, top_p=top_p, min_p=min_p, typical=typical, repeat_penalty=repeat_penalty,
+                  presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, mirostat_lr=mirostat_lr,
+                  mirostat_ent=mirostat_ent)
     gbnf = resolve_grammar(grammar=grammar, grammar_file=grammar_file, json_schema=json_schema,
                            json_schema_file=json_schema_file)
     return SamplingSettings(
@@ -160,6 +165,13 @@ def sampling_settings(
         mirostat=mirostat, mirostat_lr=mirostat_lr, mirostat_ent=mirostat_ent, seed=seed, ignore_eos=ignore_eos,
         logit_bias=parse_logit_bias(logit_bias), grammar=gbnf,
     )
+
+
+def _check_finite(**values: float) -> None:
+    """Refuse nan and infinities: a range check lets nan through (every comparison with it is false)."""
+    for name, value in values.items():
+        if not math.isfinite(value):
+            raise UsageError(f"--{name.replace('_', '-')} {value}: not a finite number", hint="give a number such as 0.8")
 
 
 # Parameter names double as sampling_settings() keywords.
@@ -193,6 +205,8 @@ def sampling_options_from(kwargs: dict[str, Any]) -> SamplingOptions:
     The seed comes from `load` (a LoadSettings) when model_options already built it, else from `seed`.
     """
     values = {p.name: kwargs.pop(p.name) for p in _SAMPLING_PARAMS}
+    check_fits(n_predict=("-n", INT32_MAX), top_k=("--top-k", INT32_MAX), repeat_last_n=("--repeat-last-n", INT32_MAX),
+               values=values)
     n_predict = values.pop("n_predict")
     stop = tuple(values.pop("reverse_prompt") or ())
     load = kwargs.get("load")

@@ -153,3 +153,103 @@ def test_only_a_closed_stdout_counts_as_the_reader_leaving(monkeypatch: pytest.M
         os.close(read_end)
         assert _stdout_reader_gone()
         monkeypatch.undo()
+
+
+# ---------------------------------------------------------------- streams, numbers and folders
+
+
+def _process_with(args: list[str], **popen: object) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pyllama_cli", *args], capture_output="stdout" not in popen,
+                          timeout=60, cwd=REPO_ROOT, **popen)
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_a_full_disk_under_stdout_is_one_error_line(tiny_model: Path) -> None:
+    with open("/dev/full", "w") as full:
+        proc = _process_with(["info", "-m", str(tiny_model)], stdout=full, stderr=subprocess.PIPE, text=True)
+    assert (proc.returncode, proc.stderr) == (1, "Error: writing the output failed: No space left on device\n"
+                                                 "Hint: free some space, or send the output somewhere else\n")
+
+
+@pytest.mark.parametrize(("fd", "args", "line"), [
+    (1, ["tokenize", "-m", "{model}", "-p", "hello"], "Error: standard output is closed"),
+    (0, ["tokenize", "-m", "{model}", "--stdin"], "Error: standard input is closed"),
+])
+def test_a_closed_standard_stream_is_one_error_line(fd: int, args: list[str], line: str, tiny_model: Path) -> None:
+    # As `pyllama ... >&-` or `<&-` in a shell: the child starts with the descriptor closed.
+    args = [a.format(model=tiny_model) for a in args]
+    proc = subprocess.run([sys.executable, "-m", "pyllama_cli", *args], stdin=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True, timeout=60, cwd=REPO_ROOT,
+                          preexec_fn=lambda: os.close(fd))
+    assert (proc.returncode, proc.stderr) == (
+        1, f"{line}\nHint: redirect the stream (e.g. to /dev/null) instead of closing it\n")
+
+
+def test_more_threads_than_ggml_allows_is_a_usage_error(tiny_model: Path) -> None:
+    # ggml crashed creating 100000 threads.
+    result = run_cli("complete", "-m", str(tiny_model), "-p", "x", "-n", "1", "-t", "100000")
+    assert result.exit_code == 2
+    assert "'-t' / '--threads': 100000 is not in the range -1<=x<=512" in " ".join(
+        result.stderr.replace("│", " ").split())
+
+
+@pytest.mark.parametrize(("args", "line", "limit"), [
+    (("-c", "4294967300"), "Error: -c 4294967300 is too large", 2**31 - 1),
+    (("-s", "4294967296"), "Error: -s 4294967296 is too large", 2**32 - 1),
+    (("-n", "2147483648"), "Error: -n 2147483648 is too large", 2**31 - 1),
+])
+def test_numbers_that_would_wrap_in_llama_cpp_are_refused(args: tuple[str, ...], line: str, limit: int,
+                                                          tiny_model: Path) -> None:
+    # -c 4294967300 went into a 32-bit field as a 4-token context.
+    result = run_cli("complete", "-m", str(tiny_model), "-p", "x", *args)
+    assert_clean_error(result, line)
+    assert f"Hint: llama.cpp takes at most {limit}" in result.stderr
+
+
+@pytest.mark.parametrize("flag", ["--temp", "--top-p", "--min-p", "--repeat-penalty", "--mirostat-lr"])
+def test_nan_sampling_values_are_refused(flag: str, tiny_model: Path) -> None:
+    result = run_cli("complete", "-m", str(tiny_model), "-p", "x", "-n", "1", flag, "nan")
+    assert_clean_error(result, f"Error: {flag} nan: not a finite number")
+
+
+def test_quantize_thread_counts_past_ggml_s_limit_are_refused(tiny_model: Path, tmp_path: Path) -> None:
+    result = run_cli("quantize", str(tiny_model), str(tmp_path / "out.gguf"), "Q8_0", "100000")
+    assert_clean_error(result, "Error: thread count 100000 is out of range")
+    assert "Hint: give 1 to 512 (ggml's limit), or 0 for every hardware thread" in result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("value", ["4294967296", "-5"])
+def test_quantize_int_overrides_outside_uint32_are_refused(value: str, tiny_model: Path, tmp_path: Path) -> None:
+    # llama.cpp stores an int override as the uint32 of its absolute value: -5 would become 5.
+    result = run_cli("quantize", "--override-kv", f"a=int:{value}", str(tiny_model), str(tmp_path / "o.gguf"), "Q8_0")
+    assert_clean_error(result, f"Error: --override-kv 'a=int:{value}': an int is stored as an unsigned 32-bit value")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_log_file_in_a_missing_folder_is_refused(tiny_model: Path, tmp_path: Path) -> None:
+    log = tmp_path / "no" / "x.log"
+    result = run_cli("complete", "-m", str(tiny_model), "-p", "x", "-n", "1", "--log-file", str(log))
+    assert_clean_error(result, f"Error: cannot open the log file {log}: No such file or directory")
+
+
+def test_a_prompt_cache_in_a_missing_folder_is_refused_and_no_folder_is_made(tiny_model: Path,
+                                                                             tmp_path: Path) -> None:
+    cache = tmp_path / "no" / "deeper" / "c.bin"
+    result = run_cli("complete", "-m", str(tiny_model), "-p", "x", "-n", "1", "--prompt-cache", str(cache))
+    assert_clean_error(result, f"Error: cannot write the prompt cache {cache}: the folder {cache.parent} does not exist")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(("args", "line"), [
+    (("complete", "-p", "x", "--chat-template", "chatml"), "Error: --chat-template needs --chat"),
+    (("perplexity", "-f", "README.md", "--chunks", "0"), "Error: --chunks 0 leaves nothing to score"),
+])
+def test_flags_that_would_be_ignored_are_refused(args: tuple[str, ...], line: str, tiny_model: Path) -> None:
+    result = run_cli(*args[:1], "-m", str(tiny_model), *args[1:])
+    assert_clean_error(result, line)
+
+
+def test_an_imatrix_folder_is_named_as_a_folder(tiny_model: Path, tmp_path: Path) -> None:
+    result = run_cli("quantize", "--imatrix", str(tmp_path), str(tiny_model), str(tmp_path / "o.gguf"), "IQ2_XS")
+    assert_clean_error(result, f"Error: imatrix file {tmp_path} is a folder")

@@ -105,11 +105,16 @@ def test_unknown_repo(endpoint: FakeHub) -> None:
     assert "Traceback" not in result.stderr
 
 
-def test_offline_with_nothing_cached(endpoint: FakeHub, isolated_user_dirs: Path) -> None:
-    result = run_cli("info", "-hf", f"{REPO}:Q8_0", "--offline")
+@pytest.mark.parametrize(("how", "undo"), [("flag", "without --offline"), ("env", "with HF_HUB_OFFLINE unset")])
+def test_offline_with_nothing_cached(how: str, undo: str, endpoint: FakeHub, isolated_user_dirs: Path,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    if how == "env":
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    result = run_cli("info", "-hf", f"{REPO}:Q8_0", *(["--offline"] if how == "flag" else []))
     assert result.exit_code == 1
     cache = isolated_user_dirs / "hf" / "hub"
     assert result.first_stderr_line == f"Error: offline mode: {REPO} is not in the local Hugging Face cache ({cache})"
+    assert f"Hint: run once {undo} to download it: -hf {REPO}:Q8_0" in result.stderr
     assert endpoint.requests == []
 
 

@@ -223,8 +223,8 @@ def test_failed_run_leaves_no_base_file(tiny_model: Path, text_file: Path, tmp_p
     assert result.exit_code == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["short.txt"]
     result = save_base(tiny_model, text_file, tmp_path / "no" / "base.kld")
-    assert result.first_stderr_line == (f"Error: cannot write {tmp_path / 'no' / 'base.kld'}: "
-                                        f"{tmp_path / 'no'} is not a directory")
+    assert result.first_stderr_line == (f"Error: cannot write the KL-divergence base {tmp_path / 'no' / 'base.kld'}: "
+                                        f"the folder {tmp_path / 'no'} does not exist")
 
 
 # ---------------------------------------------------------------- HellaSwag and Winogrande

@@ -10,6 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from ..console import err, silence_stdout, warn, write_all
+from ..core.paths import require_folder
 from ..core.resolve import ModelRequest
 from ..core.settings import LoadSettings
 from ..errors import InputError, Interrupted, UsageError
@@ -78,6 +79,10 @@ def complete(
 
     if system_prompt is not None and not chat:
         raise UsageError("-sys/--system-prompt needs --chat", hint="add --chat to use the chat template")
+    if chat_template is not None and not chat:
+        raise UsageError("--chat-template needs --chat", hint="add --chat to use the chat template")
+    if prompt_cache is not None:
+        require_folder(prompt_cache, "the prompt cache")
     request = CompletionRequest(
         prompt=read_prompt(prompt, file), sampling=sampling.settings, n_predict=sampling.n_predict,
         stop=sampling.stop, chat=chat, system_prompt=system_prompt, chat_template=chat_template,

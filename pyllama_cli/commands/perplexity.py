@@ -12,6 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from ..console import err, human_size, info, stderr_is_tty, stdout_is_tty, warn
+from ..core.paths import require_folder
 from ..core.resolve import ModelRequest
 from ..core.settings import LoadSettings
 from ..errors import InputError, UsageError
@@ -44,7 +45,7 @@ def perplexity(
         "-f", "--file", help="Text to score (read as bytes; one trailing newline is dropped).",
         show_default=False, dir_okay=False)] = None,
     chunks: Annotated[int, typer.Option(
-        "--chunks", help="Score at most N chunks (-1 = all).")] = -1,
+        "--chunks", min=-1, help="Score at most N chunks (-1 = all).")] = -1,
     kl_divergence: Annotated[bool, typer.Option(
         "--kl-divergence", help="Compare this model with the base file given by --kl-divergence-base.")] = False,
     kl_base: Annotated[Path | None, typer.Option(
@@ -67,6 +68,8 @@ def perplexity(
 
     Also KL divergence against a base model (is a quantization faithful?), HellaSwag and Winogrande.
     """
+    if chunks == 0:
+        raise UsageError("--chunks 0 leaves nothing to score", hint="give a number of chunks, or -1 for all")
     mode = _mode(file, kl_divergence, kl_base, hellaswag, winogrande)
     if mode == "ppl":
         _run_perplexity(model, load, _read(file), chunks, kl_base, as_json)
@@ -115,8 +118,8 @@ def _run_perplexity(request: ModelRequest, load: LoadSettings, text: bytes, chun
                     as_json: bool) -> None:
     from ..core import perplexity as ppl
 
-    if base is not None and not base.resolve().parent.is_dir():
-        raise InputError(f"cannot write {base}: {base.parent} is not a directory")
+    if base is not None:
+        require_folder(base, "the KL-divergence base")
     resolved, model = open_model(request, load)
     with model:
         tokens = ppl.tokenize_text(model, text)

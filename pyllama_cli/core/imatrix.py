@@ -42,6 +42,8 @@ def load_imatrix(path_text: str, include: Sequence[str] = (), exclude: Sequence[
         InputError: a missing, unreadable or malformed file.
     """
     path = Path(path_text)
+    if path.is_dir():
+        raise InputError(f"imatrix file {path_text} is a folder", hint="give the imatrix file in it")
     if not path.is_file():
         raise InputError(f"imatrix file {path_text} not found", hint="check the --imatrix path")
     with open(path, "rb") as fh:

@@ -109,9 +109,17 @@ def configure_logging(verbose: bool = False, log_file: Path | None = None) -> No
     # Re-install the callback: other code in the process (tests, fixtures) may have replaced it.
     lib.llama_log_set(_router.callback, ctypes.c_void_p(0))
     if log_file is not None:
-        _router.sink = open(log_file, "a", encoding="utf-8")  # noqa: SIM115 - lives for the process
+        _router.sink = _open_log(log_file)
     else:
         _router.sink = sys.stderr if verbose else None
+
+
+def _open_log(path: Path) -> IO[str]:
+    try:
+        return open(path, "a", encoding="utf-8")  # noqa: SIM115 - lives for the process
+    except OSError as exc:
+        hint = "create its folder first" if isinstance(exc, FileNotFoundError) else "choose a file you can write"
+        raise InputError(f"cannot open the log file {path}: {exc.strerror}", hint=hint) from None
 
 
 @contextmanager

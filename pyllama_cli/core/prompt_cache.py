@@ -115,7 +115,6 @@ def save_prompt_cache(path: Path, model: Model, ctx: Context, tokens: list[int])
                          "tokens": [int(t) for t in tokens]}).encode()
     tmp: str | None = None
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the usual permissions
         with os.fdopen(fd, "wb") as f:

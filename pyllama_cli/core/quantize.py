@@ -24,12 +24,14 @@ from typing import TYPE_CHECKING, Any
 from ..errors import InputError, Interrupted, PyllamaError, UsageError
 from .ftypes import BY_NAME, QuantType, find_type, parse_type
 from .gguf_file import read_gguf
+from .settings import MAX_THREADS
 
 if TYPE_CHECKING:  # the imatrix reader is imported only by the runs that pass --imatrix
     from .imatrix import ImatrixData
 
 _SPLIT_SUFFIX = re.compile(r"-\d{5}-of-\d{5}$", re.IGNORECASE)
 _KV_TYPES = ("int", "float", "bool", "str")
+_KV_INT_MAX = 2**32 - 1
 
 
 # ---------------------------------------------------------------- arguments
@@ -109,9 +111,14 @@ def parse_override_kv(text: str) -> KvOverride:
     if len(key.encode()) > 127 or (kind == "str" and len(raw.encode()) > 127):
         raise UsageError(f"--override-kv {text!r} is too long (keys and strings: 127 bytes at most)")
     try:
-        return KvOverride(key, kind, _kv_value(kind, raw))
+        value = _kv_value(kind, raw)
     except ValueError:
         raise UsageError(f"--override-kv {text!r}: {raw!r} is not a valid {kind}", hint=hint) from None
+    if kind == "int" and not 0 <= value <= _KV_INT_MAX:
+        # llama.cpp writes an int override as a uint32 of its absolute value: anything else would change.
+        raise UsageError(f"--override-kv {text!r}: an int is stored as an unsigned 32-bit value",
+                         hint=f"give 0 to {_KV_INT_MAX}")
+    return KvOverride(key, kind, value)
 
 
 def _kv_value(kind: str, raw: str) -> int | float | bool | str:
@@ -201,6 +208,9 @@ def check_request(req: QuantizeRequest) -> None:
         raise UsageError("--include-weights and --exclude-weights cannot be used together")
     if (req.include_weights or req.exclude_weights) and not req.imatrix:
         raise UsageError("--include-weights/--exclude-weights select imatrix entries; they need --imatrix FILE")
+    if not 0 <= req.nthread <= MAX_THREADS:
+        raise UsageError(f"thread count {req.nthread} is out of range",
+                         hint=f"give 1 to {MAX_THREADS} (ggml's limit), or 0 for every hardware thread")
     if req.quant.needs_imatrix and not req.imatrix:
         raise UsageError(f"{req.quant.name} needs an importance matrix",
                          hint="make one with llama-imatrix and pass --imatrix FILE, or pick a type such as IQ3_S or Q2_K")

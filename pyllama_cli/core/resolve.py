@@ -149,19 +149,21 @@ def offline_requested(request: ModelRequest) -> bool:
 def resolve_hf(request: ModelRequest, *, tqdm_class: Any = None, tokenizer: bool = True) -> ResolvedModel:
     repo, tag = parse_hf_spec(request.hf_repo or "")
     if offline_requested(request):
+        # Say how the user asked for offline mode, so the hint names what to undo.
+        online = "without --offline" if request.offline else "with HF_HUB_OFFLINE unset"
         snapshot = _cached_snapshot(repo)
         files = _snapshot_files(snapshot) if snapshot else []
         if not files:
             raise OfflineMiss(
                 f"offline mode: {repo} is not in the local Hugging Face cache ({hub_cache_dir()})",
-                hint=f"run once without --offline to download it: -hf {request.hf_repo}",
+                hint=f"run once {online} to download it: -hf {request.hf_repo}",
             )
         names = pick_gguf_files(files, tag, request.hf_file, repo)
         paths = tuple(snapshot / n for n in names)
         missing = [p for p in paths if not p.exists()]
         if missing:
             raise OfflineMiss(f"offline mode: {missing[0].name} of {repo} is not in the local cache",
-                              hint="run once without --offline to download it")
+                              hint=f"run once {online} to download it")
     else:
         files = _list_repo_files(repo, request.hf_token)
         names = pick_gguf_files(files, tag, request.hf_file, repo)

@@ -15,6 +15,12 @@ DEFAULT_N_UBATCH = 512
 DEFAULT_N_GPU_LAYERS = -1  # -1 = every layer (when the build supports offload)
 DEFAULT_SEED = -1  # -1 = random
 FLASH_ATTN_CHOICES = ("auto", "on", "off")
+# llama.cpp reads counts (-c, -b, -n, ...) as 32-bit ints and seeds as 32-bit unsigned: bigger values would
+# wrap around on the way into the C structs.
+INT32_MAX = 2**31 - 1
+UINT32_MAX = 2**32 - 1
+# ggml's GGML_MAX_N_THREADS: asked for more, ggml aborts, or crashes creating the threads.
+MAX_THREADS = 512
 
 
 @dataclass(frozen=True)

@@ -254,7 +254,7 @@ def check_ids(model: Model, ids: list[int]) -> None:
     for token in ids:
         if not 0 <= token < model.n_vocab:
             raise InputError(f"token id {token} is out of range: the vocab has {model.n_vocab} tokens "
-                             f"(0..{model.n_vocab - 1})")
+                             f"(0..{model.n_vocab - 1})", hint="were the ids made with another model's tokenizer?")
 
 
 def detokenize_ids(model: Model, ids: list[int]) -> bytes:
