@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import InputError, UsageError
+from .json_schema import prepare_schema, splice_integer_ranges
 
 _NAME_CHARS = re.compile(r"[A-Za-z0-9-]")
 _SHIPPED_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
@@ -101,22 +102,37 @@ def _read(path: Path, what: str) -> str:
 
 
 def schema_to_grammar(schema: str, source: str = "the JSON schema") -> str:
-    """Turn a JSON schema (JSON text) into GBNF, using llama-cpp-python's public converter."""
+    """Turn a JSON schema (JSON text) into GBNF, using llama-cpp-python's public converter.
+
+    The schema is checked first (json_schema.prepare_schema), and integer bounds, which the converter
+    ignores, are put into the grammar afterwards.
+    """
+    parsed = _parse_schema(schema, source)
+    _check_schema_counts(parsed, source)
+    integer_ranges = prepare_schema(parsed, source)
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+    try:
+        grammar = json_schema_to_gbnf(json.dumps(parsed))
+    except Exception as exc:  # noqa: BLE001 - the converter raises bare exceptions for unsupported schemas
+        raise InputError(f"{source}: cannot turn this schema into a grammar: {exc}",
+                         hint="simplify the schema, or write the grammar yourself with --grammar-file") from None
+    return splice_integer_ranges(grammar, integer_ranges)
+
+
+def _parse_schema(schema: str, source: str) -> dict | bool:
     try:
         parsed = json.loads(schema)
     except json.JSONDecodeError as exc:
         raise InputError(f"{source}: not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}",
                          hint="quote the schema for the shell, e.g. -j '{\"type\": \"object\"}'") from None
+    except RecursionError:
+        raise InputError(f"{source}: the schema nests too deeply to read") from None
+    except ValueError as exc:  # a number with thousands of digits
+        raise InputError(f"{source}: cannot read the schema: {exc}") from None
     if not isinstance(parsed, (dict, bool)):
         raise InputError(f"{source}: a JSON schema must be an object, not {type(parsed).__name__}")
-    _check_schema_counts(parsed, source)
-    from llama_cpp.llama_grammar import json_schema_to_gbnf
-
-    try:
-        return json_schema_to_gbnf(json.dumps(parsed))
-    except Exception as exc:  # noqa: BLE001 - the converter raises bare exceptions for unsupported schemas
-        raise InputError(f"{source}: cannot turn this schema into a grammar: {exc}",
-                         hint="simplify the schema, or write the grammar yourself with --grammar-file") from None
+    return parsed
 
 
 def _check_schema_counts(schema: object, source: str) -> None:

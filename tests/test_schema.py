@@ -1,0 +1,217 @@
+"""JSON schemas for `-j`: impossible schemas are one-line usage errors, integer bounds hold exactly."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from pathlib import Path
+
+import pytest
+
+from pyllama_cli.core.grammar import check_grammar, schema_to_grammar
+from pyllama_cli.core.json_schema import UNBOUNDED_DIGITS, integer_range_gbnf
+from pyllama_cli.errors import InputError, UsageError
+from tests.helpers import run_cli
+
+FAST = ("-t", "1", "-c", "512")
+
+# ---------------------------------------------------------------- a GBNF reader for tests
+
+# The pieces of the GBNF the converter writes: literals, classes, rule names, repetitions, operators.
+_TOKEN = re.compile(r'\s*("(?:\\.|[^"\\])*"|\[(?:\\.|[^\]\\])*\]|[A-Za-z0-9-]+|\{[0-9,]+\}|[()|?*+])')
+
+
+def gbnf_regex(grammar: str) -> re.Pattern:
+    """The language of a non-recursive GBNF grammar as a Python regex (GBNF classes and repeats read the same)."""
+    rules = dict(line.split(" ::= ", 1) for line in grammar.splitlines())
+
+    def translate(name: str, depth: int) -> str:
+        assert depth < 50, "recursive grammar"
+        body, out, pos = rules[name].rstrip(), [], 0
+        while pos < len(body):
+            match = _TOKEN.match(body, pos)
+            assert match, body[pos:]
+            token, pos = match.group(1), match.end()
+            if token.startswith('"'):
+                out.append(re.escape(json.loads(token)))
+            elif re.fullmatch(r"[A-Za-z0-9-]+", token):
+                out.append(f"(?:{translate(token, depth + 1)})")
+            else:
+                out.append("(?:" if token == "(" else token)
+        return "".join(out)
+
+    return re.compile(translate("root", 0))
+
+
+def accepts(pattern: re.Pattern, text: str) -> bool:
+    return pattern.fullmatch(text) is not None
+
+
+# ---------------------------------------------------------------- impossible schemas
+
+
+@pytest.mark.parametrize(("schema", "message"), [
+    ({"enum": []}, ': "enum" must list at least one value'),
+    ({"anyOf": []}, ': "anyOf" must list at least one schema'),
+    ({"oneOf": []}, ': "oneOf" must list at least one schema'),
+    ({"type": []}, ': "type" must name at least one type'),
+    ({"type": "object", "properties": {"color": {"enum": []}}},
+     ' at /properties/color: "enum" must list at least one value'),
+    ({"type": "integer", "minimum": 5, "maximum": 1}, ': "minimum" 5 is greater than "maximum" 1'),
+    ({"type": "number", "exclusiveMinimum": 2, "exclusiveMaximum": 2},
+     ': "exclusiveMinimum" 2 and "exclusiveMaximum" 2 leave no number between them'),
+    ({"type": "integer", "minimum": 1.2, "maximum": 1.8}, ': "minimum" 1.2 and "maximum" 1.8 leave no integer between them'),
+    ({"type": "integer", "minimum": 3, "exclusiveMinimum": True, "maximum": 3},
+     ': "minimum" 3 (exclusive) and "maximum" 3 leave no integer between them'),
+    ({"type": "string", "minLength": 5, "maxLength": 2}, ': "minLength" 5 is greater than "maxLength" 2'),
+    ({"type": "array", "items": {"type": "string"}, "minItems": 3, "maxItems": 1},
+     ': "minItems" 3 is greater than "maxItems" 1'),
+    ({"type": "array", "items": {"type": "object", "properties": {"a/b": {"type": "string", "minLength": 2,
+                                                                          "maxLength": 1}}}},
+     ' at /items/properties/a~1b: "minLength" 2 is greater than "maxLength" 1'),
+    ({"type": "string", "minLength": -1}, ': "minLength" must be a whole number of at least 0, not -1'),
+    ({"type": "integer", "maximum": "5"}, ': "maximum" must be a number, not "5"'),
+    ({"type": "integer", "maximum": 1e300}, ': "maximum" 1e+300 has more than the 100 digits a grammar can spell out'),
+])
+def test_impossible_schema_is_a_usage_error_naming_the_problem(schema: dict, message: str) -> None:
+    with pytest.raises(UsageError) as exc:
+        schema_to_grammar(json.dumps(schema), "-j/--json-schema")
+    assert exc.value.message == f"-j/--json-schema{message}"
+    assert exc.value.hint
+    assert isinstance(exc.value, InputError)  # the server answers InputError from a schema with a 400
+
+
+def test_empty_enum_is_one_line_error_before_the_model_loads(tmp_path: Path) -> None:
+    result = run_cli("complete", "-m", str(tmp_path / "missing.gguf"), "-p", "x", "-j", '{"enum":[]}')
+    assert result.exit_code == 1
+    assert result.first_stderr_line == 'Error: -j/--json-schema: "enum" must list at least one value'
+    assert "Traceback" not in result.stderr and "line 2" not in result.stderr
+
+
+def test_conflicting_bounds_from_the_command_line(tmp_path: Path) -> None:
+    schema = '{"type":"object","properties":{"n":{"type":"integer","minimum":5,"maximum":1}}}'
+    result = run_cli("complete", "-m", str(tmp_path / "missing.gguf"), "-p", "x", "-j", schema)
+    assert result.exit_code == 1
+    assert result.first_stderr_line == 'Error: -j/--json-schema at /properties/n: "minimum" 5 is greater than "maximum" 1'
+
+
+@pytest.mark.parametrize("text", ["1" * 5000, "[" * 100_000], ids=["5000-digit number", "deep nesting"])
+def test_unreadable_schema_text_is_an_input_error(text: str) -> None:
+    with pytest.raises(InputError):
+        schema_to_grammar(text, "-j/--json-schema")
+
+
+# ---------------------------------------------------------------- integer ranges, exactly
+
+
+def _candidates(low: int | None, high: int | None) -> set[str]:
+    """Integers around each bound and each power of ten, and texts that are not JSON integers."""
+    centres = [0] + [b for b in (low, high) if b is not None]
+    centres += [sign * 10 ** k for k in range(UNBOUNDED_DIGITS + 2) for sign in (1, -1)]
+    numbers = {str(c + d) for c in centres for d in range(-12, 13)}
+    return numbers | {"-0", "01", "+1", "1.0", "", "-", "1e3", " 1", "00"}
+
+
+def _allowed(text: str, low: int | None, high: int | None) -> bool:
+    if not re.fullmatch(r"-?(0|[1-9][0-9]*)", text) or text == "-0":
+        return False
+    value = int(text)
+    # A side without a bound stops at the converter's digit count for plain integers.
+    digits_ok = len(text.lstrip("-")) <= UNBOUNDED_DIGITS or (low is not None and high is not None)
+    return (low is None or value >= low) and (high is None or value <= high) and digits_ok
+
+
+RANGES = [(1, 5), (0, None), (None, 0), (None, None), (-1_000_000, 1_000_000), (17, 2345), (-37, -5), (100, 100),
+          (0, 0), (-5, -5), (123_456_789, None), (None, -10), (-99, 99), (1, 10 ** 20), (-(10 ** 18) - 7, 3)]
+
+
+@pytest.mark.parametrize(("low", "high"), RANGES)
+def test_integer_range_grammar_accepts_exactly_the_range(low: int | None, high: int | None) -> None:
+    pattern = gbnf_regex(f"root ::= {integer_range_gbnf(low, high)}")
+    for text in _candidates(low, high):
+        assert accepts(pattern, text) == _allowed(text, low, high), (low, high, text)
+
+
+def test_integer_range_grammar_on_random_ranges() -> None:
+    rng = random.Random(5)
+    for _ in range(300):
+        width = rng.choice([10, 1000, 10 ** 6, 10 ** 12])
+        low, high = sorted(rng.randint(-width, width) for _ in range(2))
+        low, high = rng.choice([(low, high), (low, None), (None, high)])
+        pattern = gbnf_regex(f"root ::= {integer_range_gbnf(low, high)}")
+        probes = _candidates(low, high) | {str(rng.randint(-2 * width, 2 * width)) for _ in range(50)}
+        for text in probes:
+            assert accepts(pattern, text) == _allowed(text, low, high), (low, high, text)
+
+
+@pytest.mark.parametrize(("bounds", "low", "high"), [
+    ({"minimum": 1, "maximum": 5}, 1, 5),
+    ({"exclusiveMinimum": 1, "exclusiveMaximum": 5}, 2, 4),
+    ({"minimum": 1.5, "maximum": 4.5}, 2, 4),
+    ({"exclusiveMinimum": 1.5, "exclusiveMaximum": 4.5}, 2, 4),
+    ({"minimum": 0}, 0, None),
+    ({"maximum": -3}, None, -3),
+    ({"minimum": 2, "exclusiveMinimum": True, "maximum": 9, "exclusiveMaximum": True}, 3, 8),
+    ({"minimum": -1_000_000, "maximum": 1_000_000}, -1_000_000, 1_000_000),
+])
+def test_schema_grammar_enforces_integer_bounds(bounds: dict, low: int | None, high: int | None) -> None:
+    grammar = schema_to_grammar(json.dumps({"type": "integer", **bounds}))
+    check_grammar(grammar)
+    pattern = gbnf_regex(grammar)
+    for text in _candidates(low, high):
+        assert accepts(pattern, text + " ") == _allowed(text, low, high), (bounds, text)
+
+
+def test_integer_bounds_hold_in_properties_array_items_and_type_lists() -> None:
+    schema = {"type": "object", "required": ["a", "b", "c"], "properties": {
+        "a": {"type": "integer", "minimum": 1, "maximum": 3},
+        "b": {"type": "array", "items": {"type": "integer", "exclusiveMinimum": 0, "maximum": 2}, "maxItems": 2},
+        "c": {"type": ["integer", "null"], "minimum": 7, "maximum": 8},
+        "d": {"$ref": "#/$defs/small"},
+    }, "$defs": {"small": {"type": "integer", "minimum": -2, "maximum": -1}}}
+    grammar = schema_to_grammar(json.dumps(schema))
+    check_grammar(grammar)
+    pattern = gbnf_regex(grammar)
+    assert accepts(pattern, '{"a":3,"b":[1,2],"c":null,"d":-2}')
+    assert accepts(pattern, '{"a":1,"b":[],"c":8}')
+    for bad in ('{"a":4,"b":[],"c":8}', '{"a":1,"b":[0],"c":8}', '{"a":1,"b":[3],"c":8}', '{"a":1,"b":[],"c":6}',
+                '{"a":1,"b":[],"c":8,"d":0}', '{"a":0,"b":[],"c":7}'):
+        assert not accepts(pattern, bad), bad
+
+
+def test_bounded_integers_the_converter_skips_leave_no_marker() -> None:
+    schema = {"type": "integer", "minimum": 1, "maximum": 2, "not": {"type": "integer", "minimum": 7},
+              "$defs": {"unused": {"type": "integer", "maximum": 0}}}
+    grammar = schema_to_grammar(json.dumps(schema))
+    assert "pyllama-integer" not in grammar
+    assert accepts(gbnf_regex(grammar), "2") and not accepts(gbnf_regex(grammar), "7")
+
+
+def test_enum_and_const_values_are_left_alone() -> None:
+    value = {"type": "integer", "minimum": 1}  # an allowed value that looks like a schema
+    grammar = schema_to_grammar(json.dumps({"enum": [value], "type": "object"}))
+    assert accepts(gbnf_regex(grammar), json.dumps(value))  # the converter writes values as json.dumps does
+
+
+# ---------------------------------------------------------------- in llama.cpp
+
+
+def test_complete_with_integer_bounds_stays_in_range(tiny_model: Path) -> None:
+    schema = json.dumps({"type": "integer", "minimum": 1, "maximum": 5})
+    for seed in range(5):
+        result = run_cli("complete", "-m", str(tiny_model), *FAST, "-p", "hello", "-n", "12", "-s", str(seed),
+                         "-j", schema)
+        assert result.exit_code == 0, result.stderr
+        assert 1 <= int(result.stdout) <= 5, (seed, result.stdout)
+
+
+def test_complete_with_a_wide_integer_range_in_an_object(tiny_model: Path) -> None:
+    schema = json.dumps({"type": "object", "required": ["n", "m"], "properties": {
+        "n": {"type": "integer", "minimum": 1000, "maximum": 1_000_000},
+        "m": {"type": "integer", "exclusiveMinimum": 0}}})
+    for seed in range(8):  # without the bounds, seeds 2, 3, 5, 6 and 7 give 0, 7 or 4496193
+        result = run_cli("complete", "-m", str(tiny_model), *FAST, "-p", "JSON:", "-n", "200", "-s", str(seed),
+                         "-j", schema)
+        value = json.loads(result.stdout)
+        assert 1000 <= value["n"] <= 1_000_000 and value["m"] >= 1, (seed, result.stdout)
