@@ -8,6 +8,8 @@ import json
 import os
 import re
 import signal
+import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,13 +17,15 @@ import pytest
 from pyllama_cli.chat_commands import ChatRepl, ChatSettings, command_names, find_command, parse_param
 from pyllama_cli.chat_ui import PlainUI, ReasoningSplitter, TerminalUI
 from pyllama_cli.console import STYLES
-from pyllama_cli.core.chat_template import BUILTIN_TEMPLATES, render_template
+from pyllama_cli.core.chat_template import BUILTIN_TEMPLATES, TemplateError, render_template
 from pyllama_cli.core.conversation import Conversation, fit_context, open_chat_engine
 from pyllama_cli.core.native import Model
 from pyllama_cli.core.paths import data_dir
 from pyllama_cli.core.sampling import SamplingSettings
 from pyllama_cli.core.settings import LoadSettings
 from pyllama_cli.errors import ContextOverflow, InputError
+from pyllama_cli.server.errors import to_api_error
+from tests.fixtures.make_gguf import TINY, write_llama_gguf
 from tests.helpers import CliResult, run_cli, run_process
 
 FAST = ("-t", "1", "-c", "512")
@@ -286,6 +290,114 @@ def test_terminal_multiline_block_and_alt_enter(engine) -> None:
     _, conv, _ = run_terminal(engine, '"""\rone\rtwo"""\rthree\x1b\rfour\r\x04', history=None,
                               settings=ChatSettings(sampling=GREEDY, max_tokens=1))
     assert [m["content"] for m in conv.messages if m["role"] == "user"] == ["one\ntwo", "three\nfour"]
+
+
+# --- templates that fail or blow up while rendering, and input that is not UTF-8 ---------------
+
+HI = '[{"role": "user", "content": "hi"}]'
+RENDER_FAILED = "Error: chat template failed to render: "
+RENDER_HINT = "Hint: pass --chat-template NAME|FILE to use another template (built-ins: chatml, gemma, llama2, llama3, " \
+              "mistral, phi3, zephyr)\n"
+
+
+@pytest.mark.parametrize("template, error", [
+    ("{{ 1/0 }}", "ZeroDivisionError: division by zero"),
+    ('{{ "a" + 1 }}', 'TypeError: can only concatenate str (not "int") to str'),
+    ('{{ "abc".split(1) }}', "TypeError: must be str or None, not int"),
+    ('{{ "%d" % "x" }}', "TypeError: %d format: a real number is required, not str"),
+    ("{{ range(10**12)|list }}", "OverflowError: Range too big. The sandbox blocks ranges larger than MAX_RANGE "
+                                 "(100000)."),
+])
+def test_a_template_that_raises_is_one_error_line(tiny_model: Path, template: str, error: str) -> None:
+    result = run_cli("tokenize", "-m", str(tiny_model), "--chat", HI, "--chat-template", template)
+    assert (result.exit_code, result.stderr, result.stdout) == (1, RENDER_FAILED + error + "\n" + RENDER_HINT, "")
+
+
+def test_template_errors_through_chat_complete_and_the_gguf_template(tiny_model: Path, tmp_path: Path) -> None:
+    zero = RENDER_FAILED + "ZeroDivisionError: division by zero\n" + RENDER_HINT
+    # The chat REPL reports a turn it cannot answer and carries on, as for every template error.
+    single = chat(tiny_model, "-st", "--chat-template", "{{ 1/0 }}", stdin="hi\n")
+    assert (single.exit_code, single.stdout, single.stderr) == (0, "", zero + "(message not kept)\n")
+    done = run_cli("complete", "-m", str(tiny_model), *FAST, "--chat", "-p", "hi", "--chat-template", "{{ 1/0 }}")
+    assert (done.exit_code, done.stderr) == (1, zero)
+    bad = write_llama_gguf(tmp_path / "bad-template.gguf", replace(TINY, chat_template="{{ 1/0 }}"))
+    own = run_process("complete", "-m", str(bad), *FAST, "--chat", "-p", "hi")
+    assert (own.exit_code, own.stderr) == (1, zero)
+
+
+def test_serve_answers_a_failing_template_with_a_client_error() -> None:
+    # The server maps a TemplateError to its 400 `invalid_template` answer; rendering must raise one.
+    with pytest.raises(TemplateError) as caught:
+        render_template("{{ 1/0 }}", [{"role": "user", "content": "hi"}])
+    error = to_api_error(caught.value)
+    assert (error.status, error.code, error.message) == (
+        400, "invalid_template", "chat template failed to render: ZeroDivisionError: division by zero")
+
+
+@pytest.mark.parametrize("template, error", [
+    ('{{ "x" * 10**10 }}', "the result of '*' would hold 10,000,000,000 items (the limit is 10,000,000)"),
+    ("{{ 10**10 * [0] }}", "the result of '*' would hold 10,000,000,000 items (the limit is 10,000,000)"),
+    ("{{ 10 ** (10**10) }}", "the result of '**' would be an integer of about 33,219,280,949 bits (the limit is "
+                             "1,000,000)"),
+    ("{% set ns = namespace(n=2) %}{% for _ in range(30) %}{% set ns.n = ns.n * ns.n %}{% endfor %}",
+     "the result of '*' would be an integer of about 1,048,578 bits (the limit is 1,000,000)"),
+    ("{% set ns = namespace(s='xy') %}{% for _ in range(30) %}{% set ns.s = ns.s + ns.s %}{% endfor %}",
+     "the result of '+' would hold 16,777,216 items (the limit is 10,000,000)"),
+    ('{{ "%10000000000d" % 1 }}', "the result of '%' would hold 10,000,000,000 items (the limit is 10,000,000)"),
+    ('{{ "%*d" % (10**10, 1) }}', "the result of '%' would hold 10,000,000,000 items (the limit is 10,000,000)"),
+    ('{{ "x".ljust(10**10) }}', "the result of 'str.ljust' would hold 10,000,000,000 items (the limit is "
+                                "10,000,000)"),
+    ("{{ messages|tojson(indent=10**10) }}", "the result of 'tojson indent' would hold 10,000,000,000 items (the "
+                                             "limit is 10,000,000)"),
+    ('{% for _ in range(100000) %}{{ "x" * 1000 }}{% endfor %}', "its output would exceed 10,000,000 characters"),
+])
+def test_templates_that_would_build_huge_values_are_refused_at_once(template: str, error: str) -> None:
+    start = time.monotonic()
+    with pytest.raises(TemplateError) as caught:
+        render_template(template, [{"role": "user", "content": "hi"}])
+    assert caught.value.message == "chat template failed to render: " + error
+    assert time.monotonic() - start < 5
+
+
+def test_a_huge_repetition_on_the_command_line_is_one_error_line(tiny_model: Path) -> None:
+    result = run_process("tokenize", "-m", str(tiny_model), "--chat", HI, "--chat-template", '{{ "x" * 10**10 }}',
+                         timeout=60)
+    assert (result.exit_code, result.stderr) == (1, RENDER_FAILED + "the result of '*' would hold 10,000,000,000 "
+                                                 "items (the limit is 10,000,000)\n" + RENDER_HINT)
+
+
+def test_sizes_within_the_limits_still_render() -> None:
+    template = ("{% for m in messages %}{{ '  ' * loop.index0 }}{{ loop.index0 * 2 }} {{ '%s:%-4s|' % (m.role, 1) }}"
+                "{{ m.content.ljust(4, '.') }}{{ [1] * 2 + [3] }}{{ 2 ** 10 }}{{ 'x' * 0 }}{% endfor %}"
+                "{{ '%(n)d' % {'n': 20240612} }}{{ messages|tojson(indent=1) }}")
+    assert render_template(template, [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]) == (
+        "0 user:1   |hi..[1, 1, 3]1024  2 assistant:1   |yo..[1, 1, 3]1024"
+        '20240612[\n {\n  "role": "user",\n  "content": "hi"\n },\n {\n  "role": "assistant",\n  "content": "yo"\n }\n]')
+
+
+def test_stdin_that_is_not_utf8_becomes_replacement_characters(tiny_model: Path, tmp_path: Path) -> None:
+    out = tmp_path / "c.json"
+    result = run_process("chat", "-m", str(tiny_model), *FAST, "-n", "6", "-sys", "S\udcff",
+                         stdin=b"\xff\xfe\n/system \xe2\x82 x\n" + f"/save {out}\n".encode())
+    assert result.exit_code == 0 and "Traceback" not in result.stderr, result.stderr
+    assert json.loads(out.read_text(encoding="utf-8"))[:2] == [
+        {"role": "system", "content": "\ufffd x"}, {"role": "user", "content": "\ufffd\ufffd"}]
+    single = run_process("chat", "-m", str(tiny_model), *FAST, "-n", "6", "-st", stdin=b"\xff\xfe\n")
+    assert single.exit_code == 0 and single.stdout.endswith("\n\n") and "Traceback" not in single.stderr
+    first = run_process("chat", "-m", str(tiny_model), *FAST, "-n", "6", "-st", "-p", "\udcff\udcfe")
+    assert first.exit_code == 0 and first.stdout.endswith("\n\n") and "Traceback" not in first.stderr
+
+
+def test_surrogates_from_argv_or_json_escapes_become_replacement_characters(tmp_path: Path) -> None:
+    conv = Conversation(system="a\udcffb")  # b"a\xffb" as Python reads it from argv
+    saved = tmp_path / "in.json"
+    saved.write_text('[{"role": "user", "content": "half a pair: \\ud83d, bytes: \\udce2\\udc82"}]')
+    conv.load(saved)
+    conv.add_user("\udcc3\udca9")  # b"\xc3\xa9" escaped byte by byte: a whole character once decoded
+    conv.save(tmp_path / "out.json")
+    assert json.loads((tmp_path / "out.json").read_text(encoding="utf-8")) == [
+        {"role": "system", "content": "a\ufffdb"}, {"role": "user", "content": "half a pair: \ufffd, bytes: \ufffd"},
+        {"role": "user", "content": "\u00e9"}]
 
 
 # --- pieces ------------------------------------------------------------------------------------

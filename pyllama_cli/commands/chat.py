@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -109,9 +109,17 @@ def _make_ui(plain: bool, reasoning: str, no_history: bool):
     from ..core.paths import data_dir
 
     if not (sys.stdin.isatty() and sys.stdout.isatty()) or os.environ.get("TERM") == "dumb":
-        return PlainUI(reasoning=reasoning)
+        return PlainUI(reasoning=reasoning, stdin=_lenient(sys.stdin))
     history = None if no_history else data_dir() / HISTORY_FILE
     return TerminalUI(history=history, commands=command_names(), plain=plain, reasoning=reasoning)
+
+
+def _lenient(stdin: Any) -> Any:
+    """stdin with bytes that do not decode read as U+FFFD, as the model's answers are: messages are text
+    (rendered by templates, saved as JSON), and a strict locale would fail the read itself."""
+    if hasattr(stdin, "reconfigure"):
+        stdin.reconfigure(errors="replace")
+    return stdin
 
 
 def _banner(name: str, description: str, template: str, n_ctx: int, system: str) -> list[str]:

@@ -8,6 +8,8 @@ Templates are Jinja2, rendered in a sandbox with the helpers HF-style templates 
 from __future__ import annotations
 
 import json
+import math
+import re
 from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
@@ -135,19 +137,110 @@ def resolve_template(model_template: str | None, override: str | None) -> tuple[
                         hint="pass --chat-template NAME|FILE (built-ins: " + ", ".join(template_names()) + ")")
 
 
+# Templates come from GGUF files and users, so rendering one must stay bounded: no string or list
+# (an intermediate or the output) beyond MAX_ITEMS items, no integer beyond MAX_INT_BITS bits.
+# A real chat prompt is far below both (10 million characters are millions of tokens).
+MAX_ITEMS = 10_000_000
+MAX_INT_BITS = 1_000_000
+_SEQUENCES = (str, list, tuple)
+# `%`-format conversions: an optional (key), flags, then the width and precision, which size the result.
+_PERCENT_SPEC = re.compile(r"%(?:\([^)]*\))?[-#0 +]*(\d*|\*)(?:\.(\d*|\*))?")
+_WIDTH_METHODS = frozenset({"center", "ljust", "rjust", "zfill", "expandtabs"})
+
+
 @lru_cache(maxsize=16)
 def _compile(template: str) -> Any:
     from jinja2 import TemplateSyntaxError
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env = _bounded_environment()
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-    env.filters["tojson"] = lambda v, indent=None, **_: json.dumps(v, ensure_ascii=False, indent=indent)
+    env.filters["tojson"] = _tojson
     try:
         return env.from_string(template)
     except TemplateSyntaxError as exc:
         raise TemplateError(f"chat template does not parse: {exc.message} (line {exc.lineno})") from exc
+
+
+def _bounded_environment() -> Any:
+    """jinja2's immutable sandbox, with the operators and methods that can blow up sizes checked first."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class BoundedEnvironment(ImmutableSandboxedEnvironment):
+        # Intercepted operators also escape jinja's constant folding, so `"x" * 10**10` cannot hang the parse.
+        intercepted_binops = frozenset({"+", "*", "**", "%"})
+
+        def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+            _check_binop(operator, left, right)
+            return super().call_binop(context, operator, left, right)
+
+        # Positional-only, as in jinja: a template may pass keyword arguments named `context` or `obj`.
+        def call(self, context: Any, obj: Any, /, *args: Any, **kwargs: Any) -> Any:
+            _check_width_call(obj, args, kwargs)
+            return super().call(context, obj, *args, **kwargs)
+
+    return BoundedEnvironment(trim_blocks=True, lstrip_blocks=True)
+
+
+def _check_binop(operator: str, left: Any, right: Any) -> None:
+    """Refuse an operation whose result would be too large, before Python starts building it."""
+    if operator == "+" and isinstance(left, _SEQUENCES) and isinstance(right, _SEQUENCES):
+        _check_items(operator, len(left) + len(right))
+    elif operator == "*":
+        _check_product(left, right)
+    elif operator == "**" and _is_int(left) and _is_int(right) and right > 0 and abs(left) > 1:
+        _check_int_bits(operator, int(right * math.log2(abs(left))) + 1)
+    elif operator == "%" and isinstance(left, str):
+        _check_percent_format(left, right)
+
+
+def _check_product(left: Any, right: Any) -> None:
+    if _is_int(left) and _is_int(right):
+        _check_int_bits("*", left.bit_length() + right.bit_length())
+    elif isinstance(left, _SEQUENCES) and _is_int(right):
+        _check_items("*", len(left) * right)
+    elif _is_int(left) and isinstance(right, _SEQUENCES):
+        _check_items("*", left * len(right))
+
+
+def _check_percent_format(fmt: str, args: Any) -> None:
+    """`"%10000000000d" % 1` allocates its width: check the widths and precisions, written or given by `*`."""
+    sizes = [int(n) for spec in _PERCENT_SPEC.findall(fmt) for n in spec if n.isdigit()]
+    if "*" in fmt:
+        sizes += [abs(a) for a in (args if isinstance(args, tuple) else (args,)) if _is_int(a)]
+    _check_items("%", max(sizes, default=0))
+
+
+def _check_width_call(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """`"x".ljust(10**10)` and the like allocate their width argument."""
+    if isinstance(getattr(func, "__self__", None), str) and getattr(func, "__name__", "") in _WIDTH_METHODS:
+        _check_items(f"str.{func.__name__}", max((abs(a) for a in (*args, *kwargs.values()) if _is_int(a)), default=0))
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_items(operation: str, size: int) -> None:
+    if size > MAX_ITEMS:
+        raise _render_failure(f"the result of {operation!r} would hold {_amount(size)} items (the limit is {MAX_ITEMS:,})")
+
+
+def _check_int_bits(operation: str, bits: int) -> None:
+    if bits > MAX_INT_BITS:
+        raise _render_failure(f"the result of {operation!r} would be an integer of about {_amount(bits)} bits "
+                              f"(the limit is {MAX_INT_BITS:,})")
+
+
+def _amount(n: int) -> str:
+    # Beyond 10**18 the exact figure says nothing more (and past 4300 digits Python will not print it).
+    return f"{n:,}" if n < 10**18 else "more than 10^18"
+
+
+def _tojson(value: Any, indent: Any = None, **_: Any) -> str:
+    if _is_int(indent):
+        _check_items("tojson indent", indent)
+    return json.dumps(value, ensure_ascii=False, indent=indent)
 
 
 def _raise_exception(message: str) -> None:
@@ -157,18 +250,44 @@ def _raise_exception(message: str) -> None:
 def render_template(template: str, messages: list[dict[str, Any]], *, bos_token: str = "", eos_token: str = "",
                     add_generation_prompt: bool = True, tools: list[dict[str, Any]] | None = None,
                     **extra: Any) -> str:
-    """Render `messages` with a Jinja chat template text."""
+    """Render `messages` with a Jinja chat template text.
+
+    Raises:
+        TemplateError: the template does not parse, refuses the conversation, or fails while rendering
+            (any exception it raises, or a result over the size limits).
+    """
     from jinja2 import TemplateError as JinjaError
 
     try:
-        return _compile(template).render(
+        return _render_bounded(_compile(template), dict(
             messages=messages, bos_token=bos_token, eos_token=eos_token,
             add_generation_prompt=add_generation_prompt, tools=tools, **extra,
-        )
+        ))
     except TemplateError:
         raise
     except JinjaError as exc:
-        raise TemplateError(f"chat template failed to render: {exc}") from exc
+        raise _render_failure(str(exc)) from exc
+    except Exception as exc:  # a template is code from a file or a user: whatever it raises is its failure
+        raise _render_failure(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__) from exc
+
+
+def _render_bounded(compiled: Any, variables: dict[str, Any]) -> str:
+    """Render piece by piece, stopping as soon as the output outgrows MAX_ITEMS characters
+    (a loop printing a large string many times would otherwise fill memory before any check)."""
+    pieces, size = [], 0
+    for piece in compiled.generate(variables):
+        size += len(piece)
+        if size > MAX_ITEMS:
+            raise _render_failure(f"its output would exceed {MAX_ITEMS:,} characters")
+        pieces.append(piece)
+    return "".join(pieces)
+
+
+def _render_failure(detail: str) -> TemplateError:
+    # The template is at fault (not the conversation): the way out is another template.
+    return TemplateError(f"chat template failed to render: {detail}",
+                         hint="pass --chat-template NAME|FILE to use another template (built-ins: "
+                              + ", ".join(template_names()) + ")")
 
 
 def render_chat(model: Any, messages: list[dict[str, Any]], template: str | None = None,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -33,6 +34,9 @@ class Conversation:
     messages: list[Message] = field(default_factory=list)
     attachments: list[tuple[str, str]] = field(default_factory=list)  # (name, text) for the next message
 
+    def __post_init__(self) -> None:
+        self.system = valid_text(self.system)
+
     def to_messages(self) -> list[Message]:
         """The messages as a template sees them: the system prompt first, when there is one."""
         head = [{"role": "system", "content": self.system}] if self.system else []
@@ -44,12 +48,13 @@ class Conversation:
 
     def attach(self, name: str, text: str) -> None:
         """Queue a file's text for the next user message."""
-        self.attachments.append((name, text))
+        self.attachments.append((name, valid_text(text)))
 
     def add_user(self, text: str) -> None:
         """Add a user message, preceded by the queued files, each under a header naming it."""
         parts = [f"--- File: {name} ---\n{body.rstrip()}" for name, body in self.attachments]
         self.attachments = []
+        text = valid_text(text)
         self.messages.append({"role": "user", "content": "\n\n".join(parts + [text]) if text else "\n\n".join(parts)})
 
     def add_assistant(self, text: str) -> None:
@@ -125,11 +130,27 @@ class Conversation:
             raise InputError(f"cannot read {path}: {exc.strerror}") from exc
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise InputError(f"{path} is not JSON: {exc}", hint="/load reads files written by /save NAME.json") from exc
-        messages = [{"role": m["role"], "content": m["content"]} for m in validate_messages(data)]
+        # JSON's \udXXX escapes can carry half a UTF-16 pair: no text a file or the model can take.
+        messages = [{"role": valid_text(m["role"]), "content": valid_text(m["content"])} for m in validate_messages(data)]
         if messages[0]["role"] == "system":
             self.system = messages.pop(0)["content"]
         self.messages = messages
         self.attachments = []
+
+
+# Lone UTF-16 surrogates: how Python carries bytes that are not UTF-8 (stdin, argv: U+DC80-U+DCFF,
+# surrogateescape) and what a JSON \udXXX escape can hold. None can be encoded, tokenized or saved.
+_SURROGATES = re.compile("[\ud800-\udfff]")
+_NOT_ESCAPED_BYTES = re.compile("[\ud800-\udc7f\udd00-\udfff]")
+
+
+def valid_text(text: str) -> str:
+    """`text` with its lone surrogates as U+FFFD: escaped bytes come out as decoding the original
+    bytes with errors="replace" would, as the model's own output is decoded."""
+    if not _SURROGATES.search(text):
+        return text
+    text = _NOT_ESCAPED_BYTES.sub("\ufffd", text)
+    return text.encode("utf-8", errors="surrogateescape").decode("utf-8", errors="replace")
 
 
 def _write_atomic(path: Path, text: str) -> None:
