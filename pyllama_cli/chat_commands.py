@@ -204,14 +204,19 @@ class ChatRepl:
         self.ctrl_c = CtrlC()
         self.n_answers = 0
         self.exit_code: int | None = None
+        self.failed = False  # a command or message failed: a script feeding stdin must learn of it
 
     def run(self, first_message: str | None = None, single_turn: bool = False) -> int:
-        """Chat until /exit, end of input or a double Ctrl-C; return the exit code (0 or 130)."""
+        """Chat until /exit, end of input or a double Ctrl-C; return the exit code.
+
+        0, 130 after Ctrl-C, or 1 when input that was not typed at a terminal (a pipe, or -st) had a
+        message or command fail: a script cannot read the notice, only the exit code.
+        """
         if first_message is not None:
             self.ui.echo_user(first_message)
             self.send(first_message)
             if single_turn or self.exit_code is not None:
-                return self.exit_code or 0
+                return self._exit_code()
         while self.exit_code is None:
             try:
                 line = self.ui.read_line()
@@ -223,9 +228,14 @@ class ChatRepl:
             if line is None:
                 break
             answered = self.handle(line)
-            if single_turn and answered:
+            if single_turn and (answered or self.failed):
                 break
-        return self.exit_code or 0
+        return self._exit_code()
+
+    def _exit_code(self) -> int:
+        if self.exit_code is not None:
+            return self.exit_code
+        return 1 if self.failed and not self.ui.interactive else 0
 
     def handle(self, line: str) -> bool:
         """Act on one line; True when it was sent to the model."""
@@ -242,6 +252,7 @@ class ChatRepl:
                     return False
                 return self.command(cmd, arg.strip())
             except PyllamaError as exc:
+                self.failed = True
                 self.ui.error(exc.message, exc.hint)
                 return False
         return self.send(line)
@@ -268,6 +279,7 @@ class ChatRepl:
                                "(the system prompt stays).")
             text = self._stream()
         except PyllamaError as exc:
+            self.failed = True
             self.ui.error(exc.message, exc.hint)
             return False
         if text is None:

@@ -97,7 +97,7 @@ def test_first_message_single_turn_and_multiline_block(tiny_model: Path) -> None
 
 def test_unknown_and_ambiguous_commands_get_a_hint_and_never_reach_the_model(tiny_model: Path) -> None:
     result = chat(tiny_model, stdin="/frobnicate\n/s\n/set nope 1\n/set top_p 2\n/set temp warm\n/regen\n/undo\n")
-    assert result.exit_code == 0 and result.stdout == ""
+    assert result.exit_code == 1 and result.stdout == ""  # piped: the failed /set commands show in the exit code
     assert chrome(result) == [
         "Unknown command /frobnicate: /help lists them (// sends a message starting with /)",
         "Error: /s is ambiguous: /system, /set, /show, /save, /stats",
@@ -317,7 +317,7 @@ def test_template_errors_through_chat_complete_and_the_gguf_template(tiny_model:
     zero = RENDER_FAILED + "ZeroDivisionError: division by zero\n" + RENDER_HINT
     # The chat REPL reports a turn it cannot answer and carries on, as for every template error.
     single = chat(tiny_model, "-st", "--chat-template", "{{ 1/0 }}", stdin="hi\n")
-    assert (single.exit_code, single.stdout, single.stderr) == (0, "", zero + "(message not kept)\n")
+    assert (single.exit_code, single.stdout, single.stderr) == (1, "", zero + "(message not kept)\n")
     done = run_cli("complete", "-m", str(tiny_model), *FAST, "--chat", "-p", "hi", "--chat-template", "{{ 1/0 }}")
     assert (done.exit_code, done.stderr) == (1, zero)
     bad = write_llama_gguf(tmp_path / "bad-template.gguf", replace(TINY, chat_template="{{ 1/0 }}"))
@@ -452,3 +452,20 @@ def test_data_dir_order(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None
     assert data_dir() == tmp_path / "pyllama"
     monkeypatch.delenv("XDG_DATA_HOME")
     assert data_dir() == Path("~/.local/share/pyllama").expanduser()
+
+
+def test_piped_input_with_a_failed_command_or_message_exits_1(tiny_model: Path, tmp_path: Path) -> None:
+    # The turns that work are still answered; the exit code tells the script that one did not.
+    missing = tmp_path / "none.json"
+    result = chat(tiny_model, "-n", "3", stdin=f"hello\n/load {missing}\nagain\n")
+    assert result.exit_code == 1
+    assert f"Error: cannot read {missing}: No such file or directory" in chrome(result)
+    assert result.stdout.count("\n\n") == 2
+    assert chat(tiny_model, "-n", "3", stdin="hello\n").exit_code == 0
+
+
+def test_single_turn_that_cannot_be_answered_exits_1_without_reading_on(tiny_model: Path) -> None:
+    result = chat(tiny_model, "-st", "--chat-template", "{{ 1/0 }}", stdin="first\nsecond\n")
+    assert result.exit_code == 1
+    assert chrome(result)[0] == "Error: chat template failed to render: ZeroDivisionError: division by zero"
+    assert result.stdout == ""
