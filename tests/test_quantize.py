@@ -381,6 +381,16 @@ def test_imatrix_enables_types_that_need_one_and_is_recorded(src: Path, tmp_path
 # --- interruption ----------------------------------------------------------------------------
 
 
+def _hidden_file_with_data(folder: Path) -> bool:
+    for path in folder.iterdir():
+        try:
+            if path.name.startswith(".") and path.stat().st_size > 0:
+                return True
+        except FileNotFoundError:  # the writability probe: created and removed again at once
+            continue
+    return False
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_signal_mid_run_exits_130_and_leaves_no_file(tmp_path: Path, signum: int) -> None:
     # IQ3_M on a 20 MB model takes over a second: time enough to interrupt it mid-write.
@@ -388,7 +398,7 @@ def test_signal_mid_run_exits_130_and_leaves_no_file(tmp_path: Path, signum: int
     proc = subprocess.Popen([sys.executable, "-m", "pyllama_cli", "quantize", str(model), "IQ3_M", "1"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO_ROOT)
     deadline = time.monotonic() + 60
-    while not any(p.name.startswith(".") and p.stat().st_size > 0 for p in tmp_path.iterdir()):
+    while not _hidden_file_with_data(tmp_path):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.01)
     proc.send_signal(signum)
