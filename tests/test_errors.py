@@ -253,3 +253,8 @@ def test_flags_that_would_be_ignored_are_refused(args: tuple[str, ...], line: st
 def test_an_imatrix_folder_is_named_as_a_folder(tiny_model: Path, tmp_path: Path) -> None:
     result = run_cli("quantize", "--imatrix", str(tmp_path), str(tiny_model), str(tmp_path / "o.gguf"), "IQ2_XS")
     assert_clean_error(result, f"Error: imatrix file {tmp_path} is a folder")
+
+
+def test_bench_refuses_more_threads_than_ggml_allows(tiny_model: Path) -> None:
+    result = run_cli("bench", "-m", str(tiny_model), "-t", "4,100000", "-p", "8", "-n", "0")
+    assert_clean_error(result, "Error: -t: every value must be at most 512, got 4,100000")

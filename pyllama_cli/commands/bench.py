@@ -128,11 +128,12 @@ def _make_spec(args: dict[str, Any]) -> Any:
     """Parse every sweep flag (ranges, lists, choices) into a BenchSpec without models yet."""
     from ..core import bench as core
     from ..core import ranges
-    from ..core.settings import default_threads
+    from ..core.settings import INT32_MAX, MAX_THREADS, default_threads
 
-    def ints(name: str, flag: str, default: tuple[int, ...], minimum: int = 0, negative: bool = False) -> tuple:
+    def ints(name: str, flag: str, default: tuple[int, ...], minimum: int = 0, negative: bool = False,
+             maximum: int = INT32_MAX) -> tuple:
         return tuple(ranges.parse_int_values(args[name], default, flag=flag, minimum=minimum,
-                                             allow_negative=negative))
+                                             allow_negative=negative, maximum=maximum))
 
     kv = {k: k for k in core.KV_CACHE_TYPES}
     fa = {"on": "on", "1": "on", "true": "on", "enabled": "on", "off": "off", "0": "off", "false": "off",
@@ -142,7 +143,7 @@ def _make_spec(args: dict[str, Any]) -> Any:
     if args["repetitions"] < 1:
         raise UsageError(f"-r {args['repetitions']}: at least one repetition is needed", hint="e.g. -r 5")
     spec = core.BenchSpec(
-        models=(), n_threads=ints("threads", "-t", (default_threads(),), minimum=1),
+        models=(), n_threads=ints("threads", "-t", (default_threads(),), minimum=1, maximum=MAX_THREADS),
         n_prompt=ints("n_prompt", "-p", core.DEFAULT_N_PROMPT), n_gen=ints("n_gen", "-n", core.DEFAULT_N_GEN),
         n_pg=tuple(ranges.parse_pairs(args["n_pg"], flag="-pg")), n_depth=ints("n_depth", "-d", core.DEFAULT_N_DEPTH),
         n_batch=ints("batch_size", "-b", core.DEFAULT_N_BATCH, 1),

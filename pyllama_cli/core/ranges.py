@@ -62,7 +62,8 @@ def _expand(item: str, text: str, flag: str, allow_negative: bool) -> list[int]:
 
 
 def parse_int_values(raw: Sequence[str] | None, default: Sequence[int], *, flag: str,
-                     allow_negative: bool = False, minimum: int | None = None) -> list[int]:
+                     allow_negative: bool = False, minimum: int | None = None,
+                     maximum: int | None = None) -> list[int]:
     """All values of a repeatable integer flag, or `default` when the flag was not given."""
     if not raw:
         return list(default)
@@ -70,6 +71,9 @@ def parse_int_values(raw: Sequence[str] | None, default: Sequence[int], *, flag:
     if minimum is not None and any(v < minimum for v in values):
         raise UsageError(f"{flag}: every value must be at least {minimum}, got {','.join(map(str, values))}",
                          hint=f"e.g. {flag} {max(minimum, 1)}")
+    if maximum is not None and any(v > maximum for v in values):
+        raise UsageError(f"{flag}: every value must be at most {maximum}, got {','.join(map(str, values))}",
+                         hint="llama.cpp takes no more")
     return values
 
 
