@@ -258,3 +258,12 @@ def test_an_imatrix_folder_is_named_as_a_folder(tiny_model: Path, tmp_path: Path
 def test_bench_refuses_more_threads_than_ggml_allows(tiny_model: Path) -> None:
     result = run_cli("bench", "-m", str(tiny_model), "-t", "4,100000", "-p", "8", "-n", "0")
     assert_clean_error(result, "Error: -t: every value must be at most 512, got 4,100000")
+
+
+def test_a_closed_stdin_is_no_error_when_nothing_needs_it(tiny_model: Path) -> None:
+    # complete only looks for piped text after -p: a closed stdin is no input, not a failure.
+    proc = subprocess.run([sys.executable, "-m", "pyllama_cli", "complete", "-m", str(tiny_model), "-p", "hi",
+                           "-n", "2", "-s", "1"], capture_output=True, timeout=60, cwd=REPO_ROOT,
+                          preexec_fn=lambda: os.close(0))
+    assert (proc.returncode, proc.stderr) == (0, b"")
+    assert len(proc.stdout) > 0
