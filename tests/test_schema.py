@@ -215,3 +215,9 @@ def test_complete_with_a_wide_integer_range_in_an_object(tiny_model: Path) -> No
                          "-j", schema)
         value = json.loads(result.stdout)
         assert 1000 <= value["n"] <= 1_000_000 and value["m"] >= 1, (seed, result.stdout)
+
+
+@pytest.mark.parametrize("items", [{}, True])
+def test_items_that_allow_anything_convert_like_no_items(items: object) -> None:
+    # The converter failed on both ("'prefixItems'", "'bool' object has no attribute 'get'").
+    assert schema_to_grammar(json.dumps({"type": "array", "items": items})) == schema_to_grammar('{"type": "array"}')

@@ -74,6 +74,7 @@ def prepare_schema(schema: object, source: str) -> dict[str, str]:
         if not isinstance(node, dict):
             continue
         where = _Where(source, pointer)
+        _drop_any_items(node)
         _check_lists(node, where)
         _check_counts(node, where)
         low, high = _check_bounds(node, where)
@@ -103,6 +104,14 @@ def splice_integer_ranges(grammar: str, markers: dict[str, str]) -> str:
 
 
 # ---------------------------------------------------------------- walking and checking
+
+
+def _drop_any_items(node: dict) -> None:
+    """`"items": {}` and `"items": true` allow any item, as no "items" does; the converter fails on both
+    (a KeyError on 'prefixItems', an AttributeError on the bool), so say it the way it understands."""
+    items = node.get("items")
+    if items is True or (isinstance(items, dict) and not items):
+        del node["items"]
 
 
 def _subschemas(node: dict, pointer: str) -> list[tuple[object, str]]:
