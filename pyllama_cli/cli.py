@@ -12,7 +12,7 @@ from typing import Any
 
 import typer
 
-from .errors import Interrupted, OutputClosed, PyllamaError
+from .errors import InputError, Interrupted, OutputClosed, PyllamaError, UsageError
 
 # (command name, module under pyllama_cli.commands, attribute). Command modules import nothing heavy
 # at module level; `run` imports only the module of the command being run.
@@ -133,7 +133,7 @@ def run(argv: list[str] | None = None) -> int:
         from .console import print_error
 
         _flush_stdout()
-        print_error(exc.message, exc.hint or "set PYLLAMA_DEBUG=1 for a traceback")
+        print_error(exc.message, exc.hint or _fallback_hint(exc, only))
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
@@ -142,6 +142,15 @@ def run(argv: list[str] | None = None) -> int:
             raise
         return _report_os_error(exc)
     return 0
+
+
+def _fallback_hint(exc: PyllamaError, command: str | None) -> str:
+    """A hint for an error raised without one: what to read for a usage error, where to look otherwise."""
+    if isinstance(exc, UsageError):
+        return f"pyllama {command} --help lists the options" if command else "pyllama --help lists the commands"
+    if isinstance(exc, InputError):
+        return "check the file or value named above"
+    return "set PYLLAMA_DEBUG=1 for a traceback"
 
 
 # Errors of a write that reached the device: the data is not all there.

@@ -267,3 +267,10 @@ def test_a_closed_stdin_is_no_error_when_nothing_needs_it(tiny_model: Path) -> N
                           preexec_fn=lambda: os.close(0))
     assert (proc.returncode, proc.stderr) == (0, b"")
     assert len(proc.stdout) > 0
+
+
+def test_an_error_raised_without_a_hint_still_gets_a_useful_one(tiny_model: Path) -> None:
+    # Not "set PYLLAMA_DEBUG=1 for a traceback": there is no bug to trace in a usage error.
+    result = run_cli("tokenize", "-m", str(tiny_model), "-p", "hi", "--ids", "--json")
+    assert result.stderr == ("Error: --ids and --json are two output formats: pick one\n"
+                             "Hint: pyllama tokenize --help lists the options\n")

@@ -48,6 +48,15 @@ def test_info_template_prints_the_chat_template(tiny_model: Path) -> None:
     result = run_cli("info", "-m", str(tiny_model), "--template")
     assert result.exit_code == 0
     assert result.stdout == TINY.chat_template + "\n"
+    as_json = run_cli("info", "-m", str(tiny_model), "--template", "--json")
+    assert json.loads(as_json.stdout) == {"chat_template": TINY.chat_template}
+
+
+def test_info_template_and_metadata_together_are_refused(tiny_model: Path) -> None:
+    result = run_cli("info", "-m", str(tiny_model), "--template", "--metadata")
+    assert (result.exit_code, result.stdout) == (1, "")
+    assert result.stderr == ("Error: --template and --metadata print different things: pick one\n"
+                             "Hint: pyllama info --help lists the options\n")
 
 
 def test_info_metadata_summarizes_long_arrays(tiny_model: Path) -> None:

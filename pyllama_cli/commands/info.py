@@ -10,7 +10,7 @@ import typer
 from ..console import human_count, human_size, out
 from ..core.model_info import ModelInfo, describe_model, metadata_summary
 from ..core.resolve import ModelRequest
-from ..errors import InputError
+from ..errors import InputError, UsageError
 from ..options import JsonOpt, model_options
 from .common import resolve
 
@@ -31,13 +31,15 @@ def info(
     metadata: Annotated[bool, typer.Option("--metadata", help="Print every metadata key.")] = False,
 ) -> None:
     """Show what a GGUF model holds: architecture, size, quantization, vocab, template."""
+    if template and metadata:
+        raise UsageError("--template and --metadata print different things: pick one")
     details, head = describe_model(resolve(model))
     if template:
         text = head.get("tokenizer.chat_template")
         if not text:
             raise InputError(f"{details.path} has no chat template",
                              hint="chat and serve then need --chat-template NAME|FILE")
-        typer.echo(text)
+        typer.echo(json.dumps({"chat_template": text}, ensure_ascii=False) if as_json else text)
     elif metadata:
         _print_metadata(metadata_summary(head), as_json)
     elif as_json:
