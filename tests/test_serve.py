@@ -498,12 +498,28 @@ def test_invalid_json_is_400(server: Server) -> None:
      "tool_choice", "tool_choice names the function 'nope', which is not among the tools (get_weather)"),
     ({"messages": HELLO, "logit_bias": {"5000": 1}}, "logit_bias",
      "logit_bias token id 5000 is out of range: the vocabulary has ids 0..1023"),
+    ({"messages": HELLO, "tools": [WEATHER, WEATHER]}, "tools", "two tools are named 'get_weather'"),
+    ({"messages": HELLO, "max_tokens": 0}, "max_tokens", None),
+    ({"messages": HELLO, "response_format": {"type": "json_schema"}}, "response_format.json_schema",
+     "response_format of type json_schema needs a json_schema object"),
 ])
 def test_invalid_fields_are_400(server: Server, body: dict, param: str, message: str | None) -> None:
     error = _error(_post(server, "/v1/chat/completions", body), 400)
     assert error["param"] == param
     if message is not None:
         assert error["message"] == message
+
+
+@pytest.mark.parametrize(("field", "message"), [
+    ({"echo": True}, "echo is not supported: the answer holds the generated text only"),
+    ({"suffix": "end"}, "suffix (fill-in-the-middle) is not supported"),
+    ({"best_of": 3}, "best_of must be 1: this server generates one choice per request (got 3)"),
+])
+def test_legacy_completion_fields_that_change_the_answer_are_refused(server: Server, field: dict,
+                                                                     message: str) -> None:
+    # Served as if absent, they gave an answer the client did not ask for (no echoed prompt).
+    error = _error(_post(server, "/v1/completions", {"prompt": "hi", "max_tokens": 2, **field}), 400)
+    assert (error["param"], error["message"]) == (next(iter(field)), message)
 
 
 def test_grammar_that_does_not_parse_is_400_with_its_position(server: Server) -> None:

@@ -25,6 +25,10 @@ _CALL_STARTS = ("{", "[", "<tool_call>", "```")
 Render = Callable[[list[dict[str, Any]], "list[dict[str, Any]] | None"], str]
 
 
+class ToolsError(InputError):
+    """The tools themselves are unusable (two share a name), whatever the tool choice."""
+
+
 @dataclass(frozen=True)
 class ToolPlan:
     """The tools offered to the model and how it must use them."""
@@ -60,7 +64,7 @@ def plan_tools(tools: list[dict[str, Any]] | None, tool_choice: str | dict[str, 
     names = [t["function"]["name"] for t in tools]
     duplicate = next((n for n in names if names.count(n) > 1), None)
     if duplicate:
-        raise InputError(f"two tools are named {duplicate!r}")
+        raise ToolsError(f"two tools are named {duplicate!r}")
     if isinstance(tool_choice, dict):
         name = tool_choice["function"]["name"]
         if name not in names:

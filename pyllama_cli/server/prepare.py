@@ -13,7 +13,7 @@ from typing import Any
 
 from ..core.engine import Engine, GenerationJob
 from ..core.sampling import SamplingSettings
-from ..core.tools import ToolPlan, plan_tools, render_with_tools
+from ..core.tools import ToolPlan, ToolsError, plan_tools, render_with_tools
 from ..errors import ContextOverflow, InputError
 from .errors import APIError
 from .schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, GenerationFields
@@ -57,6 +57,7 @@ def prepare_chat(engine: Engine, settings: ServerSettings, req: ChatCompletionRe
 def prepare_completion(engine: Engine, settings: ServerSettings, req: CompletionRequest) -> list[GenerationJob]:
     """One job per prompt (a list of strings, or of token lists, is a batch)."""
     _check_n(req.n)
+    _check_legacy_fields(req)
     grammar = _grammar(req, settings, None)
     sampling = _sampling(req, settings, grammar, engine)
     stop = _stops(req.stop, settings)
@@ -130,10 +131,23 @@ def _check_n(n: int | None) -> None:
                        param="n", code="unsupported_value")
 
 
+def _check_legacy_fields(req: CompletionRequest) -> None:
+    if req.echo:
+        raise APIError(400, "echo is not supported: the answer holds the generated text only",
+                       param="echo", code="unsupported_value")
+    if req.suffix:
+        raise APIError(400, "suffix (fill-in-the-middle) is not supported", param="suffix", code="unsupported_value")
+    if req.best_of is not None and req.best_of != 1:
+        raise APIError(400, f"best_of must be 1: this server generates one choice per request (got {req.best_of})",
+                       param="best_of", code="unsupported_value")
+
+
 def _plan(tools: list[Any] | None, tool_choice: Any) -> ToolPlan | None:
     choice = tool_choice.model_dump() if hasattr(tool_choice, "model_dump") else tool_choice
     try:
         return plan_tools([t.model_dump() for t in tools] if tools else None, choice)
+    except ToolsError as exc:
+        raise APIError(400, exc.message, param="tools", code="invalid_value") from None
     except InputError as exc:
         raise APIError(400, exc.message, param="tool_choice", code="invalid_value") from None
 
@@ -234,7 +248,10 @@ def _json_schema(req: GenerationFields) -> tuple[Any, str]:
     """The JSON schema a request constrains its output to, if any, and the field it came from."""
     fmt = req.response_format
     if fmt is not None and fmt.type == "json_schema":
-        schema = fmt.json_schema.schema_ if fmt.json_schema is not None else None
+        if fmt.json_schema is None and fmt.schema_ is None:  # OpenAI requires the object (its schema is optional)
+            raise APIError(400, "response_format of type json_schema needs a json_schema object",
+                           param="response_format.json_schema", code="invalid_value")
+        schema = fmt.json_schema.schema_ if fmt.json_schema is not None else fmt.schema_
         return (schema if schema is not None else {"type": "object"}), "response_format.json_schema.schema"
     if fmt is not None and fmt.type == "json_object":
         return (fmt.schema_ if fmt.schema_ is not None else {"type": "object"}), "response_format"

@@ -88,7 +88,7 @@ class GenerationFields(_Lenient):
     """Fields shared by /v1/chat/completions and /v1/completions (OpenAI's plus llama-server's)."""
 
     model: str | None = Field(default=None, description="The served model's id (see /v1/models).")
-    max_tokens: int | None = Field(default=None, ge=0, description="Default: the rest of the context.")
+    max_tokens: int | None = Field(default=None, ge=1, description="Default: the rest of the context.")
     temperature: float | None = Field(default=None, ge=0)
     top_p: float | None = Field(default=None, ge=0, le=1)
     top_k: int | None = Field(default=None, ge=0)
@@ -113,7 +113,7 @@ class GenerationFields(_Lenient):
 
 class ChatCompletionRequest(GenerationFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=0)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool | None = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     tools: list[Tool] | None = None
@@ -123,6 +123,11 @@ class ChatCompletionRequest(GenerationFields):
 class CompletionRequest(GenerationFields):
     prompt: str | list[str] | list[int] | list[list[int]]
     logprobs: int | None = Field(default=None, ge=0, le=20)
+    # OpenAI's legacy fields that change the answer: declared so that a request using them is refused,
+    # not served as if they were absent.
+    echo: bool | None = Field(default=None, description="Not supported (true is refused).")
+    suffix: str | None = Field(default=None, description="Not supported (fill-in-the-middle is refused).")
+    best_of: int | None = Field(default=None, description="Only 1 is supported.")
 
 
 class EmbeddingRequest(_Lenient):
