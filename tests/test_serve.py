@@ -487,6 +487,13 @@ def test_invalid_json_is_400(server: Server) -> None:
     assert error["type"] == "invalid_request_error"
 
 
+def test_json_sent_as_plain_text_is_400_naming_the_content_type(server: Server) -> None:
+    response = httpx.post(f"{server.url}/v1/completions", content=b'{"prompt": "hi", "max_tokens": 2}',
+                          headers={"content-type": "text/plain"})
+    assert _error(response, 400)["message"] == (
+        "the request body must be a JSON object, sent with Content-Type: application/json")
+
+
 @pytest.mark.parametrize(("body", "param", "message"), [
     ({}, "messages", "messages: this field is required"),
     ({"messages": HELLO, "temperature": "hot"}, "temperature",
@@ -499,6 +506,8 @@ def test_invalid_json_is_400(server: Server) -> None:
     ({"messages": HELLO, "logit_bias": {"5000": 1}}, "logit_bias",
      "logit_bias token id 5000 is out of range: the vocabulary has ids 0..1023"),
     ({"messages": HELLO, "tools": [WEATHER, WEATHER]}, "tools", "two tools are named 'get_weather'"),
+    ({"messages": [{"role": "user", "content": [{"foo": 1}]}]}, "messages[0].content[0]",
+     'messages[0].content[0]: a text part needs its "text"'),
     ({"messages": HELLO, "max_tokens": 0}, "max_tokens", None),
     ({"messages": HELLO, "response_format": {"type": "json_schema"}}, "response_format.json_schema",
      "response_format of type json_schema needs a json_schema object"),

@@ -131,7 +131,9 @@ def _validation_error(exc: RequestValidationError) -> APIError:
     if not param:
         if kind == "missing":
             return APIError(400, "the request body is empty: send a JSON object", code="invalid_json")
-        return APIError(400, "the request body must be a JSON object", code="invalid_json")
+        # Also what a JSON object sent with another Content-Type (text/plain) arrives as: unparsed text.
+        return APIError(400, "the request body must be a JSON object, sent with Content-Type: application/json",
+                        code="invalid_json")
     message = str(first.get("msg", "invalid value"))
     if kind == "missing":
         message = "this field is required"

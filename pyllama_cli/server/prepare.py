@@ -87,7 +87,11 @@ def message_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
                 raise APIError(400, f"messages[{i}]: content parts of type {other!r} are not supported "
                                "(this server takes text only)", param=f"messages[{i}].content",
                                code="invalid_value")
-            content = "".join(p.text or "" for p in content)
+            textless = next((j for j, p in enumerate(content) if p.text is None), None)
+            if textless is not None:
+                raise APIError(400, f"messages[{i}].content[{textless}]: a text part needs its \"text\"",
+                               param=f"messages[{i}].content[{textless}]", code="invalid_value")
+            content = "".join(p.text for p in content)
         d: dict[str, Any] = {"role": m.role, "content": content or ""}
         if m.name:
             d["name"] = m.name
