@@ -509,6 +509,7 @@ def test_json_sent_as_plain_text_is_400_naming_the_content_type(server: Server) 
     ({"messages": [{"role": "user", "content": [{"foo": 1}]}]}, "messages[0].content[0]",
      'messages[0].content[0]: a text part needs its "text"'),
     ({"messages": HELLO, "max_tokens": 0}, "max_tokens", None),
+    ({"messages": HELLO, "parallel_tool_calls": "x"}, "parallel_tool_calls", None),
     ({"messages": HELLO, "response_format": {"type": "json_schema"}}, "response_format.json_schema",
      "response_format of type json_schema needs a json_schema object"),
 ])

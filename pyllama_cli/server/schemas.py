@@ -118,6 +118,9 @@ class ChatCompletionRequest(GenerationFields):
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    # Declared so that a value of the wrong type is refused. Not enforced: an answer carries the calls the
+    # model writes (the forced-call grammar writes one).
+    parallel_tool_calls: bool | None = None
 
 
 class CompletionRequest(GenerationFields):
