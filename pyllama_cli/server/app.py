@@ -114,24 +114,14 @@ def _add_openai_routes(app: FastAPI, engine: Engine, settings: ServerSettings) -
     @app.post("/v1/chat/completions", response_model=ChatCompletion, responses=ERRORS, tags=["OpenAI"])
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
         """Answer a conversation; `stream: true` sends server-sent events ending with `data: [DONE]`."""
-        with engine.arriving():
-            check_model(body.model, settings)
-            _generation(engine)
-            prep = await _prepare(request, prepare_chat, engine, settings, body)
-            if body.stream:
-                return completions.chat_stream(engine, prep, settings.alias, _include_usage(body))
-            return JSONResponse(await completions.chat_body(engine, prep, settings.alias, request))
+        return await _generate(engine, settings, body, request, prepare_chat, completions.chat_stream,
+                               completions.chat_body)
 
     @app.post("/v1/completions", response_model=Completion, responses=ERRORS, tags=["OpenAI"])
     async def text_completions(body: CompletionRequest, request: Request) -> Any:
         """Continue a prompt (a string, a list of strings, or token ids)."""
-        with engine.arriving():
-            check_model(body.model, settings)
-            _generation(engine)
-            jobs = await _prepare(request, prepare_completion, engine, settings, body)
-            if body.stream:
-                return completions.completion_stream(engine, jobs, settings.alias, _include_usage(body))
-            return JSONResponse(await completions.completion_body(engine, jobs, settings.alias, request))
+        return await _generate(engine, settings, body, request, prepare_completion, completions.completion_stream,
+                               completions.completion_body)
 
     @app.post("/v1/embeddings", response_model=EmbeddingList, responses=ERRORS, tags=["OpenAI"])
     async def embeddings(body: EmbeddingRequest, request: Request) -> Any:
@@ -215,6 +205,21 @@ def _add_utility_routes(app: FastAPI, engine: Engine, settings: ServerSettings) 
         plan = plan_tools(tools, choice)
         prompt = await run_in_threadpool(render_prompt, engine, settings, message_dicts(body.messages), plan)
         return {"prompt": prompt}
+
+
+async def _generate(engine: Engine, settings: ServerSettings, body: Any, request: Request,
+                    prepare: Callable[..., Any], stream: Callable[..., Any], answer: Callable[..., Any]) -> Any:
+    """The path both generation endpoints take: check, prepare, then stream or answer whole.
+
+    Each endpoint keeps its own signature, so the OpenAPI schema names its request and response types.
+    """
+    with engine.arriving():
+        check_model(body.model, settings)
+        _generation(engine)
+        prepared = await _prepare(request, prepare, engine, settings, body)
+        if body.stream:
+            return stream(engine, prepared, settings.alias, _include_usage(body))
+        return JSONResponse(await answer(engine, prepared, settings.alias, request))
 
 
 async def _prepare(request: Request, prepare: Callable[..., T], *args: Any) -> T:
