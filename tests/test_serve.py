@@ -390,6 +390,14 @@ def test_tool_calls_are_read_from_the_answer(text: str, calls: list | None) -> N
         assert all(c["type"] == "function" and c["id"].startswith("call_") for c in parsed)
 
 
+def test_without_parallel_tool_calls_an_answer_holds_the_first_call() -> None:
+    from pyllama_cli.core.tools import parse_tool_calls, plan_tools
+
+    text = '[{"name": "take_note", "arguments": {"urgent": true}}, {"name": "get_weather", "arguments": {}}]'
+    parsed = parse_tool_calls(text, plan_tools([WEATHER, NOTE], "auto", parallel=False))
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in parsed] == [("take_note", '{"urgent": true}')]
+
+
 def test_tool_call_history_round_trips(server: Server) -> None:
     messages = [
         *HELLO,
@@ -506,6 +514,10 @@ def test_json_sent_as_plain_text_is_400_naming_the_content_type(server: Server) 
     ({"messages": HELLO, "logit_bias": {"5000": 1}}, "logit_bias",
      "logit_bias token id 5000 is out of range: the vocabulary has ids 0..1023"),
     ({"messages": HELLO, "tools": [WEATHER, WEATHER]}, "tools", "two tools are named 'get_weather'"),
+    # Not forced, the schema was never turned into a grammar: the request was served as if it were fine.
+    ({"messages": HELLO, "tools": [{"type": "function", "function": {
+        "name": "pick", "parameters": {"type": "object", "properties": {"color": {"enum": []}}}}}]},
+     "tools", 'the parameters of tool \'pick\' at /properties/color: "enum" must list at least one value'),
     ({"messages": [{"role": "user", "content": [{"foo": 1}]}]}, "messages[0].content[0]",
      'messages[0].content[0]: a text part needs its "text"'),
     ({"messages": HELLO, "max_tokens": 0}, "max_tokens", None),

@@ -9,6 +9,7 @@ schemas. The model's answer is read back into OpenAI-style `tool_calls`.
 
 from __future__ import annotations
 
+import functools
 import json
 import uuid
 from collections.abc import Callable
@@ -35,6 +36,7 @@ class ToolPlan:
 
     tools: tuple[dict[str, Any], ...]  # OpenAI tool objects: {"type": "function", "function": {...}}
     choice: str  # "auto", "required", or the name of the function that must be called
+    parallel: bool = True  # whether one answer may hold several calls (OpenAI's parallel_tool_calls)
 
     @property
     def functions(self) -> list[dict[str, Any]]:
@@ -49,10 +51,12 @@ class ToolPlan:
         return self.choice != AUTO
 
 
-def plan_tools(tools: list[dict[str, Any]] | None, tool_choice: str | dict[str, Any] | None) -> ToolPlan | None:
+def plan_tools(tools: list[dict[str, Any]] | None, tool_choice: str | dict[str, Any] | None,
+               parallel: bool = True) -> ToolPlan | None:
     """The plan for a request's `tools` and `tool_choice`; None when no tool may be called.
 
     Raises:
+        ToolsError: two tools share a name, or a tool's parameters are not a usable JSON schema.
         InputError: a choice that names no offered function, or needs tools that were not given.
     """
     if tool_choice == "none":
@@ -65,13 +69,25 @@ def plan_tools(tools: list[dict[str, Any]] | None, tool_choice: str | dict[str, 
     duplicate = next((n for n in names if names.count(n) > 1), None)
     if duplicate:
         raise ToolsError(f"two tools are named {duplicate!r}")
+    _check_parameters(tools)
     if isinstance(tool_choice, dict):
         name = tool_choice["function"]["name"]
         if name not in names:
             raise InputError(f"tool_choice names the function {name!r}, which is not among the tools "
                              f"({', '.join(names)})")
-        return ToolPlan(tuple(tools), name)
-    return ToolPlan(tuple(tools), REQUIRED if tool_choice == REQUIRED else AUTO)
+        return ToolPlan(tuple(tools), name, parallel)
+    return ToolPlan(tuple(tools), REQUIRED if tool_choice == REQUIRED else AUTO, parallel)
+
+
+def _check_parameters(tools: list[dict[str, Any]]) -> None:
+    """Refuse a tool whose parameters no call could be checked against, even when no call is forced:
+    the same request with tool_choice "required" would fail, and the model is shown the schema."""
+    for tool in tools:
+        function = tool["function"]
+        try:
+            _grammar_for(json.dumps(_parameters(function)), f"the parameters of tool {function['name']!r}")
+        except InputError as exc:
+            raise ToolsError(exc.message, hint=exc.hint) from None
 
 
 # ---------------------------------------------------------------- prompting
@@ -127,7 +143,7 @@ def _call_object(call: dict[str, Any]) -> dict[str, Any]:
 def tool_prompt(plan: ToolPlan) -> str:
     """The system text that describes the tools to a model whose template does not."""
     listed = "\n".join(json.dumps({"name": f["name"], "description": f.get("description") or "",
-                                   "parameters": f.get("parameters") or {"type": "object"}}, ensure_ascii=False)
+                                   "parameters": _parameters(f)}, ensure_ascii=False)
                        for f in plan.functions)
     lines = [
         "You can call these functions (each given with its JSON schema of parameters):",
@@ -157,17 +173,22 @@ def _with_tool_prompt(messages: list[dict[str, Any]], plan: ToolPlan) -> list[di
 
 def call_schema(plan: ToolPlan) -> dict[str, Any]:
     """JSON schema of the call(s) `plan` forces: {"name": <const>, "arguments": <the parameters>}."""
-    def one(function: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "type": "object",
-            "properties": {"name": {"const": function["name"]},
-                           "arguments": function.get("parameters") or {"type": "object"}},
-            "required": ["name", "arguments"],
-            "additionalProperties": False,
-        }
-
     functions = plan.functions if plan.choice == REQUIRED else [f for f in plan.functions if f["name"] == plan.choice]
-    return one(functions[0]) if len(functions) == 1 else {"anyOf": [one(f) for f in functions]}
+    calls = [_call_schema(f) for f in functions]
+    return calls[0] if len(calls) == 1 else {"anyOf": calls}
+
+
+def _call_schema(function: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {"name": {"const": function["name"]}, "arguments": _parameters(function)},
+        "required": ["name", "arguments"],
+        "additionalProperties": False,
+    }
+
+
+def _parameters(function: dict[str, Any]) -> dict[str, Any]:
+    return function.get("parameters") or {"type": "object"}
 
 
 def call_grammar(plan: ToolPlan) -> str:
@@ -176,10 +197,16 @@ def call_grammar(plan: ToolPlan) -> str:
     Raises:
         InputError: a parameter schema the converter cannot turn into a grammar.
     """
+    return _grammar_for(json.dumps(call_schema(plan)), "the tools' parameter schemas")
+
+
+@functools.lru_cache(maxsize=64)
+def _grammar_for(schema: str, source: str) -> str:
+    """GBNF for a JSON schema (JSON text); cached, as clients send the same tools with every request."""
     from .grammar import check_grammar, schema_to_grammar
 
-    grammar = schema_to_grammar(json.dumps(call_schema(plan)), "the tools' parameter schemas")
-    check_grammar(grammar, "the tools' parameter schemas")
+    grammar = schema_to_grammar(schema, source)
+    check_grammar(grammar, source)
     return grammar
 
 
@@ -193,7 +220,10 @@ def may_be_call(text: str) -> bool:
 
 
 def parse_tool_calls(text: str, plan: ToolPlan) -> list[dict[str, Any]] | None:
-    """The OpenAI `tool_calls` in a model's answer, or None when the answer is not (only) tool calls."""
+    """The OpenAI `tool_calls` in a model's answer, or None when the answer is not (only) tool calls.
+
+    Without parallel calls the answer holds the first: the client asked for at most one.
+    """
     values = _json_values(_unwrap(text))
     if not values:
         return None
@@ -204,7 +234,7 @@ def parse_tool_calls(text: str, plan: ToolPlan) -> list[dict[str, Any]] | None:
             if call is None:
                 return None
             calls.append(call)
-    return calls or None
+    return (calls if plan.parallel else calls[:1]) or None
 
 
 def _unwrap(text: str) -> str:

@@ -41,7 +41,7 @@ def prepare_chat(engine: Engine, settings: ServerSettings, req: ChatCompletionRe
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs", code="invalid_value")
     messages = message_dicts(req.messages)
-    plan = _plan(req.tools, req.tool_choice)
+    plan = _plan(req.tools, req.tool_choice, req.parallel_tool_calls is not False)
     prompt = render_prompt(engine, settings, messages, plan)
     ids = engine.tokenize(prompt, add_special=True, parse_special=True)
     grammar = _grammar(req, settings, plan)
@@ -146,10 +146,10 @@ def _check_legacy_fields(req: CompletionRequest) -> None:
                        param="best_of", code="unsupported_value")
 
 
-def _plan(tools: list[Any] | None, tool_choice: Any) -> ToolPlan | None:
+def _plan(tools: list[Any] | None, tool_choice: Any, parallel: bool) -> ToolPlan | None:
     choice = tool_choice.model_dump() if hasattr(tool_choice, "model_dump") else tool_choice
     try:
-        return plan_tools([t.model_dump() for t in tools] if tools else None, choice)
+        return plan_tools([t.model_dump() for t in tools] if tools else None, choice, parallel)
     except ToolsError as exc:
         raise APIError(400, exc.message, param="tools", code="invalid_value") from None
     except InputError as exc:
