@@ -1,16 +1,17 @@
-"""JSON schemas for `-j`: impossible schemas are one-line usage errors, integer bounds hold exactly."""
+"""JSON schemas for `-j`: impossible schemas are one-line usage errors, the bounds of numbers hold exactly."""
 
 from __future__ import annotations
 
 import json
 import random
 import re
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
 
 from pyllama_cli.core.grammar import check_grammar, schema_to_grammar
-from pyllama_cli.core.json_schema import UNBOUNDED_DIGITS, integer_range_gbnf
+from pyllama_cli.core.number_ranges import UNBOUNDED_DIGITS, Limit, integer_range_gbnf, number_range_gbnf
 from pyllama_cli.errors import InputError, UsageError
 from tests.helpers import run_cli
 
@@ -184,7 +185,7 @@ def test_bounded_integers_the_converter_skips_leave_no_marker() -> None:
     schema = {"type": "integer", "minimum": 1, "maximum": 2, "not": {"type": "integer", "minimum": 7},
               "$defs": {"unused": {"type": "integer", "maximum": 0}}}
     grammar = schema_to_grammar(json.dumps(schema))
-    assert "pyllama-integer" not in grammar
+    assert "pyllama-range" not in grammar
     assert accepts(gbnf_regex(grammar), "2") and not accepts(gbnf_regex(grammar), "7")
 
 
@@ -192,6 +193,96 @@ def test_enum_and_const_values_are_left_alone() -> None:
     value = {"type": "integer", "minimum": 1}  # an allowed value that looks like a schema
     grammar = schema_to_grammar(json.dumps({"enum": [value], "type": "object"}))
     assert accepts(gbnf_regex(grammar), json.dumps(value))  # the converter writes values as json.dumps does
+
+
+# ---------------------------------------------------------------- number ranges, exactly
+
+_NUMBER = re.compile(r"-?(0|[1-9][0-9]*)(\.[0-9]{1,16})?")
+
+
+def _number_candidates(low: Limit | None, high: Limit | None) -> set[str]:
+    """Numbers just around each bound and zero at several precisions, written several ways, and non-numbers."""
+    centres = [Decimal(0)] + [b.value for b in (low, high) if b is not None]
+    steps = [Decimal(10) ** -p for p in (0, 1, 2, 3, 15, 16, 17)]
+    values = {c + k * step for c in centres for step in steps for k in range(-3, 4)}
+    texts = {format(v, "f") for v in values} | {format(v, ".16f") for v in values if abs(v) < 10 ** 15}
+    texts |= {t + "0" for t in texts if "." in t} | {t + ".0" for t in texts if "." not in t}
+    texts |= {f"{sign}{'9' * k}" for k in (15, 16, 17) for sign in ("", "-")}
+    return texts | {"-0", "-0.0", "0.0", "01", "+1", "1e3", ".5", "1.", "-", "", " 1", "00.5"}
+
+
+def _number_allowed(text: str, low: Limit | None, high: Limit | None) -> bool:
+    if not _NUMBER.fullmatch(text) or (text.startswith("-") and Decimal(text) == 0):
+        return False
+    value = Decimal(text)
+    above = low is None or value > low.value or (value == low.value and not low.exclusive)
+    below = high is None or value < high.value or (value == high.value and not high.exclusive)
+    # A side without a bound stops at the converter's digit count for integer parts.
+    digits_ok = len(text.lstrip("-").split(".")[0]) <= UNBOUNDED_DIGITS or (low is not None and high is not None)
+    return above and below and digits_ok
+
+
+def _limit(value: str | None, exclusive: bool = False) -> Limit | None:
+    return None if value is None else Limit(Decimal(value), exclusive)
+
+
+NUMBER_RANGES = [
+    (_limit("0"), _limit("1")), (_limit("0", True), _limit("1", True)), (_limit("-1.5"), _limit("2.25")),
+    (_limit("0.1"), _limit("0.2")), (_limit("0.25"), _limit("0.25")), (_limit("-3.75"), _limit("-1.5", True)),
+    (None, _limit("0.5")), (_limit("-0.001"), None), (None, None), (_limit("0.00001"), _limit("0.00002")),
+    (_limit("12.5", True), _limit("1000.125")), (_limit("99.99"), _limit("100.01")), (_limit("5", True), None),
+    (None, _limit("0", True)), (_limit("-100", True), _limit("100", True)), (_limit("0.0000000000000001"), None),
+]
+
+
+@pytest.mark.parametrize(("low", "high"), NUMBER_RANGES)
+def test_number_range_grammar_accepts_exactly_the_range(low: Limit | None, high: Limit | None) -> None:
+    pattern = gbnf_regex(f"root ::= {number_range_gbnf(low, high)}")
+    for text in _number_candidates(low, high):
+        assert accepts(pattern, text) == _number_allowed(text, low, high), (low, high, text)
+
+
+def test_number_range_grammar_on_random_ranges() -> None:
+    rng = random.Random(7)
+
+    def draw() -> Decimal:
+        return Decimal(rng.randint(-10 ** 6, 10 ** 6)) / 10 ** rng.choice([0, 1, 2, 3, 4])
+
+    for _ in range(200):
+        a, b = sorted((draw(), draw()))
+        low, high = Limit(a, rng.random() < 0.5), Limit(b, rng.random() < 0.5)
+        if a == b:
+            low, high = Limit(a, False), Limit(b, False)
+        low, high = rng.choice([(low, high), (low, None), (None, high)])
+        pattern = gbnf_regex(f"root ::= {number_range_gbnf(low, high)}")
+        probes = _number_candidates(low, high) | {format(draw(), "f") for _ in range(40)}
+        for text in probes:
+            assert accepts(pattern, text) == _number_allowed(text, low, high), (low, high, text)
+
+
+def test_a_range_no_number_of_sixteen_decimals_fits_is_refused() -> None:
+    assert number_range_gbnf(_limit("0.3", True), _limit("0.30000000000000004", True)) is None
+    with pytest.raises(UsageError) as caught:
+        schema_to_grammar(json.dumps({"type": "number", "exclusiveMinimum": 0.3,
+                                      "exclusiveMaximum": 0.30000000000000004}), "-j/--json-schema")
+    assert caught.value.message == ('-j/--json-schema: "exclusiveMinimum" 0.3 and "exclusiveMaximum" '
+                                    "0.30000000000000004 leave no number with at most 16 digits after the point "
+                                    "between them")
+
+
+def test_number_bounds_hold_in_schemas() -> None:
+    schema = {"type": "object", "required": ["p", "t"], "properties": {
+        "p": {"type": "number", "minimum": 0, "maximum": 1},
+        "t": {"type": ["number", "null"], "exclusiveMinimum": -273.15, "maximum": 1e3},
+    }}
+    grammar = schema_to_grammar(json.dumps(schema))
+    check_grammar(grammar)
+    pattern = gbnf_regex(grammar)
+    for good in ('{"p":0.5,"t":null}', '{"p":1,"t":-273.14}', '{"p":0,"t":1000.000}', '{"p":0.999,"t":20}'):
+        assert accepts(pattern, good), good
+    for bad in ('{"p":1.5,"t":null}', '{"p":-0.1,"t":null}', '{"p":1e0,"t":null}', '{"p":0.5,"t":-273.15}',
+                '{"p":0.5,"t":1000.01}'):
+        assert not accepts(pattern, bad), bad
 
 
 # ---------------------------------------------------------------- in llama.cpp
@@ -215,6 +306,16 @@ def test_complete_with_a_wide_integer_range_in_an_object(tiny_model: Path) -> No
                          "-j", schema)
         value = json.loads(result.stdout)
         assert 1000 <= value["n"] <= 1_000_000 and value["m"] >= 1, (seed, result.stdout)
+
+
+def test_complete_with_number_bounds_stays_in_range(tiny_model: Path) -> None:
+    schema = json.dumps({"type": "object", "required": ["p"], "properties": {
+        "p": {"type": "number", "exclusiveMinimum": 0.25, "maximum": 0.5}}})
+    for seed in range(6):
+        result = run_cli("complete", "-m", str(tiny_model), *FAST, "-p", "JSON:", "-n", "60", "-s", str(seed),
+                         "-j", schema)
+        assert result.exit_code == 0, result.stderr
+        assert 0.25 < json.loads(result.stdout)["p"] <= 0.5, (seed, result.stdout)
 
 
 @pytest.mark.parametrize("items", [{}, True])

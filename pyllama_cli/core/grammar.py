@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import InputError, UsageError
-from .json_schema import prepare_schema, splice_integer_ranges
+from .json_schema import prepare_schema, splice_number_ranges
 
 _NAME_CHARS = re.compile(r"[A-Za-z0-9-]")
 _SHIPPED_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
@@ -104,12 +104,12 @@ def _read(path: Path, what: str) -> str:
 def schema_to_grammar(schema: str, source: str = "the JSON schema") -> str:
     """Turn a JSON schema (JSON text) into GBNF, using llama-cpp-python's public converter.
 
-    The schema is checked first (json_schema.prepare_schema), and integer bounds, which the converter
-    ignores, are put into the grammar afterwards.
+    The schema is checked first (json_schema.prepare_schema), and the bounds of numbers, which the
+    converter ignores, are put into the grammar afterwards.
     """
     parsed = _parse_schema(schema, source)
     _check_schema_counts(parsed, source)
-    integer_ranges = prepare_schema(parsed, source)
+    ranges = prepare_schema(parsed, source)
     from llama_cpp.llama_grammar import json_schema_to_gbnf
 
     try:
@@ -117,7 +117,7 @@ def schema_to_grammar(schema: str, source: str = "the JSON schema") -> str:
     except Exception as exc:  # noqa: BLE001 - the converter raises bare exceptions for unsupported schemas
         raise InputError(f"{source}: cannot turn this schema into a grammar: {exc}",
                          hint="simplify the schema, or write the grammar yourself with --grammar-file") from None
-    return splice_integer_ranges(grammar, integer_ranges)
+    return splice_number_ranges(grammar, ranges)
 
 
 def _parse_schema(schema: str, source: str) -> dict | bool:

@@ -1,9 +1,10 @@
 """Check a JSON schema, and prepare it for llama-cpp-python's schema-to-GBNF converter.
 
 The converter turns some impossible schemas (an empty "enum", minimum above maximum) into broken or
-silently wrong grammars, and it ignores integer bounds. `prepare_schema` refuses the impossible ones with
-a message that names the place in the schema, and swaps every bounded integer for a marker constant;
-`splice_integer_ranges` then puts a GBNF expression for exactly the allowed integers where each marker is.
+silently wrong grammars, and it ignores the bounds of numbers. `prepare_schema` refuses the impossible
+ones with a message that names the place in the schema, and swaps every bounded integer or number for a
+marker constant; `splice_number_ranges` then puts a GBNF expression for exactly the allowed numbers
+(number_ranges.py) where each marker is.
 """
 
 from __future__ import annotations
@@ -12,11 +13,11 @@ import json
 import math
 import uuid
 from dataclasses import dataclass
+from decimal import Decimal
 
 from ..errors import InputError, UsageError
+from .number_ranges import FRACTION_DIGITS, Limit, integer_range_gbnf, number_range_gbnf
 
-# Digits of an integer that has no upper (or lower) limit, as in the converter's plain "integer" rule.
-UNBOUNDED_DIGITS = 16
 # Bounds longer than this are refused: the range grammar nests one group per digit.
 MAX_BOUND_DIGITS = 100
 _BOUND_KEYS = ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum")
@@ -27,6 +28,7 @@ _SCHEMA_VALUES = ("items", "additionalProperties", "additionalItems", "not", "if
                   "propertyNames", "unevaluatedItems", "unevaluatedProperties")
 # Keys the converter looks at before it treats a schema as a plain type.
 _CONVERTER_FIRST = ("$ref", "oneOf", "anyOf", "const", "enum")
+_NUMERIC = ("integer", "number")
 
 
 class SchemaError(UsageError, InputError):
@@ -59,15 +61,16 @@ class _Bound:
 
 
 def prepare_schema(schema: object, source: str) -> dict[str, str]:
-    """Check `schema` (parsed JSON, changed in place) and swap each bounded integer for a marker constant.
+    """Check `schema` (parsed JSON, changed in place) and swap each bounded integer or number for a marker
+    constant.
 
-    Returns each marker with the GBNF expression that replaces it (see `splice_integer_ranges`).
+    Returns each marker with the GBNF expression that replaces it (see `splice_number_ranges`).
 
     Raises:
         SchemaError: an empty enum/anyOf/oneOf/allOf/type list, a bad count or bound, or bounds that conflict.
     """
     markers: dict[str, str] = {}
-    by_range: dict[tuple[int | None, int | None], str] = {}
+    by_expression: dict[str, str] = {}
     todo: list[tuple[object, str]] = [(schema, "")]
     while todo:  # iterative: a hostile schema may nest deeper than Python's recursion limit
         node, pointer = todo.pop()
@@ -78,22 +81,22 @@ def prepare_schema(schema: object, source: str) -> dict[str, str]:
         _check_lists(node, where)
         _check_counts(node, where)
         low, high = _check_bounds(node, where)
-        _split_integer_type_list(node)
-        if _converter_sees_integer(node) and (low is not None or high is not None):
-            key = (_integer_low(low, where), _integer_high(high, where))
-            _check_integer_range(key, low, high, where)
-            if key not in by_range:
-                by_range[key] = f"pyllama-integer-{uuid.uuid4().hex}"
-                markers[by_range[key]] = integer_range_gbnf(*key)
+        _split_numeric_type_list(node)
+        kind = _converter_sees_number(node)
+        if kind is not None and (low is not None or high is not None):
+            expression = _range_gbnf(kind, low, high, where)
+            if expression not in by_expression:
+                by_expression[expression] = f"pyllama-range-{uuid.uuid4().hex}"
+                markers[by_expression[expression]] = expression
             node.clear()
-            node["const"] = by_range[key]
+            node["const"] = by_expression[expression]
             continue
         todo.extend(_subschemas(node, pointer))
     return markers
 
 
-def splice_integer_ranges(grammar: str, markers: dict[str, str]) -> str:
-    """Put each marker's integer-range expression (and the space after a JSON value) where the converter wrote it.
+def splice_number_ranges(grammar: str, markers: dict[str, str]) -> str:
+    """Put each marker's range expression (and the space after a JSON value) where the converter wrote it.
 
     A marker may be missing: the converter skips subschemas it does not use (an unused "$defs" entry, "not").
     """
@@ -208,22 +211,45 @@ def _show(value: object) -> str:
     return json.dumps(value)
 
 
-# ---------------------------------------------------------------- integers
+# ---------------------------------------------------------------- ranges
 
 
-def _split_integer_type_list(node: dict) -> None:
+def _split_numeric_type_list(node: dict) -> None:
     """{"type": ["integer", "null"], "minimum": 1}: the converter would drop the bounds; give it an anyOf that keeps them."""
     types = node.get("type")
-    if not isinstance(types, list) or "integer" not in types or any(key in node for key in _CONVERTER_FIRST):
+    if (not isinstance(types, list) or not set(types) & set(_NUMERIC)
+            or any(key in node for key in _CONVERTER_FIRST)):
         return
     bounds = {key: node[key] for key in _BOUND_KEYS if key in node}
     if bounds:
         node.clear()  # the converter builds a type list from the bare type names, so nothing else is lost
-        node["anyOf"] = [{"type": t, **(bounds if t == "integer" else {})} for t in types]
+        node["anyOf"] = [{"type": t, **(bounds if t in _NUMERIC else {})} for t in types]
 
 
-def _converter_sees_integer(node: dict) -> bool:
-    return node.get("type") == "integer" and not any(key in node for key in _CONVERTER_FIRST)
+def _converter_sees_number(node: dict) -> str | None:
+    """"integer" or "number" when the converter would write the node as that plain type, else None."""
+    kind = node.get("type")
+    return kind if kind in _NUMERIC and not any(key in node for key in _CONVERTER_FIRST) else None
+
+
+def _range_gbnf(kind: str, low: _Bound | None, high: _Bound | None, where: _Where) -> str:
+    if kind == "integer":
+        key = (_integer_low(low, where), _integer_high(high, where))
+        _check_integer_range(key, low, high, where)
+        return integer_range_gbnf(*key)
+    expression = number_range_gbnf(_limit(low, where), _limit(high, where))
+    if expression is None:
+        raise where.error(f"{low} and {high} leave no number with at most {FRACTION_DIGITS} digits after the point "
+                          "between them", hint="widen the range")
+    return expression
+
+
+def _limit(bound: _Bound | None, where: _Where) -> Limit | None:
+    if bound is None:
+        return None
+    _short_enough(math.floor(bound.value), bound, where)
+    # repr gives the shortest text that reads back as the same float: 0.1 is 0.1, not 0.1000000000000000055...
+    return Limit(Decimal(repr(bound.value)), bound.exclusive)
 
 
 def _integer_low(bound: _Bound | None, where: _Where) -> int | None:
@@ -250,77 +276,3 @@ def _check_integer_range(key: tuple[int | None, int | None], low: _Bound | None,
     first, last = key
     if first is not None and last is not None and first > last:
         raise where.error(f"{low} and {high} leave no integer between them", hint="widen the range")
-
-
-def integer_range_gbnf(low: int | None, high: int | None) -> str:
-    """A GBNF expression for exactly the JSON integers from `low` to `high` (None: no limit on that side).
-
-    A side without a limit stops at UNBOUNDED_DIGITS digits, as the converter's plain integers do.
-    """
-    alternatives = []
-    if high is None or high >= 0:
-        alternatives.append(_naturals(max(low, 0) if low is not None else 0, high))
-    if low is None or low < 0:
-        # A negative integer is "-" and a magnitude; "-0" is left out.
-        alternatives.append(f'"-" {_group(_naturals(1 if high is None or high >= 0 else -high, None if low is None else -low))}')
-    return " | ".join(alternatives)
-
-
-def _naturals(low: int, high: int | None) -> str:
-    """Decimal numbers without leading zeros from `low` to `high` (None: up to the unbounded digit count)."""
-    if high is None:
-        high = 10 ** max(UNBOUNDED_DIGITS, len(str(low))) - 1
-    low_text, high_text = str(low), str(high)
-    if len(low_text) == len(high_text):
-        return _same_width(low_text, high_text)
-    # Three parts: the rest of low's width, every number of the widths in between, the start of high's width
-    # (all of that width when high is 99...9).
-    high_is_full = high_text == "9" * len(high_text)
-    widest_full = len(high_text) if high_is_full else len(high_text) - 1
-    parts = [_same_width(low_text, "9" * len(low_text))]
-    if widest_full > len(low_text):
-        parts.append(f"[1-9] {_any_digits(len(low_text), widest_full - 1)}")
-    if not high_is_full:
-        parts.append(_same_width("1" + "0" * (len(high_text) - 1), high_text))
-    return " | ".join(_group(part) for part in parts)
-
-
-def _same_width(low: str, high: str) -> str:
-    """Digit strings of one width (leading zeros allowed) from `low` to `high`, built digit by digit."""
-    width = len(low)
-    if low == high:
-        return f'"{low}"'
-    if low == "0" * width and high == "9" * width:
-        return _any_digits(width, width)
-    common = next(i for i in range(width) if low[i] != high[i])
-    if common:
-        return f'"{low[:common]}" {_group(_same_width(low[common:], high[common:]))}'
-    if width == 1:
-        return _digit_class(int(low), int(high))
-    rest = width - 1
-    first, last = int(low[0]), int(high[0])
-    parts = []
-    if low[1:] != "0" * rest:  # low's leading digit only reaches up from low
-        parts.append(f'"{low[0]}" {_group(_same_width(low[1:], "9" * rest))}')
-        first += 1
-    if high[1:] != "9" * rest:  # and high's only reaches up to high
-        last -= 1
-    if first <= last:
-        parts.append(f"{_digit_class(first, last)} {_any_digits(rest, rest)}")
-    if high[1:] != "9" * rest:
-        parts.append(f'"{high[0]}" {_group(_same_width("0" * rest, high[1:]))}')
-    return " | ".join(parts)
-
-
-def _digit_class(first: int, last: int) -> str:
-    return f'"{first}"' if first == last else f"[{first}-{last}]"
-
-
-def _any_digits(least: int, most: int) -> str:
-    if most == 1 and least == 1:
-        return "[0-9]"
-    return f"[0-9]{{{least}}}" if least == most else f"[0-9]{{{least},{most}}}"
-
-
-def _group(expression: str) -> str:
-    return f"({expression})" if "|" in expression else expression
