@@ -324,6 +324,14 @@ def test_bad_options_are_one_line_errors(tiny_model: Path, args: tuple[str, ...]
     assert result.stdout == ""
 
 
+def test_a_baseline_nested_too_deeply_is_one_error_line(tiny_model: Path, tmp_path: Path) -> None:
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    result = bench(tiny_model, "-p", "8", "-n", "0", "--compare", str(deep))
+    assert result.exit_code == 1 and result.stdout == ""
+    assert result.first_stderr_line == f"Error: baseline {deep} nests too deeply to read"
+
+
 def test_models_that_cannot_load_fail_before_any_test(tmp_path: Path, tiny_model: Path) -> None:
     missing = run_cli("bench", "-m", str(tiny_model), "-m", str(tmp_path / "nope.gguf"), "-p", "8", "-n", "0")
     assert missing.exit_code == 1

@@ -195,6 +195,9 @@ def test_detokenize_takes_ids_as_arguments_and_json(tiny_model: Path) -> None:
      "Error: the text is not valid JSON: Expecting ',' delimiter at line 1 column 34 (near '')"),
     (["tokenize", "--chat", "--stdin"], '{"role": "user"}',
      'Error: chat messages must be a non-empty JSON list of {"role", "content"} objects'),
+    (["tokenize", "--chat", "--stdin"], "[" * 100_000 + "]" * 100_000, "Error: standard input nests too deeply to read"),
+    (["detokenize", "--stdin"], '{"ids": [' + "1" * 5000 + "]}",
+     "Error: cannot read the ids: a number in it has too many digits"),
     (["tokenize", "-f", "/nonexistent/prompt.txt"], "", "Error: cannot read /nonexistent/prompt.txt: "
      "No such file or directory"),
     (["tokenize"], "", "Error: no input given: give exactly one of TEXT, -p/--prompt, -f/--file or --stdin"),

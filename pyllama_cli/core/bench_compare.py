@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
+from . import json_text
 from .bench import BenchResult, BuildInfo
 from .bench_output import field_values
 
@@ -31,7 +32,8 @@ def load_baseline(path: Path) -> list[dict[str, Any]]:
     except OSError as exc:
         raise InputError(f"cannot read baseline {path}: {exc.strerror or exc}", hint=hint) from exc
     try:
-        rows = json.loads(text) if text.lstrip().startswith("[") else [json.loads(line) for line in text.splitlines() if line.strip()]
+        rows = (json_text.loads(text, f"baseline {path}") if text.lstrip().startswith("[")
+                else [json_text.loads(line, f"baseline {path}") for line in text.splitlines() if line.strip()])
     except json.JSONDecodeError as exc:
         raise InputError(f"baseline {path} is not valid JSON (line {exc.lineno})", hint=hint) from exc
     rows = [r for r in rows if isinstance(r, dict) and "avg_ts" in r]

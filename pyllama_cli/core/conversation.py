@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ContextOverflow, InputError
+from . import json_text
 from .chat_template import TURN_END_MARKERS, render_template, validate_messages
 from .generation import STOP_EOS, STOP_LENGTH, GenerationStats, Generator
 from .sampling import SamplingSettings
@@ -125,7 +126,7 @@ class Conversation:
             InputError: an unreadable file or one that is not a message list.
         """
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = json_text.loads(path.read_text(encoding="utf-8"), str(path))
         except OSError as exc:
             raise InputError(f"cannot read {path}: {exc.strerror}") from exc
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:

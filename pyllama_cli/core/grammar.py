@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import InputError, UsageError
+from . import json_text
 from .json_schema import prepare_schema, splice_number_ranges
 
 _NAME_CHARS = re.compile(r"[A-Za-z0-9-]")
@@ -122,14 +123,10 @@ def schema_to_grammar(schema: str, source: str = "the JSON schema") -> str:
 
 def _parse_schema(schema: str, source: str) -> dict | bool:
     try:
-        parsed = json.loads(schema)
+        parsed = json_text.loads(schema, source)
     except json.JSONDecodeError as exc:
         raise InputError(f"{source}: not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}",
                          hint="quote the schema for the shell, e.g. -j '{\"type\": \"object\"}'") from None
-    except RecursionError:
-        raise InputError(f"{source}: the schema nests too deeply to read") from None
-    except ValueError as exc:  # a number with thousands of digits
-        raise InputError(f"{source}: cannot read the schema: {exc}") from None
     if not isinstance(parsed, (dict, bool)):
         raise InputError(f"{source}: a JSON schema must be an object, not {type(parsed).__name__}")
     return parsed

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError
+from . import json_text
 from .native import Model, lib
 
 # string_process_escapes (llama.cpp common): `\n \r \t \' \" \\` and `\xHH`; any other `\c` stays.
@@ -168,7 +169,7 @@ def parse_messages(data: bytes, source: str) -> list[dict[str, Any]]:
     from .chat_template import validate_messages
 
     try:
-        value = json.loads(data.decode("utf-8"))
+        value = json_text.loads(data.decode("utf-8"), source)
     except UnicodeDecodeError as exc:
         raise InputError(f"{source} is not UTF-8 text (byte {exc.start})") from exc
     except json.JSONDecodeError as exc:
@@ -240,7 +241,7 @@ def parse_ids(text: str) -> list[int]:
 
 def _ids_from_json(text: str) -> list[int]:
     try:
-        value = json.loads(text)
+        value = json_text.loads(text, "the ids")
     except json.JSONDecodeError as exc:
         raise InputError(f"the ids are not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from exc
     ids = value.get("ids") if isinstance(value, dict) else None
