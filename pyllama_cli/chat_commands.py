@@ -1,11 +1,12 @@
 """The chat REPL: messages and slash commands read from a ChatUI, answers from a ChatEngine.
 
 A line starting with `/` is a command (matched by unique prefix, as llama-cli does); `//` sends a
-message that starts with `/`. Commands never reach the model; an unknown one gets a one-line hint.
+message that starts with `/`. Commands never reach the model; an unknown one is an error with a hint.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 
 from .chat_ui import ChatUI, copy_to_clipboard, stats_line
 from .core.conversation import ChatEngine, Conversation, fit_context
+from .core.settings import INT32_MAX, UINT32_MAX
 from .core.generation import STOP_CONTEXT, STOP_INTERRUPTED
 from .core.interrupt import StopFlag, catch_sigint
 from .core.sampling import SamplingSettings
@@ -83,14 +85,16 @@ class _Param:
     high: float | None = None
 
 
-# Every SamplingSettings field a user may set, with llama.cpp/ollama spellings as aliases.
+# Every SamplingSettings field a user may set, with llama.cpp/ollama spellings as aliases. The limits
+# are the command-line flags': integers also fit the C fields llama.cpp keeps them in.
 PARAMS: dict[str, _Param] = {
-    "temperature": _Param(float, 0), "top_k": _Param(int, 0), "top_p": _Param(float, 0, 1),
+    "temperature": _Param(float, 0), "top_k": _Param(int, 0, INT32_MAX), "top_p": _Param(float, 0, 1),
     "min_p": _Param(float, 0, 1), "typical_p": _Param(float, 0, 1), "repeat_penalty": _Param(float, 0),
-    "repeat_last_n": _Param(int, -1), "presence_penalty": _Param(float), "frequency_penalty": _Param(float),
-    "mirostat": _Param(int, 0, 2), "mirostat_lr": _Param(float, 0), "mirostat_ent": _Param(float, 0),
-    "seed": _Param(int, -1), "ignore_eos": _Param(bool), "logit_bias": _Param(str), "grammar": _Param(str),
-    "max_tokens": _Param(int, -1), "stop": _Param(str),
+    "repeat_last_n": _Param(int, -1, INT32_MAX), "presence_penalty": _Param(float),
+    "frequency_penalty": _Param(float), "mirostat": _Param(int, 0, 2), "mirostat_lr": _Param(float, 0),
+    "mirostat_ent": _Param(float, 0), "seed": _Param(int, -1, UINT32_MAX), "ignore_eos": _Param(bool),
+    "logit_bias": _Param(str), "grammar": _Param(str), "max_tokens": _Param(int, -1, INT32_MAX),
+    "stop": _Param(str),
 }
 PARAM_ALIASES = {"temp": "temperature", "typical": "typical_p", "n": "max_tokens", "n_predict": "max_tokens",
                  "num_predict": "max_tokens", "mirostat_eta": "mirostat_lr", "mirostat_tau": "mirostat_ent",
@@ -119,11 +123,21 @@ def parse_param(name: str, value: str) -> tuple[str, Any]:
     try:
         typed = _convert(value, spec.kind)
     except ValueError:
-        raise InputError(f"{key} needs {'true or false' if spec.kind is bool else 'a number'}, not {value!r}") from None
+        wanted = {bool: "true or false", int: "a whole number"}.get(spec.kind, "a number")
+        raise InputError(f"{key} needs {wanted}, not {value!r}") from None
+    if spec.kind is float and not math.isfinite(typed):  # nan passes every range check
+        raise InputError(f"{key} needs a finite number, not {value}")
     if (spec.low is not None and typed < spec.low) or (spec.high is not None and typed > spec.high):
-        span = f"at least {spec.low:g}" if spec.high is None else f"between {spec.low:g} and {spec.high:g}"
-        raise InputError(f"{key} must be {span}, not {value}")
+        raise InputError(f"{key} must be {_span(spec)}, not {value}")
     return key, typed
+
+
+def _span(spec: _Param) -> str:
+    if spec.high is None:
+        return f"at least {spec.low:g}"
+    if spec.low is None:
+        return f"at most {spec.high:g}"
+    return f"between {spec.low:g} and {spec.high}" if spec.kind is int else f"between {spec.low:g} and {spec.high:g}"
 
 
 def _convert(value: str, kind: type) -> Any:
@@ -233,9 +247,8 @@ class ChatRepl:
         return self._exit_code()
 
     def _exit_code(self) -> int:
-        if self.exit_code is not None:
-            return self.exit_code
-        return 1 if self.failed and not self.ui.interactive else 0
+        code = self.exit_code or 0  # /exit leaves with 0 unless something failed on the way
+        return 1 if code == 0 and self.failed and not self.ui.interactive else code
 
     def handle(self, line: str) -> bool:
         """Act on one line; True when it was sent to the model."""
@@ -248,8 +261,7 @@ class ChatRepl:
             try:
                 cmd = find_command(word)
                 if cmd is None:
-                    self.ui.notice(f"Unknown command {word}: /help lists them (// sends a message starting with /)")
-                    return False
+                    raise InputError(f"unknown command {word}", hint="/help lists them (// sends a message starting with /)")
                 return self.command(cmd, arg.strip())
             except PyllamaError as exc:
                 self.failed = True
@@ -371,6 +383,8 @@ class ChatRepl:
             self.ui.show_info(self.parameters_text())
             return
         key, typed = parse_param(name, value.strip())
+        if key == "logit_bias":
+            self._check_tokens(typed)
         s = self.settings
         if key == "max_tokens":
             s.max_tokens = typed
@@ -379,6 +393,13 @@ class ChatRepl:
         else:
             s.sampling = replace(s.sampling, **{key: typed})
         self.ui.notice(f"{key} = {_show_value(typed)}")
+
+    def _check_tokens(self, logit_bias: tuple[tuple[int, float], ...]) -> None:
+        n_vocab = self.engine.model.n_vocab
+        bad = next((token for token, _ in logit_bias if not 0 <= token < n_vocab), None)
+        if bad is not None:
+            raise InputError(f"logit_bias token {bad} is out of range: the vocabulary has {n_vocab} tokens "
+                             f"(0..{n_vocab - 1})")
 
     def parameters_text(self) -> str:
         s = self.settings

@@ -99,7 +99,8 @@ def test_unknown_and_ambiguous_commands_get_a_hint_and_never_reach_the_model(tin
     result = chat(tiny_model, stdin="/frobnicate\n/s\n/set nope 1\n/set top_p 2\n/set temp warm\n/regen\n/undo\n")
     assert result.exit_code == 1 and result.stdout == ""  # piped: the failed /set commands show in the exit code
     assert chrome(result) == [
-        "Unknown command /frobnicate: /help lists them (// sends a message starting with /)",
+        "Error: unknown command /frobnicate",
+        "Hint: /help lists them (// sends a message starting with /)",
         "Error: /s is ambiguous: /system, /set, /show, /save, /stats",
         "Error: unknown parameter 'nope'",
         ("Hint: parameters: temperature, top_k, top_p, min_p, typical_p, repeat_penalty, repeat_last_n, "
@@ -110,6 +111,37 @@ def test_unknown_and_ambiguous_commands_get_a_hint_and_never_reach_the_model(tin
         "No answer to regenerate.",
         "Nothing to undo.",
     ]
+
+
+def test_set_checks_values_as_the_flags_do(tiny_model: Path) -> None:
+    script = ("/set temperature nan\n/set top_p inf\n/set temperature 1e400\n/set seed 99999999999999999999\n"
+              "/set repeat_last_n 2147483648\n/set top_k 1.5\n/set logit_bias 99999+1\n/set seed -1\n/show\n")
+    result = chat(tiny_model, stdin=script)
+    assert result.exit_code == 1 and result.stdout == ""
+    assert chrome(result)[:8] == [
+        "Error: temperature needs a finite number, not nan",
+        "Error: top_p needs a finite number, not inf",
+        "Error: temperature needs a finite number, not 1e400",
+        "Error: seed must be between -1 and 4294967295, not 99999999999999999999",
+        "Error: repeat_last_n must be between -1 and 2147483647, not 2147483648",
+        "Error: top_k needs a whole number, not '1.5'",
+        "Error: logit_bias token 99999 is out of range: the vocabulary has 1024 tokens (0..1023)",
+        "seed = -1",
+    ]
+
+
+def test_load_of_a_deeply_nested_file_is_one_error_line(tiny_model: Path, tmp_path: Path) -> None:
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    result = chat(tiny_model, stdin=f"/load {deep}\n/show\n")
+    assert result.exit_code == 1 and "Traceback" not in result.stderr
+    assert chrome(result)[0] == f"Error: {deep} nests too deeply to read"
+
+
+def test_a_failure_before_exit_still_exits_1_when_piped(tiny_model: Path) -> None:
+    assert chat(tiny_model, stdin="/set foo 1\n/exit\n").exit_code == 1
+    assert chat(tiny_model, stdin="/frobnicate\n/bye\n").exit_code == 1
+    assert chat(tiny_model, stdin="/set top_k 5\n/exit\n").exit_code == 0
 
 
 def test_clear_undo_system_read_and_markdown_save(tiny_model: Path, tmp_path: Path) -> None:
