@@ -195,6 +195,23 @@ def test_bad_options_fail_before_the_model_loads(tiny_model: Path) -> None:
     assert (both.exit_code, both.first_stderr_line) == (1, "Error: -sys and -sysf cannot be used together")
 
 
+@pytest.mark.parametrize(("content", "message"), [
+    (b"\xfb\x00 not text", "Error: chat template file {path} is not UTF-8 text (byte 0)"),
+    (b" \n", "Error: chat template file {path} is empty"),
+    (None, "Error: cannot read chat template file {path}: Is a directory"),
+])
+def test_a_template_file_that_is_no_template_is_one_error_line(tiny_model: Path, tmp_path: Path,
+                                                               content: bytes | None, message: str) -> None:
+    path = tmp_path / "t.json"  # a name without a template suffix: it exists, so it is read as a file
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_bytes(content)
+    result = chat(tiny_model, "--chat-template", str(path), stdin="hi\n")
+    assert (result.exit_code, result.first_stderr_line) == (1, message.format(path=path))
+    assert "Traceback" not in result.stderr
+
+
 # --- the KV cache between turns -----------------------------------------------------------------
 
 

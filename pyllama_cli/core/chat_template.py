@@ -122,11 +122,8 @@ def resolve_template(model_template: str | None, override: str | None) -> tuple[
         if override in BUILTIN_TEMPLATES:
             return BUILTIN_TEMPLATES[override], override
         path = Path(override).expanduser()
-        if path.suffix in {".jinja", ".j2", ".txt"} or path.is_file():
-            try:
-                return path.read_text(encoding="utf-8"), path.name
-            except OSError as exc:
-                raise TemplateError(f"cannot read chat template file {path}: {exc.strerror}") from exc
+        if path.suffix in {".jinja", ".j2", ".txt"} or path.exists():
+            return _read_template_file(path), path.name
         if "{%" in override or "{{" in override:
             return override, "custom"
         raise TemplateError(f"unknown chat template {override!r}",
@@ -135,6 +132,20 @@ def resolve_template(model_template: str | None, override: str | None) -> tuple[
         return model_template, "model (GGUF)"
     raise TemplateError("the model has no chat template",
                         hint="pass --chat-template NAME|FILE (built-ins: " + ", ".join(template_names()) + ")")
+
+
+def _read_template_file(path: Path) -> str:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise TemplateError(f"cannot read chat template file {path}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise TemplateError(f"chat template file {path} is not UTF-8 text (byte {exc.start})",
+                            hint="a template is Jinja text, as in a model's tokenizer_config.json") from None
+    if not text.strip():
+        raise TemplateError(f"chat template file {path} is empty",
+                            hint="a template is Jinja text, as in a model's tokenizer_config.json")
+    return text
 
 
 # Templates come from GGUF files and users, so rendering one must stay bounded: no string or list
