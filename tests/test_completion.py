@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from pyllama_cli.commands import completion
-from tests.helpers import REPO_ROOT, run_cli
+from tests.helpers import REPO_ROOT, run_cli, run_process
 
 REPO = Path(REPO_ROOT)
 SCRIPTS = REPO / "completions"
@@ -315,3 +315,70 @@ def test_install_without_a_known_shell_says_how_to_name_it(home: Path, monkeypat
     assert result.exit_code == 1
     assert result.stderr == ("Error: cannot tell which shell to install for from $SHELL (/bin/tcsh)\n"
                              "Hint: name it: pyllama completion install bash|zsh|fish\n")
+
+
+@pytest.mark.parametrize("value", ["", None])
+def test_install_without_home_is_refused(home: Path, monkeypatch: pytest.MonkeyPatch, value: str | None) -> None:
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(home / "config"))  # were HOME not checked, the script goes here
+    if value is None:
+        monkeypatch.delenv("HOME")
+    else:
+        monkeypatch.setenv("HOME", value)  # Python's "~" is then "/": the script went to /.config/fish
+    result = run_cli("completion", "install", "fish")
+    assert result.exit_code == 1
+    assert result.stderr == ("Error: HOME is not set\n"
+                             "Hint: set HOME to your home folder, or write the script yourself: "
+                             "pyllama completion show SHELL > FILE\n")
+    assert list(home.iterdir()) == []
+
+
+def test_install_with_home_a_file_names_it(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    not_a_folder = home / "file"
+    not_a_folder.write_text("x")
+    monkeypatch.setenv("HOME", str(not_a_folder))
+    result = run_cli("completion", "install", "bash")
+    assert result.exit_code == 1
+    assert result.first_stderr_line == f"Error: HOME is {not_a_folder}, which is not a folder"
+    assert not_a_folder.read_text() == "x"
+
+
+def test_install_names_a_file_standing_where_a_folder_goes(home: Path, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    loader = tmp_path / "bash_completion"
+    loader.touch()
+    monkeypatch.setattr(completion, "BASH_COMPLETION_SCRIPTS", (str(loader),))
+    data = home / "data"
+    data.write_text("x")
+    monkeypatch.setenv("XDG_DATA_HOME", str(data))
+    result = run_cli("completion", "install", "bash")
+    assert result.exit_code == 1
+    assert result.stderr.splitlines() == [
+        f"Error: cannot write {data}/bash-completion/completions/pyllama: {data} is not a folder",
+        "Hint: move that file out of the way, or choose another path",
+    ]
+
+
+def test_install_writes_through_a_symlinked_script(home: Path) -> None:
+    target = home / "dotfiles" / "pyllama.fish"
+    target.parent.mkdir()
+    target.write_text("# an older pyllama's completion\n")
+    link = home / ".config" / "fish" / "completions" / "pyllama.fish"
+    link.parent.mkdir(parents=True)
+    link.symlink_to(target)
+    assert run_cli("completion", "install", "fish").exit_code == 0
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    assert target.read_text() == (SCRIPTS / "pyllama.fish").read_text()
+    assert sorted(p.name for p in link.parent.iterdir()) == ["pyllama.fish"]
+    assert sorted(p.name for p in target.parent.iterdir()) == ["pyllama.fish"]  # no staging file left behind
+    again = run_cli("completion", "install", "fish")
+    assert again.stderr.endswith("nothing changed.\n")
+
+
+def test_install_refuses_a_fifo_rc_file_before_writing_anything(home: Path) -> None:
+    # A real process with a time limit: appending to a FIFO, were it not refused, would block forever.
+    rc = home / ".zshrc"
+    os.mkfifo(rc)
+    result = run_process("completion", "install", "zsh", timeout=60)
+    assert result.exit_code == 1
+    assert result.stderr == f"Error: {rc} is not a regular file\nHint: name a new or regular file\n"
+    assert sorted(p.name for p in home.iterdir()) == [".zshrc"]  # not even ~/.zfunc

@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import struct
 import subprocess
 import sys
@@ -272,6 +273,41 @@ def test_existing_output_is_refused_without_force(src: Path, tmp_path: Path) -> 
     assert out.read_bytes() == b"keep me"
     assert run_cli("quantize", "--force", str(src), str(out), "Q8_0").exit_code == 0
     assert out.stat().st_size > 1_000_000
+
+
+def test_a_symlinked_output_is_written_through(src: Path, tmp_path: Path) -> None:
+    target = tmp_path / "models" / "q8.gguf"
+    target.parent.mkdir()
+    target.write_bytes(b"old")
+    link = tmp_path / "out.gguf"
+    link.symlink_to(target)
+    assert run_cli("quantize", "--force", str(src), str(link), "Q8_0").exit_code == 0
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    assert target.read_bytes()[:4] == b"GGUF" and target.stat().st_size > 1_000_000
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model-F32.gguf", "models", "out.gguf"]
+    assert os.listdir(target.parent) == ["q8.gguf"]  # the temporary file was next to the target, and is gone
+
+
+def test_a_fifo_output_is_refused_even_with_force(src: Path, tmp_path: Path) -> None:
+    fifo = tmp_path / "out.gguf"
+    os.mkfifo(fifo)
+    result = run_cli("quantize", "--force", str(src), str(fifo), "Q8_0")
+    assert result.exit_code == 1
+    assert result.stderr.splitlines() == [f"Error: {fifo} is not a regular file", "Hint: name a new or regular file"]
+    assert stat.S_ISFIFO(fifo.lstat().st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model-F32.gguf", "out.gguf"]
+
+
+def test_split_output_parts_must_lead_to_one_folder(tmp_path: Path) -> None:
+    parts = write_split_gguf(tmp_path / "split", TINY, 2)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "q-00002-of-00002.gguf").symlink_to(elsewhere / "part2.gguf")
+    result = run_cli("quantize", "--keep-split", str(parts[0]), str(tmp_path / "q.gguf"), "Q8_0")
+    assert result.exit_code == 1
+    folders = sorted(os.path.realpath(p) for p in (tmp_path, elsewhere))
+    assert result.first_stderr_line == f"Error: the output parts lead to more than one folder ({', '.join(folders)})"
+    assert os.listdir(elsewhere) == []
 
 
 def test_output_equal_to_input_is_refused_even_with_force(src: Path) -> None:

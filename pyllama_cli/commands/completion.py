@@ -12,6 +12,7 @@ from typing import Annotated
 import typer
 
 from ..console import info
+from ..core.paths import atomic_write, make_folders, output_target
 from ..errors import PyllamaError, UsageError
 
 EXAMPLES = """\
@@ -67,6 +68,7 @@ def install(
 
     name = shell.value if shell else detect_shell()
     plan = install_plan(name)
+    _check_targets(plan)
     wrote = _write_if_changed(plan.script, generate(name))
     added = _add_rc_lines(plan.rc_file, plan.rc_lines) if plan.rc_file else False
     if not wrote and not added:
@@ -98,7 +100,7 @@ def detect_shell() -> str:
 
 def install_plan(shell: str) -> InstallPlan:
     """Where the script goes for `shell` and what, if anything, the rc file needs."""
-    home = Path.home()
+    home = home_folder()
     if shell == "fish":
         config = Path(os.environ.get("XDG_CONFIG_HOME") or home / ".config")
         return InstallPlan(config / "fish" / "completions" / "pyllama.fish")  # fish loads it by itself
@@ -114,6 +116,29 @@ def install_plan(shell: str) -> InstallPlan:
         return InstallPlan(script)
     quoted = _shell_path(script)
     return InstallPlan(script, home / ".bashrc", (f"[ -f {quoted} ] && . {quoted}",))
+
+
+def home_folder() -> Path:
+    """$HOME, which must name a folder: with it empty, Python's "~" would be "/".
+
+    Raises:
+        UsageError: HOME is unset or empty, or is not a folder.
+    """
+    home = os.environ.get("HOME", "")
+    hint = "set HOME to your home folder, or write the script yourself: pyllama completion show SHELL > FILE"
+    if not home:
+        raise UsageError("HOME is not set", hint=hint)
+    if not os.path.isdir(home):
+        state = "does not exist" if not os.path.lexists(home) else "is not a folder"
+        raise UsageError(f"HOME is {home}, which {state}", hint=hint)
+    return Path(home)
+
+
+def _check_targets(plan: InstallPlan) -> None:
+    """Refuse a FIFO, device or folder where a file goes, before writing anything."""
+    output_target(plan.script)
+    if plan.rc_file is not None:
+        output_target(plan.rc_file)
 
 
 def _shell_path(path: Path) -> str:
@@ -133,18 +158,16 @@ def _tilde(path: Path) -> str:
 
 
 def _write_if_changed(path: Path, text: str) -> bool:
-    """Write `text` to `path` (whole or not at all); False when it already holds exactly that."""
-    staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    """Write `text` to `path` (whole or not at all, through a symlink); False when it already holds exactly that."""
+    target = output_target(path)
     try:
-        if path.is_file() and path.read_text(encoding="utf-8") == text:
+        if target.is_file() and target.read_bytes() == text.encode():
             return False
-        path.parent.mkdir(parents=True, exist_ok=True)
-        staging.write_text(text, encoding="utf-8")
-        os.replace(staging, path)
     except OSError as exc:
-        staging.unlink(missing_ok=True)
-        raise PyllamaError(f"cannot write {path}: {exc.strerror or exc}",
-                           hint="check the directory's permissions") from exc
+        raise PyllamaError(f"cannot read {path}: {exc.strerror or exc}", hint="check the file's permissions") from exc
+    make_folders(target.parent, path)
+    with atomic_write(path) as temp:
+        temp.write_text(text, encoding="utf-8")
     return True
 
 
@@ -154,7 +177,7 @@ def _add_rc_lines(rc: Path, lines: tuple[str, ...]) -> bool:
         current = rc.read_text(encoding="utf-8") if rc.is_file() else ""
         if lines[0] in (line.strip() for line in current.splitlines()):
             return False
-        rc.parent.mkdir(parents=True, exist_ok=True)
+        make_folders(rc.parent, rc)
         sep = "" if not current or current.endswith("\n") else "\n"
         with rc.open("a", encoding="utf-8") as fh:
             fh.write(sep + ("\n" if current else "") + "\n".join((RC_COMMENT, *lines)) + "\n")

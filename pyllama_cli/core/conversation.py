@@ -10,9 +10,7 @@ turn are evaluated. `fit_context` decides what happens when the conversation out
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +20,7 @@ from ..errors import ContextOverflow, InputError
 from . import json_text
 from .chat_template import TURN_END_MARKERS, render_template, validate_messages
 from .generation import STOP_EOS, STOP_LENGTH, GenerationStats, Generator
+from .paths import atomic_write
 from .sampling import SamplingSettings
 
 Message = dict[str, Any]
@@ -156,18 +155,8 @@ def valid_text(text: str) -> str:
 
 def _write_atomic(path: Path, text: str) -> None:
     """Write through a temporary file in the same folder, so a failure never leaves half a file."""
-    path = path.expanduser()
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent if str(path.parent) else ".")
-    except OSError as exc:
-        raise InputError(f"cannot write {path}: {exc.strerror}") from exc
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except OSError as exc:
-        os.unlink(tmp)
-        raise InputError(f"cannot write {path}: {exc.strerror}") from exc
+    with atomic_write(path.expanduser()) as temp:
+        temp.write_text(text, encoding="utf-8")
 
 
 def fit_context(conv: Conversation, count_tokens: Callable[[list[Message]], int], n_ctx: int, *,

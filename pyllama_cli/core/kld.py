@@ -16,8 +16,6 @@ treat as zero probability. All integers are little-endian.
 from __future__ import annotations
 
 import math
-import os
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -29,6 +27,7 @@ import numpy as np
 
 from ..errors import InputError, UsageError
 from .native import Model
+from .paths import atomic_write
 from .perplexity import (
     ChunkLogits,
     ChunkPlan,
@@ -145,18 +144,12 @@ class BaseReader:
 
 
 class BaseWriter:
-    """Writes a base file through a temporary file, renamed into place by `commit()` only."""
+    """Writes a base file's header, tokens and rows to an open file; `path` names the file in errors."""
 
-    def __init__(self, path: Path, n_ctx: int, n_vocab: int, tokens: np.ndarray):
+    def __init__(self, file: IO[bytes], path: Path, n_ctx: int, n_vocab: int, tokens: np.ndarray):
+        self._file = file
         self.path = path
         self.n_vocab = n_vocab
-        try:
-            fd, tmp = tempfile.mkstemp(dir=path.parent if str(path.parent) else ".", prefix=f".{path.name}.",
-                                       suffix=".partial")
-        except OSError as exc:
-            raise InputError(f"cannot write {path}: {exc.strerror}") from None
-        self._tmp = Path(tmp)
-        self._file: IO[bytes] = os.fdopen(fd, "wb")
         n_chunk = len(tokens) // n_ctx
         self._write(MAGIC + np.array([n_ctx, n_vocab, n_chunk], "<i4").tobytes())
         self._write(np.asarray(tokens, "<i4").tobytes())
@@ -173,32 +166,14 @@ class BaseWriter:
         try:
             self._file.write(data)
         except OSError as exc:
-            self.discard()
             raise InputError(f"cannot write {self.path}: {exc.strerror}") from None
-
-    def commit(self) -> None:
-        self._file.close()
-        # mkstemp makes the file private; give it the permissions a plain open() would have.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(self._tmp, 0o666 & ~umask)
-        os.replace(self._tmp, self.path)
-
-    def discard(self) -> None:
-        self._file.close()
-        self._tmp.unlink(missing_ok=True)
 
 
 @contextmanager
 def writing_base(path: Path, plan: ChunkPlan, n_vocab: int, tokens: np.ndarray) -> Iterator[BaseWriter]:
     """A base-file writer for a perplexity run; the file appears only if the block completes."""
-    writer = BaseWriter(path, plan.n_ctx, n_vocab, tokens[:plan.n_chunk * plan.n_ctx])
-    try:
-        yield writer
-    except BaseException:
-        writer.discard()
-        raise
-    writer.commit()
+    with atomic_write(path) as temp, open(temp, "wb") as file:
+        yield BaseWriter(file, path, plan.n_ctx, n_vocab, tokens[:plan.n_chunk * plan.n_ctx])
 
 
 def quantize_log_probs(logits: np.ndarray, width: int) -> np.ndarray:

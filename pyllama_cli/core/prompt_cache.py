@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import json
-import os
 import struct
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +18,7 @@ from typing import Any
 from ..errors import InputError
 from .generation import common_prefix
 from .native import Context, Model, lib
+from .paths import atomic_write, output_target
 
 MAGIC = b"pyllama-prompt-cache\n"
 VERSION = 1
@@ -81,6 +80,7 @@ def load_prompt_cache(path: Path, model: Model, ctx: Context, prompt: list[int])
     A missing file reuses nothing; a file from another model, or one llama.cpp cannot restore into
     this context, is ignored with a warning (the caller overwrites it after the prefill).
     """
+    output_target(path)  # reading a FIFO would block: refuse what cannot be replaced after the prefill
     if not path.exists():
         return CacheLoad(saved_tokens=[])
     header, offset = read_header(path)
@@ -113,22 +113,7 @@ def save_prompt_cache(path: Path, model: Model, ctx: Context, tokens: list[int])
     n = int(lib.llama_state_seq_get_data(ctx.handle, buf, size, 0))
     header = json.dumps({"version": VERSION, "model": model_identity(model),
                          "tokens": [int(t) for t in tokens]}).encode()
-    tmp: str | None = None
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the usual permissions
-        with os.fdopen(fd, "wb") as f:
-            f.write(MAGIC + struct.pack("<I", len(header)) + header)
-            f.write(memoryview(buf)[:n])
-        os.replace(tmp, path)
-    except OSError as exc:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
-        raise InputError(f"cannot write prompt cache {path}: {exc.strerror or exc}") from None
+    with atomic_write(path, "prompt cache") as temp, open(temp, "wb") as f:
+        f.write(MAGIC + struct.pack("<I", len(header)) + header)
+        f.write(memoryview(buf)[:n])
     return n
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import InputError, Interrupted, PyllamaError, UsageError
 from .ftypes import BY_NAME, QuantType, find_type, parse_type
 from .gguf_file import read_gguf
+from .paths import output_target
 from .settings import MAX_THREADS
 
 if TYPE_CHECKING:  # the imatrix reader is imported only by the runs that pass --imatrix
@@ -219,10 +220,20 @@ def check_request(req: QuantizeRequest) -> None:
             raise UsageError(f"OUTPUT {out} is the input file", hint="give a different OUTPUT name")
         if out.is_dir():
             raise UsageError(f"OUTPUT {out} is a folder", hint=f"give a file name, e.g. {out / 'model.gguf'}")
-        if not out.parent.is_dir():
-            raise InputError(f"the output folder {out.parent} does not exist", hint="create it first")
+        target = output_target(out)
+        if not target.parent.is_dir():
+            raise InputError(f"the output folder {target.parent} does not exist", hint="create it first")
         if out.exists() and not req.force:
             raise UsageError(f"{out} already exists", hint="pass --force to replace it, or choose another OUTPUT")
+    _check_one_folder(req)
+
+
+def _check_one_folder(req: QuantizeRequest) -> None:
+    """llama.cpp writes every part of a split output into one folder; symlinked parts must lead there too."""
+    folders = {os.path.realpath(output_target(out).parent) for out in req.output_paths()}
+    if len(folders) > 1:
+        raise UsageError(f"the output parts lead to more than one folder ({', '.join(sorted(folders))})",
+                         hint="with --keep-split, keep all the OUTPUT parts (or their link targets) in one folder")
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -426,7 +437,7 @@ class _Staging:
     """
 
     def __init__(self, req: QuantizeRequest):
-        self.finals = req.output_paths()
+        self.finals = [output_target(p) for p in req.output_paths()]  # a symlinked OUTPUT stays a link
         first = self.finals[0]
         base = f".{_split_prefix(req.output).name}.{os.urandom(8).hex()}.tmp"
         self.llama_target = first.with_name(base)
@@ -465,7 +476,7 @@ class _Staging:
 
     def sabotage(self) -> None:
         """Point llama.cpp's open descriptors of the temporary files at /dev/full (Linux only)."""
-        names = {str(p) for p in self.temps}
+        names = {os.path.realpath(p) for p in self.temps}  # as /proc shows them: absolute, links resolved
         try:
             fds = os.listdir("/proc/self/fd")
             full = os.open("/dev/full", os.O_WRONLY)
