@@ -113,7 +113,7 @@ complete -c pyllama -n '__pyllama_using bench' -l progress -d 'Print each step o
 complete -c pyllama -n '__pyllama_using bench' -l no-warmup -d 'Skip the untimed warmup run of each test.'
 complete -c pyllama -n '__pyllama_using bench' -l ttft -d 'Also report time to first token (ms) for tests with a prompt: the timed prompt plus picking the first token from its logits.'
 complete -c pyllama -n '__pyllama_using bench' -l compare -d 'A previous `-o json` run (pyllama or llama-bench): add a speed-up column against it.' -x -a '(__pyllama_values file)'
-complete -c pyllama -n '__pyllama_using bench' -l plot -d 'Draw t/s per test and parameter to this PNG (needs matplotlib: pip install matplotlib).' -x -a '(__pyllama_values file)'
+complete -c pyllama -n '__pyllama_using bench' -l plot -d 'Draw t/s per test and parameter to this image: PNG, or SVG, PDF, ...' -x -a '(__pyllama_values file)'
 complete -c pyllama -n '__pyllama_using bench' -s v -l verbose -d 'Show llama.cpp\'s own log on stderr.'
 complete -c pyllama -n '__pyllama_using bench' -s h -l help -d 'Show this message and exit.'
 

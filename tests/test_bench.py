@@ -7,6 +7,7 @@ import io
 import json
 import math
 import os
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -296,6 +297,15 @@ def test_plot_writes_a_png(tiny_model: Path, tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir() if p.name != "home") == ["speed.png"]  # no temporary left
 
 
+def test_plot_to_a_format_matplotlib_lacks_is_refused_before_any_test(tiny_model: Path, tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    result = bench(tiny_model, "-p", "8", "-n", "0", "--plot", str(tmp_path / "speed.txt"))
+    assert result.exit_code == 1 and result.stdout == ""  # before: a traceback after the whole run
+    assert result.first_stderr_line == f"Error: --plot {tmp_path / 'speed.txt'}: matplotlib cannot write .txt files"
+    assert result.stderr.splitlines()[1].startswith("Hint: end the name in one of: ")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_plot_without_matplotlib_is_a_clear_error(tiny_model: Path, tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if it were not installed
@@ -322,6 +332,24 @@ def test_bad_options_are_one_line_errors(tiny_model: Path, args: tuple[str, ...]
     assert result.first_stderr_line == error
     assert len(result.stderr.splitlines()) == 2 and result.stderr.splitlines()[1].startswith("Hint: ")
     assert result.stdout == ""
+
+
+def test_ctrl_c_leaves_a_json_document_of_the_finished_tests(tiny_model: Path) -> None:
+    from tests.helpers import REPO_ROOT
+
+    proc = subprocess.Popen([sys.executable, "-m", "pyllama_cli", "bench", "-m", str(tiny_model), "-p", "0",
+                             "-n", "16-4000+1", "-r", "2", "-o", "json"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT)
+    try:
+        started = proc.stdout.readline() + proc.stdout.readline()  # "[" and the start of the first row
+        proc.send_signal(signal.SIGINT)
+        output, err = started + proc.stdout.read(), proc.stderr.read()  # (communicate would skip buffered text)
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    rows = json.loads(output)  # before: the list was never closed
+    assert proc.returncode == 130 and 1 <= len(rows) < 3985
+    assert err.strip() == f"benchmark interrupted: the output holds the {len(rows)} of 3985 tests that finished"
 
 
 def test_a_baseline_nested_too_deeply_is_one_error_line(tiny_model: Path, tmp_path: Path) -> None:

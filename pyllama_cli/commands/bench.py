@@ -10,7 +10,7 @@ import typer
 
 from ..console import err, out, stderr_is_tty, stdout_is_tty
 from ..core.resolve import ModelRequest
-from ..errors import PyllamaError, UsageError
+from ..errors import Interrupted, PyllamaError, UsageError
 from ..options import HfFileOpt, HfRepoOpt, HfTokenOpt, ModelPathOpt, OfflineOpt, VerboseOpt
 from .common import resolve
 
@@ -98,8 +98,8 @@ def bench(
         "--compare", help="A previous `-o json` run (pyllama or llama-bench): add a speed-up column against it.",
         rich_help_panel=RUN, show_default=False, dir_okay=False)] = None,
     plot: Annotated[Path | None, typer.Option(
-        "--plot", help="Draw t/s per test and parameter to this PNG (needs matplotlib: pip install "
-                       "matplotlib).", rich_help_panel=RUN, show_default=False, dir_okay=False)] = None,
+        "--plot", help="Draw t/s per test and parameter to this image: PNG, or SVG, PDF, ... by the "
+                       "name's ending (needs matplotlib: pip install matplotlib).", rich_help_panel=RUN, show_default=False, dir_okay=False)] = None,
     verbose: VerboseOpt = False,
 ) -> None:
     """Measure prompt processing (pp) and generation (tg) speed, as llama-bench does.
@@ -193,11 +193,13 @@ def _load_compare(path: Path | None) -> list[dict[str, Any]] | None:
 def _check_plot(path: Path | None) -> None:
     if path is None:
         return
-    from ..core.bench_plot import require_matplotlib
+    from ..core.bench_plot import check_plot_format
+    from ..core.paths import output_target
 
-    require_matplotlib()
-    if not path.parent.is_dir():
-        raise UsageError(f"--plot {path}: folder {path.parent} does not exist", hint="create it or pick another path")
+    check_plot_format(path)
+    folder = output_target(path).parent  # a symlink's target is what gets written
+    if not folder.is_dir():
+        raise UsageError(f"--plot {path}: folder {folder} does not exist", hint="create it or pick another path")
 
 
 def _run(spec: Any, build: Any, fmt: str, detail: bool, baseline: list[dict[str, Any]] | None,
@@ -215,20 +217,31 @@ def _run(spec: Any, build: Any, fmt: str, detail: bool, baseline: list[dict[str,
     results, speedups = [], []
     if printer:
         printer.header()
-    with _progress(spec, detail) as on_step:
-        for result in run_benchmark(spec, on_step):
-            gain = speedup(result, build, baseline) if baseline is not None else None
-            results.append(result)
-            speedups.append(gain)
-            if printer:
-                printer.row(result, gain)
-    if printer:
-        printer.footer()
-    else:
-        _print_rich_table(results, speedups, cols, build)
+    try:
+        with _progress(spec, detail) as on_step:
+            for result in run_benchmark(spec, on_step):
+                gain = speedup(result, build, baseline) if baseline is not None else None
+                results.append(result)
+                speedups.append(gain)
+                if printer:
+                    printer.row(result, gain)
+    except KeyboardInterrupt:
+        # The tests that finished are still a valid document (json closes its list) and say so.
+        _finish_output(printer, results, speedups, cols, build)
+        raise Interrupted(f"benchmark interrupted: the output holds the {len(results)} of "
+                          f"{len(spec.instances())} tests that finished") from None
+    _finish_output(printer, results, speedups, cols, build)
     if plot is not None:
         _plot(results, cols, build, plot)
     _fail_if_errors(results)
+
+
+def _finish_output(printer: Any, results: list[Any], speedups: list[float | None], cols: list[str],
+                   build: Any) -> None:
+    if printer:
+        printer.footer()
+    elif results:
+        _print_rich_table(results, speedups, cols, build)
 
 
 def _write(text: str) -> None:

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
 from .bench import BenchResult
+from .paths import atomic_write
 
 PLOT_HINT = "install it with: pip install 'pyllama-cli[plot]' (or pip install matplotlib)"
 
@@ -30,6 +29,21 @@ def require_matplotlib() -> Any:
     return plt
 
 
+def check_plot_format(path: Path) -> None:
+    """Refuse a file ending matplotlib cannot draw to (before the benchmark runs, not after).
+
+    Raises:
+        UsageError: an ending such as .txt; none at all means PNG.
+    """
+    plt = require_matplotlib()
+    formats = plt.gcf().canvas.get_supported_filetypes()
+    plt.close("all")
+    ending = path.suffix.lower().lstrip(".")
+    if ending and ending not in formats:
+        raise UsageError(f"--plot {path}: matplotlib cannot write .{ending} files",
+                         hint="end the name in one of: " + ", ".join(f".{f}" for f in sorted(formats)))
+
+
 def plot_results(results: Sequence[BenchResult], labels: Sequence[str], path: Path) -> None:
     """One bar chart per test (pp512, tg128, ...): a bar per parameter combination, with ± stddev.
 
@@ -47,15 +61,9 @@ def plot_results(results: Sequence[BenchResult], labels: Sequence[str], path: Pa
         ax.set_xlabel("tokens/s")
     fig.tight_layout()
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=".pyllama-plot-", suffix=path.suffix or ".png", dir=path.parent or ".")
-    os.close(fd)
     try:
-        fig.savefig(tmp)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 is for the temporary name only
-        os.replace(tmp, path)
+        # matplotlib picks the format from the name's ending: the temporary name keeps it.
+        with atomic_write(path, suffix=path.suffix or ".png") as temp:
+            fig.savefig(temp)
     finally:
         plt.close(fig)
-        if os.path.exists(tmp):
-            os.unlink(tmp)
