@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import shutil
 import signal
 import subprocess
@@ -15,6 +16,7 @@ import pytest
 from pyllama_cli.core.grammar import check_grammar, load_shipped, shipped_grammars
 from pyllama_cli.errors import InputError
 from tests.helpers import REPO_ROOT, CliResult, run_cli
+from tests.test_schema import llama_cpp_parses
 
 # One thread and a small context keep each run at a few tens of milliseconds on a busy machine.
 FAST = ("-t", "1", "-c", "512")
@@ -146,11 +148,112 @@ def test_grammar_error_names_line_and_column_before_loading_the_model(tmp_path: 
     ('root ::= "a"{3,1}', "repetition {3,1} has a maximum below its minimum at line 1, column 13"),
     ('root ::= "\\q"', "unknown escape \\q at line 1, column 11"),
     ('x ::= "a"', "the grammar has no 'root' rule at line 1, column 10"),
+    ('root ::= "a"{,3}', "a repetition needs its minimum count first, as in {2}, {0,3} or {2,} at line 1, column 13"),
+    ('root ::= "a"{100}{100}', "repetition {100} repeats an item of 100 rules 100 times: 10000 rules, more than "
+                               "llama.cpp's limit of 2000 at line 1, column 18"),
+    ('root ::= ("a"{0,100}){0,100}', "repetition {0,100} repeats an item of 101 rules 100 times: 10100 rules, more "
+                                     "than llama.cpp's limit of 2000 at line 1, column 22"),
+    ('root ::= "a"{0,50}{0,50}', "repetition {0,50} repeats an item of 50 rules 50 times: 2500 rules, more than "
+                                 "llama.cpp's limit of 2000 at line 1, column 19"),
+    ('root ::= ("a"{0,2000})?', "repetition ? repeats an item of 2001 rules, more than llama.cpp's limit of 2000 "
+                                "at line 1, column 23"),
+    ('root ::= "a" [z-a]', "character range z-a runs backwards, so it matches nothing at line 1, column 15"),
+    ('root ::= [a-c\\x7f-\\x00]', "character range \\x7f-\\x00 runs backwards, so it matches nothing at line 1, "
+                                "column 14"),
+    ('root ::= [^\\x00-\\U0010FFFF]', "character class [^\\x00-\\U0010FFFF] matches no character at line 1, "
+                                    "column 10"),
+    ('root ::= [^\\x00-a] | [^b-\\U0010FFFF\\x00-a]',
+     "character class [^b-\\U0010FFFF\\x00-a] matches no character at line 1, column 22"),
+    ('root ::= [\\U00110000]', "\\U00110000 is past U+10FFFF, the last Unicode character at line 1, column 11"),
+    ('root ::= "ok"\nx ::= "\\UFFFFFFFF"', "\\UFFFFFFFF is past U+10FFFF, the last Unicode character at line 2, "
+                                          "column 8"),
+    ('root ::= "\udcff"', "the grammar is not valid UTF-8 at line 1, column 11"),
 ])
 def test_grammar_checker_messages(grammar: str, message: str) -> None:
     with pytest.raises(InputError) as exc:
         check_grammar(grammar, "g")
     assert exc.value.message == f"g: {message}"
+
+
+def test_repetition_limit_error_suggests_a_rule_of_its_own(tmp_path: Path) -> None:
+    result = run_cli("complete", "-m", str(tmp_path / "missing.gguf"), "-p", "x", "--grammar", 'root ::= "a"{100}{100}')
+    assert result.exit_code == 1
+    assert result.stderr.splitlines() == [
+        "Error: --grammar: repetition {100} repeats an item of 100 rules 100 times: 10000 rules, more than llama.cpp's "
+        "limit of 2000 at line 1, column 18",
+        'Hint: a rule reference counts as one rule: give the repeated item a rule of its own, e.g. row ::= "a"{100} '
+        "and then row{100}"]
+
+
+# Around llama.cpp's limits: each is taken by llama.cpp exactly when the checker passes it.
+LIMIT_GRAMMARS = [
+    'root ::= "a"{0,40}{0,50}', 'root ::= "a"{0,40}{0,51}', 'root ::= "a"{2000}', 'root ::= "a"{2001}',
+    'root ::= "a"{0,2000}', 'root ::= "a"{0,2001}{0,3}', 'root ::= "a"{2,}{2000}', 'root ::= "a"{2,3000}{2}',
+    'root ::= (("a")){1000}', 'root ::= ((("a"))){1000}', 'root ::= (("a")){0,1000}', 'root ::= (("a")){0,1001}',
+    'root ::= (x y){666}\nx ::= "a"\ny ::= "b"', 'root ::= (x y){667}\nx ::= "a"\ny ::= "b"',
+    'x ::= "a"\ny ::= "b"\nroot ::= (x y){1000}', 'row ::= "a"{100}\nroot ::= row{100}',
+    'root ::= ("a"{0,999})?', 'root ::= ("a"{0,1999})*', 'root ::= ("a"{0,1999})+', 'root ::= ("a"{0,2000})*',
+    'root ::= "a"{,3}', 'root ::= ("a"{\n2})', 'root ::= "a"{\n2}', 'root ::= [a\\-z]+',
+    'root ::= ("a"{0,50} "b"{0,50}){0,19}', 'root ::= ("a"{0,50} "b"{0,50}){0,20}',
+    'root ::= [^\\x01-\\U0010FFFF]', 'root ::= [^b-\\U0010FFFF\\x00-\\x60]', 'root ::= [\\U0010FFFF]',
+]
+
+
+def test_checker_agrees_with_llama_cpp_near_its_limits(tiny_model: Path) -> None:
+    verdicts = llama_cpp_parses(tiny_model, LIMIT_GRAMMARS)
+    for grammar, accepted in zip(LIMIT_GRAMMARS, verdicts):
+        try:
+            check_grammar(grammar)
+            passed = True
+        except InputError:
+            passed = False
+        assert passed == accepted, grammar
+    assert 0 < sum(verdicts) < len(verdicts)
+
+
+def test_checker_agrees_with_llama_cpp_on_random_repeats(tiny_model: Path) -> None:
+    rng = random.Random(3)
+    counts = [0, 1, 2, 10, 50, 99, 100, 101, 999, 1000, 1001, 1999, 2000, 2001, 2500]
+
+    def repeat() -> str:
+        low, high = rng.choice(counts), rng.choice([None, 0, *counts])
+        return rng.choice(["*", "+", "?", f"{{{low}}}", f"{{{low},}}", f"{{{low},{low + (high or 0)}}}"])
+
+    def item(depth: int) -> str:
+        if depth < 3 and rng.random() < 0.35:
+            return "(" + " | ".join(sequence(depth + 1) for _ in range(rng.randint(1, 2))) + ")"
+        return rng.choice(['"a"', '"bc"', "[a-c]", "x", "."])
+
+    def sequence(depth: int) -> str:
+        return " ".join(item(depth) + "".join(repeat() for _ in range(rng.choice([0, 0, 1, 1, 2])))
+                        for _ in range(rng.randint(1, 3)))
+
+    grammars = [f"root ::= {sequence(0)}\nx ::= \"q\"" for _ in range(300)]
+    verdicts = llama_cpp_parses(tiny_model, grammars)
+    for grammar, accepted in zip(grammars, verdicts):
+        try:
+            check_grammar(grammar)
+            passed = True
+        except InputError:
+            passed = False
+        assert passed == accepted, grammar
+    assert 50 < sum(verdicts) < 250  # both answers are tested
+
+
+@pytest.mark.parametrize(("grammar", "message"), [
+    ('root ::= "a"{0,50}{0,50}', "repetition {0,50} repeats an item of 50 rules 50 times: 2500 rules, more than "
+                                 "llama.cpp's limit of 2000 at line 1, column 19"),
+    ('root ::= "a" [z-a]', "character range z-a runs backwards, so it matches nothing at line 1, column 15"),
+    ("root ::= [^\\x00-\\U0010FFFF]", "character class [^\\x00-\\U0010FFFF] matches no character at line 1, "
+                                    "column 10"),
+    ("root ::= [\\U00110000]", "\\U00110000 is past U+10FFFF, the last Unicode character at line 1, column 11"),
+])
+def test_grammars_nothing_can_match_are_refused_before_the_model_loads(tmp_path: Path, grammar: str,
+                                                                        message: str) -> None:
+    result = run_cli("complete", "-m", str(tmp_path / "missing.gguf"), "-p", "x", "--grammar", grammar)
+    assert result.exit_code == 1
+    assert result.first_stderr_line == f"Error: --grammar: {message}"
+    assert result.stdout == ""
 
 
 def test_unknown_grammar_name_lists_the_shipped_ones(tiny_model: Path) -> None:

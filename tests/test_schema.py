@@ -49,6 +49,21 @@ def accepts(pattern: re.Pattern, text: str) -> bool:
     return pattern.fullmatch(text) is not None
 
 
+def llama_cpp_parses(model: Path, grammars: list[str]) -> list[bool]:
+    """Whether llama.cpp's own grammar parser takes each grammar (it makes a grammar sampler or none)."""
+    from pyllama_cli.core.native import Model, lib
+    from pyllama_cli.core.settings import LoadSettings
+
+    verdicts = []
+    with Model.load(model, LoadSettings(), vocab_only=True) as loaded:
+        for grammar in grammars:
+            sampler = lib.llama_sampler_init_grammar(loaded.vocab, grammar.encode(), b"root")
+            if sampler:
+                lib.llama_sampler_free(sampler)
+            verdicts.append(bool(sampler))
+    return verdicts
+
+
 # ---------------------------------------------------------------- impossible schemas
 
 
@@ -185,7 +200,7 @@ def test_bounded_integers_the_converter_skips_leave_no_marker() -> None:
     schema = {"type": "integer", "minimum": 1, "maximum": 2, "not": {"type": "integer", "minimum": 7},
               "$defs": {"unused": {"type": "integer", "maximum": 0}}}
     grammar = schema_to_grammar(json.dumps(schema))
-    assert "pyllama-range" not in grammar
+    assert "pyllama-marker" not in grammar
     assert accepts(gbnf_regex(grammar), "2") and not accepts(gbnf_regex(grammar), "7")
 
 
@@ -322,3 +337,206 @@ def test_complete_with_number_bounds_stays_in_range(tiny_model: Path) -> None:
 def test_items_that_allow_anything_convert_like_no_items(items: object) -> None:
     # The converter failed on both ("'prefixItems'", "'bool' object has no attribute 'get'").
     assert schema_to_grammar(json.dumps({"type": "array", "items": items})) == schema_to_grammar('{"type": "array"}')
+
+
+# ---------------------------------------------------------------- lengths and item counts
+
+
+def _string(length: int) -> str:
+    return json.dumps("ab\n" * (length // 3) + "x" * (length % 3))  # \n is two characters of JSON, one of the string
+
+
+@pytest.mark.parametrize(("low", "high"), [(0, 0), (0, 1), (1, 1), (2, 5), (0, 1000), (0, 1001), (0, 2000), (0, 2001),
+                                           (1999, 4001), (2500, None), (0, 10_000), (10_000, 10_000)])
+def test_string_lengths_hold_exactly(low: int, high: int | None) -> None:
+    schema = {"type": "string", "minLength": low, **({} if high is None else {"maxLength": high})}
+    grammar = schema_to_grammar(json.dumps(schema))
+    check_grammar(grammar)
+    pattern = gbnf_regex(grammar)
+    for length in {0, 1, low - 1, low, low + 1, high or 0, (high or 0) + 1, (high or low) + 7}:
+        if length >= 0:
+            allowed = length >= low and (high is None or length <= high)
+            assert accepts(pattern, _string(length) + " ") == allowed, (low, high, length)
+
+
+@pytest.mark.parametrize(("low", "high"), [(0, 0), (0, 1), (1, 1), (1, 2), (0, 5), (3, None), (0, 1001), (0, 3000),
+                                           (2500, 4500)])
+def test_array_item_counts_hold_exactly(low: int, high: int | None) -> None:
+    schema = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9}, "minItems": low,
+              **({} if high is None else {"maxItems": high})}
+    grammar = schema_to_grammar(json.dumps(schema))
+    check_grammar(grammar)
+    pattern = gbnf_regex(grammar)
+    for count in {0, 1, 2, low - 1, low, low + 1, high or 0, (high or 0) + 1}:
+        if count >= 0:
+            allowed = count >= low and (high is None or count <= high)
+            assert accepts(pattern, json.dumps([7] * count)) == allowed, (low, high, count)
+    assert not accepts(pattern, json.dumps([10] * max(low, 1)))
+
+
+def test_counts_hold_in_nested_schemas_and_arrays_without_items() -> None:
+    schema = {"type": "object", "required": ["tags", "any"], "properties": {
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 3}, "minItems": 1, "maxItems": 2},
+        "any": {"type": "array", "maxItems": 2}}}
+    grammar = schema_to_grammar(json.dumps(schema))
+    assert "pyllama-marker" not in grammar
+    # The any-value rules are recursive: cut them down for the regex.
+    pattern = gbnf_regex("\n".join(line for line in grammar.splitlines()
+                                   if not line.startswith(("value ::=", "object ::=", "array ::="))) +
+                         '\nobject ::= "{}"\narray ::= "[]"')
+    assert accepts(pattern, '{"tags":["abc","d"],"any":[1,null]}')
+    for bad in ('{"tags":[],"any":[]}', '{"tags":["abcd"],"any":[]}', '{"tags":["a","b","c"],"any":[]}',
+                '{"tags":["a"],"any":[1,1,1]}'):
+        assert not accepts(pattern, bad), bad
+
+
+LONG_SCHEMAS = [{"type": "string", "maxLength": 2000}, {"type": "string", "maxLength": 3000},
+                {"type": "string", "minLength": 2500, "maxLength": 10_000},
+                {"type": "array", "items": {"type": "integer"}, "maxItems": 1001},
+                {"type": "array", "items": {"type": "object", "properties": {"a": {"type": "string", "maxLength": 5000}}},
+                 "minItems": 2001, "maxItems": 10_000}]
+
+
+def test_long_strings_and_arrays_make_grammars_llama_cpp_takes(tiny_model: Path) -> None:
+    # The converter nested one group per item: llama.cpp refused these from 1001 (or 2048 deep).
+    grammars = [schema_to_grammar(json.dumps(schema)) for schema in LONG_SCHEMAS]
+    assert llama_cpp_parses(tiny_model, grammars) == [True] * len(grammars)
+    assert max(len(g) for g in grammars) < 2000
+
+
+def test_complete_with_a_long_max_length_runs_without_llama_cpp_errors(tiny_model: Path) -> None:
+    for schema in ({"type": "string", "maxLength": 3000}, {"type": "array", "items": {"type": "integer"},
+                                                            "maxItems": 3000}):
+        result = run_cli("complete", "-m", str(tiny_model), *FAST, "-p", "JSON:", "-n", "8", "-s", "1",
+                         "-j", json.dumps(schema))
+        assert result.exit_code == 0, result.stderr
+        assert result.stderr == ""  # llama.cpp once printed its parse error and 16 KB of grammar here
+        assert result.stdout[0] == '"[' [schema["type"] == "array"], result.stdout
+
+
+# ---------------------------------------------------------------- what the converter misread
+
+
+def test_root_ref_into_recursive_defs() -> None:
+    # The converter failed with a bare KeyError: '#/$defs/t'.
+    grammar = schema_to_grammar(json.dumps({"$defs": {"t": {"type": "array", "items": {"$ref": "#/$defs/t"}}},
+                                            "$ref": "#/$defs/t"}))
+    check_grammar(grammar)
+    rules = dict(line.split(" ::= ", 1) for line in grammar.splitlines())
+    assert rules["root"] == "alternative-0" and rules["alternative-0"] == "t"
+    assert rules["t"] == '"[" space (t-item ("," space t-item)*)? "]" space' and rules["t-item"] == "t"
+
+
+def test_root_ref_into_a_two_step_cycle(tiny_model: Path) -> None:
+    schema = {"$defs": {"a": {"type": "array", "items": {"$ref": "#/$defs/b"}},
+                        "b": {"type": "object", "properties": {"x": {"$ref": "#/$defs/a"}}}}, "$ref": "#/$defs/a"}
+    grammar = schema_to_grammar(json.dumps(schema))
+    rules = dict(line.split(" ::= ", 1) for line in grammar.splitlines())
+    assert rules["a-item"] == "b" and rules["b-x"] == "a"
+    assert llama_cpp_parses(tiny_model, [grammar]) == [True]
+
+
+def test_true_allows_any_value_and_false_none() -> None:
+    any_value = schema_to_grammar("true")
+    assert "root ::= alternative-0 | array | string | number | boolean | null" in any_value.splitlines()
+    assert schema_to_grammar('{"type":"object","properties":{"a":true},"required":["a"]}') == schema_to_grammar(
+        '{"type":"object","properties":{"a":{"type":["object","array","string","number","boolean","null"]}},'
+        '"required":["a"]}')
+    pattern = gbnf_regex(schema_to_grammar('{"type":"object","properties":{"a":false,"b":{"type":"null"}},'
+                                           '"required":["b"]}'))
+    assert accepts(pattern, '{"b":null}') and not accepts(pattern, '{"a":null,"b":null}')
+    pattern = gbnf_regex(schema_to_grammar('{"anyOf":[false,{"type":"integer","maximum":3}]}'))
+    assert accepts(pattern, "3") and not accepts(pattern, "4")
+    assert accepts(gbnf_regex(schema_to_grammar('{"type":"array","items":false}')), "[]")
+
+
+@pytest.mark.parametrize(("schema", "message"), [
+    (False, ": the schema is false, so no value can match"),
+    ({"type": "object", "properties": {"a": False}, "required": ["a"]},
+     ' at /properties/a: property "a" is required but false, so no value can match'),
+    ({"anyOf": [False, False]}, ': every schema in "anyOf" is false, so no value can match'),
+    ({"allOf": [{"type": "object"}, False]}, ' at /allOf/1: this "allOf" schema is false, so no value can match'),
+    ({"type": "array", "items": False, "minItems": 1},
+     ': "items" is false, so an array has no items, but "minItems" is 1'),
+    ({"type": "string", "pattern": 5}, ': "pattern" must be a string, not 5'),
+    ({"type": "string", "format": ["date"]}, ': "format" must be a string, not ["date"]'),
+    ({"type": "object", "required": "a"}, ': "required" must be a list of property names'),
+    ({"type": "object", "properties": []}, ': "properties" must be an object of schemas, not []'),
+    ({"type": "string", "pattern": "^[z-a]$"},
+     ': cannot turn "pattern" "^[z-a]$" into a grammar: character range z-a runs backwards, so it matches nothing'),
+    ({"type": "object", "properties": {"id": {"type": "string", "pattern": "^a{0,1500}$"}}},
+     ' at /properties/id: cannot turn "pattern" "^a{0,1500}$" into a grammar: repetition ? repeats an item of 2001 '
+     "rules, more than llama.cpp's limit of 2000"),
+    ({"type": "string", "pattern": "^a{100000000}$"},
+     ': cannot turn "pattern" "^a{100000000}$" into a grammar: it repeats something more than 10000 times'),
+    ({"type": "string", "pattern": "[a-z]+"},
+     ': cannot turn "pattern" "[a-z]+" into a grammar: Pattern must start with "^" and end with "$"'),
+    ({"allOf": [{"type": "string"}, {"type": "integer"}]},
+     ': no value has all the types "allOf" asks for ("string", "integer")'),
+    ({"type": "string", "allOf": [{"$ref": "#/$defs/n"}], "$defs": {"n": {"type": ["integer", "null"]}}},
+     ': no value has all the types "allOf" asks for ("string", ["integer", "null"])'),
+    ({"allOf": [{"type": "number"}, {"type": "integer", "minimum": 1}]},
+     ': cannot turn this schema into a grammar: "allOf" is supported for objects only'),
+    ({"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a", "b"], "additionalProperties": False},
+     ': required property "b" is not in "properties", and "additionalProperties" is false, so no object can match'),
+    ({"type": "frob"}, ': cannot turn this schema into a grammar: "frob" is not a JSON type'),
+    ({"type": "object", "properties": {"a": {"not": {"type": "string"}}}},
+     ' at /properties/a: cannot turn this schema into a grammar: it has no "type", and the converter uses none of '
+     'its keywords ("not")'),
+    ({"$ref": "https://example.com/s"},
+     ': cannot turn this schema into a grammar: "$ref" "https://example.com/s" is not a reference within the schema'),
+    ({"type": "array", "items": {"$ref": "#/$defs/missing"}}, ' at /items: "$ref" "#/$defs/missing" refers to nothing '
+                                                              "in the schema"),
+])
+def test_schema_the_converter_misread_is_refused_naming_the_place(schema: object, message: str) -> None:
+    with pytest.raises(InputError) as exc:
+        schema_to_grammar(json.dumps(schema), "-j/--json-schema")
+    assert exc.value.message == f"-j/--json-schema{message}"
+    assert exc.value.hint
+
+
+def test_required_property_missing_from_properties_is_written() -> None:
+    # The converter dropped "b": the output could leave out a property the schema requires.
+    grammar = schema_to_grammar('{"type":"object","properties":{"a":{"type":"string"}},"required":["a","b"],'
+                                '"additionalProperties":{"type":"integer"}}')
+    assert 'root ::= "{" space a-kv "," space b-kv ( "," space ( additional-kvs ) )? "}" space' in grammar.splitlines()
+    assert 'b-kv ::= "\\"b\\"" space ":" space integer' in grammar.splitlines()
+
+
+def test_a_ref_that_only_refers_to_itself_is_refused() -> None:
+    with pytest.raises(InputError) as exc:
+        schema_to_grammar('{"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}}', "-j/--json-schema")
+    assert exc.value.message == ("-j/--json-schema: cannot turn this schema into a grammar llama.cpp accepts: rule 'a' "
+                                 "is left-recursive, which llama.cpp cannot run")
+
+
+def test_converter_failures_are_one_readable_line() -> None:
+    with pytest.raises(InputError) as exc:
+        schema_to_grammar('{"enum": ["a", {"$ref": "elsewhere"}]}', "-j/--json-schema")
+    assert exc.value.message == "-j/--json-schema: cannot turn this schema into a grammar: Unsupported ref elsewhere"
+
+
+@pytest.mark.parametrize(("schema", "line"), [
+    ("false", "Error: -j/--json-schema: the schema is false, so no value can match"),
+    ('{"type":"string","pattern":5}', 'Error: -j/--json-schema: "pattern" must be a string, not 5'),
+    ('{"type":"string","pattern":"^[z-a]$"}', 'Error: -j/--json-schema: cannot turn "pattern" "^[z-a]$" into a '
+                                              "grammar: character range z-a runs backwards, so it matches nothing"),
+    ('{"allOf":[{"type":"string"},{"type":"integer"}]}',
+     'Error: -j/--json-schema: no value has all the types "allOf" asks for ("string", "integer")'),
+    ('{"type":"object","properties":{"a":{"type":"string"}},"required":["a","b"],"additionalProperties":false}',
+     'Error: -j/--json-schema: required property "b" is not in "properties", and "additionalProperties" is false, '
+     "so no object can match"),
+])
+def test_impossible_schemas_are_refused_before_the_model_loads(tmp_path: Path, schema: str, line: str) -> None:
+    result = run_cli("complete", "-m", str(tmp_path / "missing.gguf"), "-p", "x", "-j", schema)
+    assert result.exit_code == 1
+    assert result.first_stderr_line == line
+    assert result.stdout == ""
+
+
+@pytest.mark.parametrize("schema", ["true", '{"$defs":{"t":{"type":"array","items":{"$ref":"#/$defs/t"}}},'
+                                            '"$ref":"#/$defs/t"}'])
+def test_schemas_the_converter_failed_on_now_run(tiny_model: Path, schema: str) -> None:
+    result = run_cli("complete", "-m", str(tiny_model), *FAST, "-p", "JSON:", "-n", "8", "-s", "1", "-j", schema)
+    assert result.exit_code == 0, result.stderr
+    assert result.stderr == "" and result.stdout

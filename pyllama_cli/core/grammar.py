@@ -16,14 +16,16 @@ from pathlib import Path
 
 from ..errors import InputError, UsageError
 from . import json_text
-from .json_schema import prepare_schema, splice_number_ranges
+from .json_schema import prepare_schema
+from .number_ranges import MAX_REPETITION
+from .schema_splice import splice_markers
 
 _NAME_CHARS = re.compile(r"[A-Za-z0-9-]")
 _SHIPPED_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
-_ESCAPES = {"t": "\t", "r": "\r", "n": "\n", "\\": "\\", '"': '"', "[": "[", "]": "]"}
+_ESCAPES = {"t": "\t", "r": "\r", "n": "\n", "\\": "\\", '"': '"', "[": "[", "]": "]", "-": "-"}
 _HEX_ESCAPES = {"x": 2, "u": 4, "U": 8}
-# llama.cpp refuses a repetition whose minimum is above this (MAX_REPETITION_THRESHOLD).
-MAX_REPEAT_MIN = 2000
+# Past the last Unicode character: no token can hold it.
+LAST_CODE_POINT = 0x10FFFF
 # llama.cpp parses groups recursively and overflows its stack on very deep nesting (a segfault near
 # 50,000 levels); real grammars nest a few levels, JSON-schema grammars up to a schema's maxLength.
 MAX_GROUP_DEPTH = 2048
@@ -80,10 +82,9 @@ def resolve_grammar(
     elif grammar_file is not None:
         text, source = _read(grammar_file, "grammar"), str(grammar_file)
     elif json_schema is not None:
-        text, source = schema_to_grammar(json_schema, "-j/--json-schema"), "-j/--json-schema"
+        return schema_to_grammar(json_schema, "-j/--json-schema")  # checked as it is made
     elif json_schema_file is not None:
-        text = schema_to_grammar(_read(json_schema_file, "JSON schema"), str(json_schema_file))
-        source = str(json_schema_file)
+        return schema_to_grammar(_read(json_schema_file, "JSON schema"), str(json_schema_file))
     else:
         return None
     check_grammar(text, source)
@@ -105,20 +106,61 @@ def _read(path: Path, what: str) -> str:
 def schema_to_grammar(schema: str, source: str = "the JSON schema") -> str:
     """Turn a JSON schema (JSON text) into GBNF, using llama-cpp-python's public converter.
 
-    The schema is checked first (json_schema.prepare_schema), and the bounds of numbers, which the
-    converter ignores, are put into the grammar afterwards.
+    The schema is checked and rewritten first (json_schema.prepare_schema); the bounds of numbers, which
+    the converter ignores, and lengths and item counts, which it nests deeper than llama.cpp takes, are
+    put into the grammar afterwards. The result is checked as llama.cpp will read it.
+
+    Raises:
+        InputError: JSON that does not parse, a schema no value can match (a SchemaError, with the JSON
+            pointer of the faulty part), or one the converter or llama.cpp cannot handle.
     """
     parsed = _parse_schema(schema, source)
     _check_schema_counts(parsed, source)
-    ranges = prepare_schema(parsed, source)
+    prepared = prepare_schema(parsed, source, check_pattern=_pattern_problem)
     from llama_cpp.llama_grammar import json_schema_to_gbnf
 
     try:
-        grammar = json_schema_to_gbnf(json.dumps(parsed))
+        grammar = json_schema_to_gbnf(json.dumps(prepared.schema))
     except Exception as exc:  # noqa: BLE001 - the converter raises bare exceptions for unsupported schemas
-        raise InputError(f"{source}: cannot turn this schema into a grammar: {exc}",
-                         hint="simplify the schema, or write the grammar yourself with --grammar-file") from None
-    return splice_number_ranges(grammar, ranges)
+        raise InputError(f"{source}: cannot turn this schema into a grammar: {_converter_message(exc)}",
+                         hint=_SCHEMA_HINT) from None
+    grammar = splice_markers(grammar, prepared.markers)
+    try:
+        _check_syntax(grammar)
+    except GrammarSyntaxError as exc:  # e.g. a $ref that only refers to itself: a left-recursive rule
+        raise InputError(f"{source}: cannot turn this schema into a grammar llama.cpp accepts: {exc.message}",
+                         hint=_SCHEMA_HINT) from None
+    return grammar
+
+
+_SCHEMA_HINT = "simplify the schema, or write the grammar yourself with --grammar-file"
+
+
+def _pattern_problem(pattern: str) -> str | None:
+    """Why the converter's grammar for a "pattern" would fail in llama.cpp (None: it would not)."""
+    counts = re.findall(r"\d+", " ".join(re.findall(r"\{[\d\s,]*\}", pattern)))
+    if any(len(n) > 6 or int(n) > MAX_SCHEMA_COUNT for n in counts):  # the converter spells repeats out
+        return f"it repeats something more than {MAX_SCHEMA_COUNT} times"
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+    try:
+        _check_syntax(json_schema_to_gbnf(json.dumps({"type": "string", "pattern": pattern})))
+    except GrammarSyntaxError as exc:
+        return exc.message
+    except Exception as exc:  # noqa: BLE001 - the converter raises bare exceptions for unsupported patterns
+        return _converter_message(exc)
+    return None
+
+
+def _converter_message(exc: Exception) -> str:
+    """One readable line for an exception from the converter (a bare KeyError prints as just a quoted key)."""
+    if isinstance(exc, RecursionError):
+        return "the schema nests too deeply"
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    if isinstance(exc, KeyError):
+        text = f"it found no {exc.args[0]!r}" if exc.args else ""
+    text = text or f"the converter failed ({type(exc).__name__})"
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
 def _parse_schema(schema: str, source: str) -> dict | bool:
@@ -151,25 +193,31 @@ def _check_schema_counts(schema: object, source: str) -> None:
 
 
 class GrammarSyntaxError(Exception):
-    def __init__(self, message: str, pos: int):
+    def __init__(self, message: str, pos: int, hint: str | None = None):
         super().__init__(message)
         self.message = message
         self.pos = pos
+        self.hint = hint
 
 
 def check_grammar(text: str, source: str = "grammar") -> None:
     """Raise InputError naming the line and column of the first problem in GBNF `text`."""
-    # The checker recurses about three frames per nested group; allow MAX_GROUP_DEPTH of them.
-    # Only ever raised, never lowered, so checks running in other threads are not cut short.
-    needed = 3 * MAX_GROUP_DEPTH + 1000
-    if sys.getrecursionlimit() < needed:
-        sys.setrecursionlimit(needed)
     try:
-        _Checker(text).check()
+        _check_syntax(text)
     except GrammarSyntaxError as exc:
         line, col = line_col(text, exc.pos)
         raise InputError(f"{source}: {exc.message} at line {line}, column {col}",
-                         hint="GBNF rules look like: root ::= \"yes\" | \"no\"") from None
+                         hint=exc.hint or "GBNF rules look like: root ::= \"yes\" | \"no\"") from None
+
+
+def _check_syntax(text: str) -> None:
+    """Raise GrammarSyntaxError for the first thing in GBNF `text` that llama.cpp would refuse or cannot run."""
+    # The checker recurses four frames per nested group; allow MAX_GROUP_DEPTH of them.
+    # Only ever raised, never lowered, so checks running in other threads are not cut short.
+    needed = 4 * MAX_GROUP_DEPTH + 1000
+    if sys.getrecursionlimit() < needed:
+        sys.setrecursionlimit(needed)
+    _Checker(text).check()
 
 
 def line_col(text: str, pos: int) -> tuple[int, int]:
@@ -193,8 +241,12 @@ class _Checker:
         self.rules: dict[str, _Rule] = {}
         self.depth = 0  # groups open around the current position
         self.unbounded: list[tuple[tuple, int]] = []  # (element, pos) under *, + or {n,}
+        # llama.cpp's symbol table: rule names seen so far, plus the rules it makes for groups and repeats.
+        self.names: set[str] = set()
+        self.made = 0
 
     def check(self) -> None:
+        self.check_encoding()
         pos = self.space(0, newlines=True)
         while pos < len(self.text):
             pos = self.rule(pos)
@@ -203,6 +255,16 @@ class _Checker:
         self.check_references()
         self.check_repeated_empty()
         self.check_left_recursion()
+
+    def check_encoding(self) -> None:
+        # Bytes that are not UTF-8 reach Python's argv as lone surrogates, which cannot be passed on to llama.cpp.
+        bad = re.search("[\ud800-\udfff]", self.text)
+        if bad:
+            raise GrammarSyntaxError("the grammar is not valid UTF-8", bad.start())
+
+    @property
+    def symbols(self) -> int:
+        return len(self.names) + self.made
 
     # ---- lexical helpers
 
@@ -227,25 +289,28 @@ class _Checker:
             end += 1
         if end == pos:
             raise GrammarSyntaxError(f"expected a rule name, found {self.describe(pos)}", pos)
+        self.names.add(self.text[pos:end])
         return self.text[pos:end], end
 
     def describe(self, pos: int) -> str:
         return "the end of the grammar" if pos >= len(self.text) else repr(self.text[pos])
 
-    def char(self, pos: int) -> int:
-        """Skip one (possibly escaped) character of a literal or class."""
+    def char(self, pos: int) -> tuple[int, int]:
+        """Read one (possibly escaped) character of a literal or class: the position after it, and its code point."""
         if pos >= len(self.text):
             raise GrammarSyntaxError("unexpected end of the grammar", pos)
         if self.text[pos] != "\\":
-            return pos + 1
+            return pos + 1, ord(self.text[pos])
         esc = self.peek(pos + 1)
         if esc in _ESCAPES:
-            return pos + 2
+            return pos + 2, ord(_ESCAPES[esc])
         if esc in _HEX_ESCAPES:
             digits = self.text[pos + 2:pos + 2 + _HEX_ESCAPES[esc]]
             if len(digits) != _HEX_ESCAPES[esc] or not all(c in "0123456789abcdefABCDEF" for c in digits):
                 raise GrammarSyntaxError(f"expected {_HEX_ESCAPES[esc]} hex digits after \\{esc}", pos)
-            return pos + 2 + len(digits)
+            if int(digits, 16) > LAST_CODE_POINT:
+                raise GrammarSyntaxError(f"\\{esc}{digits} is past U+10FFFF, the last Unicode character", pos)
+            return pos + 2 + len(digits), int(digits, 16)
         if not esc:
             raise GrammarSyntaxError("unexpected end of the grammar", pos)
         raise GrammarSyntaxError(f"unknown escape \\{esc}", pos)
@@ -280,42 +345,51 @@ class _Checker:
         return pos
 
     def sequence(self, pos: int, seq: list[tuple], nested: bool) -> int:
+        weight = 1  # how many rules llama.cpp counts the last item as, for its limit on repeats
         while pos < len(self.text):
             c = self.text[pos]
-            if c == '"':
-                pos, element = self.literal(pos)
-            elif c == "[":
-                pos, element = self.char_class(pos)
-            elif c == "(":
-                pos, element = self.group(pos)
-            elif c == ".":
-                pos, element = pos + 1, ("lit", False)
-            elif c in "!<":
-                pos, element = self.token(pos)
-            elif _NAME_CHARS.match(c):
-                ref_pos = pos
-                name, pos = self.name(pos)
-                element = ("ref", name, ref_pos)
-            elif c in "*+?{":
+            if c in "*+?{":
                 if not seq:
                     raise GrammarSyntaxError(f"{c!r} must follow something to repeat", pos)
                 if seq[-1][0] == "lit" and seq[-1][2:] == (True,):
                     # llama.cpp emits nothing for "" or [] and then finds nothing to repeat.
                     raise GrammarSyntaxError(f"{c!r} follows an empty literal or class: nothing to repeat", pos)
-                pos, seq[-1] = self.repetition(pos, seq[-1])
+                pos, seq[-1], weight = self.repetition(pos, seq[-1], weight, nested)
                 pos = self.space(pos, nested)
                 continue
-            else:
+            before = self.symbols
+            pos, element = self.element(pos)
+            if element is None:
                 break
+            # A group counts the rules made inside it (and names first seen there); anything else counts as one.
+            weight = max(1, self.symbols - before)
             seq.append(element)
             pos = self.space(pos, nested)
         return pos
+
+    def element(self, pos: int) -> tuple[int, tuple | None]:
+        c = self.text[pos]
+        if c == '"':
+            return self.literal(pos)
+        if c == "[":
+            return self.char_class(pos)
+        if c == "(":
+            return self.group(pos)
+        if c == ".":
+            return pos + 1, ("lit", False)
+        if c in "!<":
+            return self.token(pos)
+        if _NAME_CHARS.match(c):
+            name, end = self.name(pos)
+            return end, ("ref", name, pos)
+        return pos, None
 
     def group(self, pos: int) -> tuple[int, tuple]:
         start = pos
         self.depth += 1
         if self.depth > MAX_GROUP_DEPTH:
             raise GrammarSyntaxError(f"groups are nested more than {MAX_GROUP_DEPTH} deep", start)
+        self.made += 1
         alts: list[list[tuple]] = []
         pos = self.alternates(self.space(pos + 1, newlines=True), alts, nested=True)
         if self.peek(pos) != ")":
@@ -329,21 +403,30 @@ class _Checker:
         while self.peek(pos) != '"':
             if pos >= len(self.text):
                 raise GrammarSyntaxError("unterminated string literal", start)
-            pos = self.char(pos)
+            pos, _ = self.char(pos)
         empty = pos == start + 1
         return pos + 1, ("lit", empty, empty)
 
     def char_class(self, pos: int) -> tuple[int, tuple]:
         start, pos = pos, pos + 1
-        if self.peek(pos) == "^":
-            pos += 1
+        negated = self.peek(pos) == "^"
+        pos += negated
         first = pos
+        ranges = []
         while self.peek(pos) != "]":
             if pos >= len(self.text):
                 raise GrammarSyntaxError("unterminated character class", start)
-            pos = self.char(pos)
+            low_pos = pos
+            pos, low = self.char(pos)
+            high = low
             if self.peek(pos) == "-" and self.peek(pos + 1) not in ("]", ""):
-                pos = self.char(pos + 1)
+                pos, high = self.char(pos + 1)
+                if high < low:
+                    raise GrammarSyntaxError(f"character range {self.text[low_pos:pos]} runs backwards, so it "
+                                             "matches nothing", low_pos, hint="write the lower character first")
+            ranges.append((low, high))
+        if negated and ranges and _covers_all(ranges):
+            raise GrammarSyntaxError(f"character class {self.text[start:pos + 1]} matches no character", start)
         return pos + 1, ("lit", False, pos == first)
 
     def token(self, pos: int) -> tuple[int, tuple]:
@@ -358,34 +441,51 @@ class _Checker:
             raise GrammarSyntaxError("unterminated token reference", start)
         return end + 1, ("lit", False)
 
-    def repetition(self, pos: int, element: tuple) -> tuple[int, tuple]:
-        c = self.text[pos]
-        if c in "*+":
-            self.unbounded.append((element, pos))
-        if c in "*?":
-            return pos + 1, ("group", [[element]], "optional")
-        if c == "+":
-            return pos + 1, element
-        brace, pos = pos, self.space(pos + 1, newlines=False)
+    def repetition(self, pos: int, element: tuple, weight: int, nested: bool) -> tuple[int, tuple, int]:
+        """Read *, +, ? or {m,n} after `element`: the position after it, the repeated element, and its new weight."""
+        start = pos
+        if self.text[pos] == "{":
+            low, high, pos = self.counts(pos, nested)
+        else:
+            low, high = {"*": (0, None), "+": (1, None), "?": (0, 1)}[self.text[pos]]
+            pos += 1
+        self.check_repeat_size(start, pos, weight, low, high)
+        self.made += 1 if high is None else high - low  # the rules llama.cpp makes for the optional copies
+        if high is None:
+            self.unbounded.append((element, start))
+        return pos, (element if low else ("group", [[element]], "optional")), weight * _repeat_total(low, high)
+
+    def counts(self, brace: int, nested: bool) -> tuple[int, int | None, int]:
+        """Read {m}, {m,} or {m,n}: m, n (None: no maximum, as llama.cpp reads one above its limit), the end."""
+        pos = self.space(brace + 1, nested)
         low, pos = self.integer(pos, optional=True)
-        pos = self.space(pos, newlines=False)
+        if low is None:
+            raise GrammarSyntaxError("a repetition needs its minimum count first, as in {2}, {0,3} or {2,}", brace)
+        pos = self.space(pos, nested)
         high: int | None = low
         if self.peek(pos) == ",":
-            pos = self.space(pos + 1, newlines=False)
-            high, pos = self.integer(pos, optional=True)
-            pos = self.space(pos, newlines=False)
+            high, pos = self.integer(self.space(pos + 1, nested), optional=True)
+            pos = self.space(pos, nested)
         if self.peek(pos) != "}":
             raise GrammarSyntaxError(f"expected '}}' to close the repetition, found {self.describe(pos)}", pos)
-        if low is None and high is None:
-            raise GrammarSyntaxError("a repetition needs a count, as in {2}, {1,3} or {2,}", brace)
-        if low is not None and high is not None and high < low:
+        if high is not None and high < low:
             raise GrammarSyntaxError(f"repetition {{{low},{high}}} has a maximum below its minimum", brace)
-        if low is not None and low > MAX_REPEAT_MIN:
-            raise GrammarSyntaxError(f"repetition {{{low}...}} repeats more than llama.cpp's limit of {MAX_REPEAT_MIN}",
+        if low > MAX_REPETITION:
+            raise GrammarSyntaxError(f"repetition {{{low}...}} repeats more than llama.cpp's limit of {MAX_REPETITION}",
                                      brace)
-        if high is None or high > MAX_REPEAT_MIN:  # llama.cpp reads a maximum above its limit as "no maximum"
-            self.unbounded.append((element, brace))
-        return pos + 1, (element if low else ("group", [[element]], "optional"))
+        return low, (None if high is None or high > MAX_REPETITION else high), pos + 1
+
+    def check_repeat_size(self, start: int, end: int, weight: int, low: int, high: int | None) -> None:
+        """llama.cpp refuses to repeat an item whose rule count times the repeat count passes its limit."""
+        total = _repeat_total(low, high)
+        if weight * total <= MAX_REPETITION:
+            return
+        op = self.text[start:end]
+        size = f"{weight} rules {total} times: {weight * total} rules" if total > 1 else f"{weight} rules"
+        raise GrammarSyntaxError(f"repetition {op} repeats an item of {size}, more than llama.cpp's limit of "
+                                 f"{MAX_REPETITION}", start,
+                                 hint="a rule reference counts as one rule: give the repeated item a rule of its "
+                                      "own, e.g. row ::= \"a\"{100} and then row{100}")
 
     def integer(self, pos: int, optional: bool) -> tuple[int | None, int]:
         end = pos
@@ -481,3 +581,18 @@ class _Checker:
 
 def _all_empty(seq: list[tuple]) -> bool:
     return all(e[0] == "lit" and e[2:] == (True,) for e in seq)
+
+
+def _repeat_total(low: int, high: int | None) -> int:
+    """The count llama.cpp multiplies a repeated item's rules by: the maximum, else the minimum, else 1."""
+    return high or low or 1
+
+
+def _covers_all(ranges: list[tuple[int, int]]) -> bool:
+    """Whether the code point ranges cover every character, 0 to U+10FFFF."""
+    reach = 0  # every code point below this is covered
+    for low, high in sorted(ranges):
+        if low > reach:
+            return False
+        reach = max(reach, high + 1)
+    return reach > LAST_CODE_POINT

@@ -1,10 +1,13 @@
-"""GBNF expressions for exactly the JSON numbers within bounds.
+"""GBNF expressions for ranges: the JSON numbers within bounds, and an item repeated m to n times.
 
 llama-cpp-python's schema converter ignores "minimum" and "maximum". Integers are spelled out digit by
 digit (`integer_range_gbnf`); other numbers as an integer part and a fraction, where only the two end
 integer parts need their fraction constrained, again digit by digit (`number_range_gbnf`). Bounded numbers
 are written without an exponent, with the converter's digit counts: at most 16 before and after the point
 on a side without a limit.
+
+The converter writes lengths and item counts as optional groups nested one per item, which llama.cpp
+refuses past about a thousand; `repeat_gbnf` writes them with `{m,n}` as llama.cpp's own converter does.
 """
 
 from __future__ import annotations
@@ -16,6 +19,9 @@ from decimal import Decimal
 UNBOUNDED_DIGITS = 16
 # Digits after the point, as in the converter's decimal-part rule.
 FRACTION_DIGITS = 16
+# llama.cpp's MAX_REPETITION_THRESHOLD: its grammar parser refuses a repeat minimum above this, reads a
+# larger maximum as "no maximum", and refuses a repeated item whose rules times the count pass it.
+MAX_REPETITION = 2000
 _ANY_FRACTION = f'("." [0-9]{{1,{FRACTION_DIGITS}}})?'
 
 
@@ -197,6 +203,40 @@ def _then(first: str, rest: tuple[bool, str | None]) -> str | None:
     if more is None:
         return first if may_end else None
     return f"{first} ({more})?" if may_end else f"{first} {_group(more)}"
+
+
+# ---------------------------------------------------------------- counts
+
+
+def repeat_gbnf(item: str, low: int, high: int | None) -> str:
+    """`item`, a rule name, `low` to `high` times (None: no limit) in repeats llama.cpp accepts ("" for none).
+
+    A rule reference counts as one rule for llama.cpp's limit, so `item{0,2000}` is fine; counts past
+    MAX_REPETITION are split into runs of at most that many.
+    """
+    runs, rest = divmod(low, MAX_REPETITION)
+    parts = [_exactly(item, MAX_REPETITION)] * runs + ([_exactly(item, rest)] if rest else [])
+    if high is None:
+        parts.append(f"{item}*")
+    elif high > low:
+        parts.append(_up_to(item, high - low))
+    return " ".join(parts)
+
+
+def _exactly(item: str, times: int) -> str:
+    return item if times == 1 else f"{item}{{{times}}}"
+
+
+def _up_to(item: str, most: int) -> str:
+    """0 to `most` copies of `item`, with one way to match each count.
+
+    Two runs side by side (item{0,2000} item{0,1000}) could split the same items many ways, and llama.cpp
+    follows every split at once; so a full run and the rest is one alternative, a shorter run the other.
+    """
+    if most <= MAX_REPETITION:
+        return f"{item}?" if most == 1 else f"{item}{{0,{most}}}"
+    full = _exactly(item, MAX_REPETITION)
+    return f"({full} {_up_to(item, most - MAX_REPETITION)} | {item}{{0,{MAX_REPETITION - 1}}})"
 
 
 # ---------------------------------------------------------------- GBNF pieces
