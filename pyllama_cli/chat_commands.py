@@ -151,16 +151,11 @@ def _convert(value: str, kind: type) -> Any:
 
 
 def _parse_logit_bias(value: str) -> tuple[tuple[int, float], ...]:
-    import click
-
     from .sampling_options import parse_logit_bias
 
     if value.lower() in _NONE:
         return ()
-    try:
-        return parse_logit_bias(value.replace(",", " ").split())
-    except click.BadParameter as exc:
-        raise InputError(exc.message) from None
+    return parse_logit_bias(value.replace(",", " ").split())  # its UsageError is shown like any failed command
 
 
 def _parse_grammar(value: str) -> str | None:

@@ -11,6 +11,9 @@ from collections.abc import Callable
 from typing import Any
 
 import typer
+# typer (pinned to 0.28) carries its own click.
+from typer._click.exceptions import ClickException, NoArgsIsHelpError
+from typer._click.exceptions import UsageError as ClickUsageError
 
 from .errors import InputError, Interrupted, OutputClosed, PyllamaError, UsageError
 
@@ -115,9 +118,21 @@ def run(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
     only = args[0] if args and args[0] in COMMAND_NAMES else None
     try:
-        build_app(only)(args=args, prog_name="pyllama")
+        # Not standalone: click's own errors come back here to be shown as ours are, in one line.
+        code = build_app(only)(args=args, prog_name="pyllama", standalone_mode=False)
+        return code if isinstance(code, int) else 0  # an int is a typer.Exit's code; commands return None
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except NoArgsIsHelpError as exc:  # the help is already shown
+        return exc.exit_code
+    except ClickException as exc:
+        from .console import print_error
+
+        _flush_stdout()
+        print_error(exc.format_message(), _click_hint(exc))
+        return exc.exit_code
+    except typer.Abort:  # end of input at one of click's own prompts
+        return 1
     except OutputClosed as exc:
         from .console import silence_stdout
 
@@ -142,6 +157,14 @@ def run(argv: list[str] | None = None) -> int:
             raise
         return _report_os_error(exc)
     return 0
+
+
+def _click_hint(exc: ClickException) -> str | None:
+    """For a flag or argument click could not read: where the command's options are listed."""
+    ctx = getattr(exc, "ctx", None)
+    if not isinstance(exc, ClickUsageError) or ctx is None:
+        return None
+    return f"{ctx.command_path} --help lists the " + ("options" if ctx.parent is not None else "commands")
 
 
 def _fallback_hint(exc: PyllamaError, command: str | None) -> str:

@@ -87,8 +87,21 @@ def test_malformed_repo_id() -> None:
 def test_unknown_flag_is_a_usage_error_exit_2() -> None:
     result = run_cli("info", "--bogus")
     assert result.exit_code == 2
-    assert "No such option" in result.stderr
-    assert "Traceback" not in result.stderr
+    assert result.stderr.splitlines() == ["Error: No such option: --bogus", "Hint: pyllama info --help lists the options"]
+
+
+@pytest.mark.parametrize(("args", "lines"), [
+    (("complete", "-f", "{tmp}"), ["Error: Invalid value for '-f' / '--file': File '{tmp}' is a directory.",
+                                   "Hint: pyllama complete --help lists the options"]),
+    (("complete", "--temp", "warm"), ["Error: Invalid value for '--temp': 'warm' is not a valid float range.",
+                                      "Hint: pyllama complete --help lists the options"]),
+    (("nosuch",), ["Error: No such command 'nosuch'.", "Hint: pyllama --help lists the commands"]),
+])
+def test_flags_click_cannot_read_are_one_error_line(tmp_path: Path, args: tuple[str, ...], lines: list[str]) -> None:
+    # They were boxed in a panel with a usage line: four lines or more, unlike every other error.
+    result = run_cli(*(a.format(tmp=tmp_path) for a in args))
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr.splitlines() == [line.format(tmp=tmp_path) for line in lines]
 
 
 @pytest.mark.parametrize("case", ["missing", "truncated"])
