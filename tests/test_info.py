@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
 from pathlib import Path
 
-from tests.fixtures.make_gguf import TINY
+from tests.fixtures.make_gguf import TINY, write_llama_gguf
 from tests.helpers import REPO_ROOT, run_cli
 
 
@@ -42,6 +43,14 @@ def test_info_text_lists_the_model_section(tiny_model: Path) -> None:
     assert "vocab size            1024" in lines
     assert "chat template         yes" in lines
     assert "bos                   1  '<s>'" in lines
+
+
+def test_control_characters_in_metadata_are_shown_escaped(tmp_path: Path) -> None:
+    model = write_llama_gguf(tmp_path / "evil.gguf", dataclasses.replace(TINY, name="evil\x1b[31mred\x07\x9b"))
+    result = run_cli("info", "-m", str(model))
+    assert result.exit_code == 0
+    assert "    name                  evil\\x1b[31mred\\x07\\x9b" in result.stdout.splitlines()
+    assert json.loads(run_cli("info", "-m", str(model), "--json").stdout)["name"] == "evil\x1b[31mred\x07\x9b"
 
 
 def test_info_template_prints_the_chat_template(tiny_model: Path) -> None:

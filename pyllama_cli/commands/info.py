@@ -85,4 +85,8 @@ def _print_info(d: ModelInfo) -> None:
         if value is None and label[0].isupper():
             console.print(f"  [bold]{label}[/bold]")
         elif value is not None:
-            console.print(f"    {label:<22}{value}", markup=False)
+            console.print(f"    {label:<22}{str(value).translate(_CONTROL_ESCAPES)}", markup=False)
+
+
+# Metadata is whatever the file's author wrote: an escape sequence in a name must not drive the terminal.
+_CONTROL_ESCAPES = {c: f"\\x{c:02x}" for c in [*range(0x20), *range(0x7F, 0xA0)]}
