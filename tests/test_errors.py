@@ -79,6 +79,14 @@ def test_both_m_and_hf_is_a_usage_error(tiny_model: Path) -> None:
     assert_clean_error(result, "Error: give either -m/--model or -hf/--hf-repo, not both")
 
 
+@pytest.mark.parametrize("with_model", [False, True])
+def test_hf_file_without_a_repo_is_refused(tiny_model: Path, with_model: bool) -> None:
+    # With -m it used to be ignored: the local file was shown as if -hff had picked it.
+    model = ("-m", str(tiny_model)) if with_model else ()
+    result = run_cli("info", *model, "-hff", "x.gguf")
+    assert_clean_error(result, "Error: -hff/--hf-file needs -hf/--hf-repo to say which repo it is in")
+
+
 def test_malformed_repo_id() -> None:
     result = run_cli("info", "-hf", "not-a-repo")
     assert_clean_error(result, "Error: invalid Hugging Face repo 'not-a-repo'")

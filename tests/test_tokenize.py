@@ -189,6 +189,10 @@ def test_detokenize_takes_ids_as_arguments_and_json(tiny_model: Path) -> None:
 @pytest.mark.parametrize(("args", "stdin", "message"), [
     (["detokenize", "1", "1024"], "", "Error: token id 1024 is out of range: the vocab has 1024 tokens (0..1023)"),
     (["detokenize", "1", "x7"], "", "Error: 'x7' is not a token id"),
+    (["detokenize", "1_000"], "", "Error: '1_000' is not a token id"),  # int() reads both
+    (["detokenize", "\uff13"], "", "Error: '\uff13' is not a token id"),
+    (["tokenize", "--no-escape", "--chat", '[{"role": "user", "content": "Hi"}]'], "",
+     "Error: --no-escape does not apply with --chat: JSON messages are never unescaped"),
     (["detokenize", "--stdin"], '{"ids": [1, "a"]}',
      'Error: a JSON input must be an object with an "ids" list of integers (tokenize --json output)'),
     (["tokenize", "--chat", '[{"role": "user", "content": "Hi"'], "",

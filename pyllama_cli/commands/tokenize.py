@@ -72,7 +72,7 @@ def tokenize(
 
     Only the vocabulary is loaded, never the weights, so even a 70B model answers at once.
     """
-    _check_tokenize_flags(ids, as_json, chat, chat_template, show_prompt)
+    _check_tokenize_flags(ids, as_json, chat, chat_template, show_prompt, no_escape)
     source, data = _read_input(text, prompt, file, stdin)
     from ..core import tokenizer as tk
 
@@ -96,9 +96,13 @@ def tokenize(
             _write([tk.render_count(tokens)])
 
 
-def _check_tokenize_flags(ids: bool, as_json: bool, chat: bool, chat_template: str | None, show_prompt: bool) -> None:
+def _check_tokenize_flags(ids: bool, as_json: bool, chat: bool, chat_template: str | None, show_prompt: bool,
+                          no_escape: bool) -> None:
     if ids and as_json:
         raise UsageError("--ids and --json are two output formats: pick one")
+    if chat and no_escape:
+        raise UsageError("--no-escape does not apply with --chat: JSON messages are never unescaped",
+                         hint="leave out --no-escape")
     if not chat and (chat_template is not None or show_prompt):
         flag = "--chat-template" if chat_template is not None else "--show-prompt"
         raise UsageError(f"{flag} only applies with --chat", hint="add --chat and give a JSON list of messages")

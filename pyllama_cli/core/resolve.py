@@ -81,12 +81,12 @@ def resolve_model(request: ModelRequest, *, tqdm_class: Any = None, tokenizer: b
     """
     if request.model and request.hf_repo:
         raise UsageError("give either -m/--model or -hf/--hf-repo, not both")
+    if request.hf_file and not request.hf_repo:
+        raise UsageError("-hff/--hf-file needs -hf/--hf-repo to say which repo it is in")
     if request.model:
         return resolve_local(Path(request.model).expanduser(), tokenizer=tokenizer)
     if request.hf_repo:
         return resolve_hf(request, tqdm_class=tqdm_class, tokenizer=tokenizer)
-    if request.hf_file:
-        raise UsageError("-hff/--hf-file needs -hf/--hf-repo to say which repo it is in")
     raise no_model_error()
 
 

@@ -212,6 +212,7 @@ def _add_eos(model: Model) -> bool:
 # ---------------------------------------------------------------- detokenize
 
 _ID_SEPARATORS = re.compile(r"[\s,]+")
+_TOKEN_ID = re.compile(r"-?[0-9]+")
 _COUNT_LINE = re.compile(r"^Total number of tokens: \d+\s*$", re.MULTILINE)
 
 
@@ -231,11 +232,11 @@ def parse_ids(text: str) -> list[int]:
     for word in _ID_SEPARATORS.split(stripped):
         if not word:
             continue
-        try:
-            ids.append(int(word))
-        except ValueError:
+        # int() also reads "1_000" and digits of other scripts: a token id is ASCII digits only.
+        if not _TOKEN_ID.fullmatch(word):
             raise InputError(f"{word[:40]!r} is not a token id",
-                             hint="give integers, e.g. 1 15043 3186 or [1, 15043, 3186]") from None
+                             hint="give integers, e.g. 1 15043 3186 or [1, 15043, 3186]")
+        ids.append(int(word))
     return ids
 
 
