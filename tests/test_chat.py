@@ -195,6 +195,15 @@ def test_bad_options_fail_before_the_model_loads(tiny_model: Path) -> None:
     assert (both.exit_code, both.first_stderr_line) == (1, "Error: -sys and -sysf cannot be used together")
 
 
+def test_a_template_that_does_not_parse_stops_the_chat_before_it_starts(tiny_model: Path) -> None:
+    # It used to fail at every message ("message not kept") for the whole session.
+    result = chat(tiny_model, "--chat-template", "{% if %}", stdin="hi\nagain\n")
+    assert result.exit_code == 1 and result.stdout == ""
+    assert result.stderr.splitlines() == [
+        "Error: chat template does not parse: Expected an expression, got 'end of statement block' (line 1)",
+        "Hint: pass --chat-template NAME|FILE (built-ins: chatml, gemma, llama2, llama3, mistral, phi3, zephyr)"]
+
+
 @pytest.mark.parametrize(("content", "message"), [
     (b"\xfb\x00 not text", "Error: chat template file {path} is not UTF-8 text (byte 0)"),
     (b" \n", "Error: chat template file {path} is empty"),

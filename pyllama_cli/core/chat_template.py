@@ -159,6 +159,19 @@ _PERCENT_SPEC = re.compile(r"%(?:\([^)]*\))?[-#0 +]*(\d*|\*)(?:\.(\d*|\*))?")
 _WIDTH_METHODS = frozenset({"center", "ljust", "rjust", "zfill", "expandtabs"})
 
 
+def check_template(template: str) -> None:
+    """Raise TemplateError now for a template that does not parse, instead of at every message.
+
+    Raises:
+        TemplateError: a Jinja syntax error (with its line).
+    """
+    try:
+        _compile(template)
+    except TemplateError as exc:
+        raise TemplateError(exc.message, hint="pass --chat-template NAME|FILE (built-ins: "
+                            + ", ".join(template_names()) + ")") from None
+
+
 @lru_cache(maxsize=16)
 def _compile(template: str) -> Any:
     from jinja2 import TemplateSyntaxError

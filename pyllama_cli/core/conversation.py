@@ -306,13 +306,14 @@ def open_chat_engine(model: Any, settings: Any, template_override: str | None = 
     """Create the context for `model` and a ChatEngine over it (template: the override, else the GGUF's).
 
     Raises:
-        TemplateError: no usable template.
+        TemplateError: no usable template, or one that does not parse.
         ModelLoadError: llama.cpp could not create the context.
     """
-    from .chat_template import resolve_template
+    from .chat_template import check_template, resolve_template
     from .native import Context
 
     text, name = resolve_template(model.chat_template(), template_override)
+    check_template(text)
     ctx = Context(model, settings)
     return ChatEngine(model, ctx, text, name)
 
