@@ -199,15 +199,18 @@ LIMIT_GRAMMARS = [
 ]
 
 
+def _checker_passes(grammar: str) -> bool:
+    try:
+        check_grammar(grammar)
+    except InputError:
+        return False
+    return True
+
+
 def test_checker_agrees_with_llama_cpp_near_its_limits(tiny_model: Path) -> None:
     verdicts = llama_cpp_parses(tiny_model, LIMIT_GRAMMARS)
     for grammar, accepted in zip(LIMIT_GRAMMARS, verdicts):
-        try:
-            check_grammar(grammar)
-            passed = True
-        except InputError:
-            passed = False
-        assert passed == accepted, grammar
+        assert _checker_passes(grammar) == accepted, grammar
     assert 0 < sum(verdicts) < len(verdicts)
 
 
@@ -231,12 +234,7 @@ def test_checker_agrees_with_llama_cpp_on_random_repeats(tiny_model: Path) -> No
     grammars = [f"root ::= {sequence(0)}\nx ::= \"q\"" for _ in range(300)]
     verdicts = llama_cpp_parses(tiny_model, grammars)
     for grammar, accepted in zip(grammars, verdicts):
-        try:
-            check_grammar(grammar)
-            passed = True
-        except InputError:
-            passed = False
-        assert passed == accepted, grammar
+        assert _checker_passes(grammar) == accepted, grammar
     assert 50 < sum(verdicts) < 250  # both answers are tested
 
 
