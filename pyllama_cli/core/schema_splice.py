@@ -2,7 +2,8 @@
 
 json_schema.prepare_schema swaps what the converter would get wrong (bounded numbers, counted strings and
 arrays) for marker constants; the converter writes each as a quoted literal in a rule of its own, and
-`splice_markers` replaces those rules' bodies (for an array, the tuple rule that holds the marker).
+`splice_markers` replaces those rules' bodies (for an array, the tuple rule that holds the marker), and
+gives strings a character rule that keeps them valid JSON.
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ from dataclasses import dataclass
 from .number_ranges import repeat_gbnf
 
 _NAME = r"[A-Za-z0-9-]+"
+# One character of a JSON string. The converter's own rule lets control characters through raw, which
+# JSON forbids (json.loads fails on them): they must be written as escapes.
+JSON_STRING_CHAR = r'[^"\\\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4})'
 
 
 @dataclass(frozen=True)
@@ -35,10 +39,8 @@ def splice_markers(grammar: str, markers: dict[str, str | ItemCount]) -> str:
                 rules.splice_array(holder, body)
             else:
                 rules.bodies[holder] = body
-    if "char" not in rules.bodies and any(_refers_to(body, "char") for body in rules.bodies.values()):
-        from llama_cpp.llama_grammar import PRIMITIVE_RULES
-
-        rules.bodies["char"] = PRIMITIVE_RULES["char"].content
+    if "char" in rules.bodies or any(_refers_to(body, "char") for body in rules.bodies.values()):
+        rules.bodies["char"] = JSON_STRING_CHAR
     return rules.text()
 
 
