@@ -129,7 +129,7 @@ def run(argv: list[str] | None = None) -> int:
         from .console import print_error
 
         _flush_stdout()
-        print_error(exc.format_message(), _click_hint(exc))
+        print_error(" ".join(exc.format_message().split()), _click_hint(exc))  # click wraps choice lists
         return exc.exit_code
     except typer.Abort:  # end of input at one of click's own prompts
         return 1

@@ -104,6 +104,8 @@ def test_unknown_flag_is_a_usage_error_exit_2() -> None:
     (("complete", "--temp", "warm"), ["Error: Invalid value for '--temp': 'warm' is not a valid float range.",
                                       "Hint: pyllama complete --help lists the options"]),
     (("nosuch",), ["Error: No such command 'nosuch'.", "Hint: pyllama --help lists the commands"]),
+    (("completion", "show"), ["Error: Missing argument 'shell'. Choose from: bash, zsh, fish",
+                              "Hint: pyllama completion show --help lists the options"]),
 ])
 def test_flags_click_cannot_read_are_one_error_line(tmp_path: Path, args: tuple[str, ...], lines: list[str]) -> None:
     # They were boxed in a panel with a usage line: four lines or more, unlike every other error.

@@ -518,6 +518,9 @@ def test_json_sent_as_plain_text_is_400_naming_the_content_type(server: Server) 
     ({"messages": HELLO, "tools": [{"type": "function", "function": {
         "name": "pick", "parameters": {"type": "object", "properties": {"color": {"enum": []}}}}}]},
      "tools", 'the parameters of tool \'pick\' at /properties/color: "enum" must list at least one value'),
+    ({"messages": HELLO, "tool_choice": "none", "tools": [{"type": "function", "function": {
+        "name": "pick", "parameters": {"type": "object", "properties": {"color": {"enum": []}}}}}]},
+     "tools", 'the parameters of tool \'pick\' at /properties/color: "enum" must list at least one value'),
     ({"messages": [{"role": "user", "content": [{"foo": 1}]}]}, "messages[0].content[0]",
      'messages[0].content[0]: a text part needs its "text"'),
     ({"messages": HELLO, "max_tokens": 0}, "max_tokens", None),

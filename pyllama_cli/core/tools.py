@@ -59,17 +59,17 @@ def plan_tools(tools: list[dict[str, Any]] | None, tool_choice: str | dict[str, 
         ToolsError: two tools share a name, or a tool's parameters are not a usable JSON schema.
         InputError: a choice that names no offered function, or needs tools that were not given.
     """
-    if tool_choice == "none":
-        return None
     if not tools:
-        if tool_choice in (None, AUTO):
+        if tool_choice in (None, AUTO, "none"):
             return None
         raise InputError("tool_choice asks for a tool call but the request has no tools")
     names = [t["function"]["name"] for t in tools]
     duplicate = next((n for n in names if names.count(n) > 1), None)
     if duplicate:
         raise ToolsError(f"two tools are named {duplicate!r}")
-    _check_parameters(tools)
+    _check_parameters(tools)  # whatever the choice: the same tools sent with "auto" would be refused
+    if tool_choice == "none":
+        return None
     if isinstance(tool_choice, dict):
         name = tool_choice["function"]["name"]
         if name not in names:
