@@ -80,6 +80,17 @@ def test_a_new_file_gets_the_umask_mode_and_a_replaced_file_keeps_its_mode(tmp_p
     assert mode(new) == 0o644  # the file it replaced was 0644
 
 
+def test_a_name_of_the_longest_length_can_be_written(tmp_path: Path) -> None:
+    # The temporary name adds a dot, 12 random characters and a suffix: it passed 255 bytes before.
+    path = tmp_path / ("\u00e9" * 60 + "b" * 130 + ".json")  # 255 bytes, with two-byte characters
+    assert len(path.name.encode()) == 255
+    with atomic_write(path) as temp:
+        assert len(temp.name.encode()) <= 255
+        temp.write_text("{}")
+    assert path.read_text() == "{}"
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]
+
+
 def test_a_symlink_is_written_through(tmp_path: Path) -> None:
     target = tmp_path / "real" / "data.txt"
     target.parent.mkdir()

@@ -288,6 +288,19 @@ def test_a_symlinked_output_is_written_through(src: Path, tmp_path: Path) -> Non
     assert os.listdir(target.parent) == ["q8.gguf"]  # the temporary file was next to the target, and is gone
 
 
+def test_a_replaced_output_keeps_its_mode_and_a_long_name_can_be_staged(src: Path, tmp_path: Path) -> None:
+    private = tmp_path / "private.gguf"
+    private.write_bytes(b"old")
+    private.chmod(0o600)
+    assert run_cli("quantize", "--force", str(src), str(private), "Q8_0").exit_code == 0
+    assert stat.S_IMODE(private.stat().st_mode) == 0o600  # it came back 0644
+    long_name = tmp_path / ("b" * 245 + ".gguf")  # a valid name; ".NAME.RANDOM.tmp" would pass 255 bytes
+    result = run_cli("quantize", str(src), str(long_name), "Q8_0")
+    assert result.exit_code == 0, result.stderr
+    assert long_name.stat().st_size > 1_000_000
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
 def test_a_fifo_output_is_refused_even_with_force(src: Path, tmp_path: Path) -> None:
     fifo = tmp_path / "out.gguf"
     os.mkfifo(fifo)

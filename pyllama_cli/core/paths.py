@@ -16,6 +16,7 @@ from pathlib import Path
 from ..errors import InputError
 
 NOT_REGULAR_HINT = "name a new or regular file"
+_NAME_MAX = 255  # bytes in one file name (Linux, macOS)
 
 
 def data_dir() -> Path:
@@ -89,7 +90,7 @@ def atomic_write(path: Path, what: str = "", suffix: str = ".tmp") -> Iterator[P
     """
     target = output_target(path)
     failed = f"cannot write {what} {path}" if what else f"cannot write {path}"
-    temp = target.with_name(f".{target.name}.{os.urandom(6).hex()}{suffix}")
+    temp = target.with_name(hidden_temp_name(target.name, suffix))
     try:
         # O_EXCL: a name nobody else holds; mode 0666: the kernel applies the umask, as for open().
         os.close(os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
@@ -97,7 +98,7 @@ def atomic_write(path: Path, what: str = "", suffix: str = ".tmp") -> Iterator[P
         raise InputError(f"{failed}: {exc.strerror or exc}", hint=_write_hint(exc, target.parent)) from None
     try:
         yield temp
-        _keep_mode(target, temp)
+        keep_mode(target, temp)
         os.replace(temp, target)
     except OSError as exc:
         raise InputError(f"{failed}: {exc.strerror or exc}", hint=_write_hint(exc, target.parent)) from None
@@ -105,7 +106,19 @@ def atomic_write(path: Path, what: str = "", suffix: str = ".tmp") -> Iterator[P
         temp.unlink(missing_ok=True)  # already renamed when all went well
 
 
-def _keep_mode(target: Path, temp: Path) -> None:
+def hidden_temp_name(name: str, suffix: str = ".tmp", room: int = 0) -> str:
+    """A hidden, random name for a temporary file that will become `name`: `.NAME.RANDOM{suffix}`.
+
+    NAME is shortened when the whole would pass the 255 bytes a file name may have, so any name that
+    can be written can be staged; `room` keeps bytes free for what a caller appends (split part numbers).
+    """
+    tail = f".{os.urandom(6).hex()}{suffix}"
+    budget = _NAME_MAX - 1 - len(tail.encode()) - room
+    stem = name.encode()[:budget].decode(errors="ignore")  # never half a UTF-8 character
+    return f".{stem}{tail}"
+
+
+def keep_mode(target: Path, temp: Path) -> None:
     """Give `temp` the permission bits of the file it replaces: a private file stays private."""
     try:
         mode = target.stat().st_mode

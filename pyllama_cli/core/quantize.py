@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import InputError, Interrupted, PyllamaError, UsageError
 from .ftypes import BY_NAME, QuantType, find_type, parse_type
 from .gguf_file import read_gguf
-from .paths import output_target
+from .paths import hidden_temp_name, keep_mode, output_target
 from .settings import MAX_THREADS
 
 if TYPE_CHECKING:  # the imatrix reader is imported only by the runs that pass --imatrix
@@ -439,7 +439,8 @@ class _Staging:
     def __init__(self, req: QuantizeRequest):
         self.finals = [output_target(p) for p in req.output_paths()]  # a symlinked OUTPUT stays a link
         first = self.finals[0]
-        base = f".{_split_prefix(req.output).name}.{os.urandom(8).hex()}.tmp"
+        # llama.cpp appends "-00001-of-00003.gguf" to the name of each part of a split output.
+        base = hidden_temp_name(_split_prefix(req.output).name, room=len("-00001-of-00001.gguf"))
         self.llama_target = first.with_name(base)
         if req.keep_split:
             n = len(self.finals)
@@ -461,6 +462,7 @@ class _Staging:
     def commit(self) -> None:
         try:
             for temp, final in zip(self.temps, self.finals):
+                keep_mode(final, temp)  # a private model stays private
                 os.replace(temp, final)
         except OSError as exc:
             raise PyllamaError(f"cannot rename the finished output to {exc.filename2 or exc.filename}: "
