@@ -197,8 +197,7 @@ def test_integer_bounds_hold_in_properties_array_items_and_type_lists() -> None:
 
 
 def test_bounded_integers_the_converter_skips_leave_no_marker() -> None:
-    schema = {"type": "integer", "minimum": 1, "maximum": 2, "not": {"type": "integer", "minimum": 7},
-              "$defs": {"unused": {"type": "integer", "maximum": 0}}}
+    schema = {"type": "integer", "minimum": 1, "maximum": 2, "$defs": {"unused": {"type": "integer", "maximum": 0}}}
     grammar = schema_to_grammar(json.dumps(schema))
     assert "pyllama-marker" not in grammar
     assert accepts(gbnf_regex(grammar), "2") and not accepts(gbnf_regex(grammar), "7")
@@ -298,6 +297,29 @@ def test_number_bounds_hold_in_schemas() -> None:
     for bad in ('{"p":1.5,"t":null}', '{"p":-0.1,"t":null}', '{"p":1e0,"t":null}', '{"p":0.5,"t":-273.15}',
                 '{"p":0.5,"t":1000.01}'):
         assert not accepts(pattern, bad), bad
+
+
+@pytest.mark.parametrize(("schema", "message"), [
+    ({"type": "integer", "multipleOf": 7}, '-j/--json-schema: "multipleOf" is not supported: a grammar cannot enforce it'),
+    ({"type": "object", "properties": {"a": {"type": "array", "uniqueItems": True}}},
+     '-j/--json-schema at /properties/a: "uniqueItems" is not supported: a grammar cannot enforce it'),
+    ({"type": "object", "minProperties": 2}, '-j/--json-schema: "minProperties" is not supported: a grammar cannot '
+                                             "enforce it"),
+    ({"type": "array", "contains": {"type": "null"}}, '-j/--json-schema: "contains" is not supported: a grammar '
+                                                      "cannot enforce it"),
+    ({"type": "string", "not": {"const": "x"}}, '-j/--json-schema: "not" is not supported: a grammar cannot enforce it'),
+])
+def test_keywords_the_grammar_would_ignore_are_refused(schema: dict, message: str) -> None:
+    # They were dropped: multipleOf 7 gave 31, minProperties 2 gave {}.
+    with pytest.raises(UsageError) as caught:
+        schema_to_grammar(json.dumps(schema), "-j/--json-schema")
+    assert caught.value.message == message
+
+
+def test_keywords_that_constrain_nothing_still_pass() -> None:
+    schema = {"type": "object", "minProperties": 0, "properties": {
+        "n": {"type": "integer", "multipleOf": 1}, "a": {"type": "array", "uniqueItems": False}}}
+    check_grammar(schema_to_grammar(json.dumps(schema)))
 
 
 def test_strings_hold_no_raw_control_characters() -> None:
@@ -501,8 +523,7 @@ def test_true_allows_any_value_and_false_none() -> None:
      ': required property "b" is not in "properties", and "additionalProperties" is false, so no object can match'),
     ({"type": "frob"}, ': cannot turn this schema into a grammar: "frob" is not a JSON type'),
     ({"type": "object", "properties": {"a": {"not": {"type": "string"}}}},
-     ' at /properties/a: cannot turn this schema into a grammar: it has no "type", and the converter uses none of '
-     'its keywords ("not")'),
+     ' at /properties/a: "not" is not supported: a grammar cannot enforce it'),
     ({"$ref": "https://example.com/s"},
      ': cannot turn this schema into a grammar: "$ref" "https://example.com/s" is not a reference within the schema'),
     ({"type": "array", "items": {"$ref": "#/$defs/missing"}}, ' at /items: "$ref" "#/$defs/missing" refers to nothing '

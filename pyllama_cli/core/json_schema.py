@@ -36,6 +36,11 @@ _DEFS = ("$defs", "definitions")
 # Keys the converter looks at before it treats a schema as a plain type.
 _CONVERTER_FIRST = ("$ref", "oneOf", "anyOf", "const", "enum")
 _NUMERIC = ("integer", "number")
+# Keywords that restrict values but that the converter ignores.
+_UNENFORCED = frozenset({"multipleOf", "minProperties", "maxProperties", "uniqueItems", "contains", "minContains",
+                         "maxContains", "dependentRequired", "dependentSchemas", "dependencies", "propertyNames",
+                         "patternProperties", "unevaluatedProperties", "unevaluatedItems", "additionalItems", "not",
+                         "if", "then", "else"})
 _JSON_TYPES = ("string", "number", "integer", "boolean", "null", "object", "array")
 # What `true` allows: the converter reads {} as "any object", so name every type.
 _ANY_VALUE = {"type": ["object", "array", "string", "number", "boolean", "null"]}
@@ -124,6 +129,7 @@ class _Preparer:
         """Check and rewrite one subschema; returns the subschemas to visit next."""
         _split_ref_from_defs(node)
         _check_keywords(node, where, self.root)
+        _refuse_unenforced(node, where)
         _check_lists(node, where)
         _check_counts(node, where)
         _replace_booleans(node, where)
@@ -311,6 +317,24 @@ def _check_keywords(node: dict, where: _Where, root: object) -> None:
         raise where.error('"required" must be a list of property names', hint='e.g. "required": ["name"]')
     if "$ref" in node:
         _check_ref(node["$ref"], where, root)
+
+
+def _refuse_unenforced(node: dict, where: _Where) -> None:
+    """Keywords the converter ignores: the output would not follow them, so they are refused, not dropped.
+
+    Values that constrain nothing ("uniqueItems": false, "minProperties": 0, "multipleOf": 1 on an
+    integer) pass.
+    """
+    for key in node:
+        if key in _UNENFORCED and not _constrains_nothing(node, key):
+            raise where.error(f'"{key}" is not supported: a grammar cannot enforce it',
+                              hint=f'leave "{key}" out, and check that part of the output yourself')
+
+
+def _constrains_nothing(node: dict, key: str) -> bool:
+    value = node[key]
+    return ((key == "uniqueItems" and value is False) or (key == "minProperties" and value == 0)
+            or (key == "multipleOf" and value == 1 and node.get("type") == "integer"))
 
 
 def _check_ref(ref: object, where: _Where, root: object) -> None:
