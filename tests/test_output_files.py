@@ -253,3 +253,18 @@ def test_kld_base_on_a_fifo_is_refused_before_the_run(tiny_model: Path, text: Pa
     assert result.stdout == ""
     assert result.stderr.splitlines() == [f"Error: {pipe} is not a regular file", NOT_REGULAR_HINT]
     assert is_fifo(pipe)
+
+
+# ---------------------------------------------------------------- FIFOs as inputs that are read at offsets
+
+
+def test_a_fifo_as_model_or_kld_base_is_refused_instead_of_blocking(tiny_model: Path, tmp_path: Path) -> None:
+    pipe = fifo(tmp_path / "m.gguf")
+    model = run_process("info", "-m", str(pipe), timeout=30)  # opening it blocked until killed
+    assert (model.exit_code, model.stderr.splitlines()) == (
+        1, [f"Error: {pipe} is not a regular file, so not a GGUF model", "Hint: give the path of a .gguf file"])
+    base = run_process("perplexity", "-m", str(tiny_model), "--kl-divergence", "--kl-divergence-base", str(pipe),
+                       timeout=30)
+    assert (base.exit_code, base.stderr.splitlines()[0]) == (
+        1, f"Error: {pipe} is not a regular file, so not a KL-divergence base file")
+    assert is_fifo(pipe)

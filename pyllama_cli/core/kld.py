@@ -78,6 +78,8 @@ def read_base_header(path: Path) -> BaseHeader:
     Raises:
         InputError: a missing, foreign, corrupt or truncated file.
     """
+    if path.exists() and not path.is_file():  # a FIFO would block, and the rows are read at offsets
+        raise InputError(f"{path} is not a regular file, so not a KL-divergence base file", hint=MAKE_BASE_HINT)
     try:
         with open(path, "rb") as f:
             head = f.read(HEADER_BYTES)

@@ -98,6 +98,7 @@ def resolve_local(path: Path, *, tokenizer: bool = True) -> ResolvedModel:
         ggufs = sorted(p.name for p in path.glob("*.gguf"))
         hint = f"pick a file in it, e.g. -m {path / ggufs[0]}" if ggufs else "give the path of a .gguf file"
         raise InvalidGGUF(f"{path} is a directory, not a GGUF file", hint=hint)
+    _require_regular(path)
     try:
         header = read_gguf(path, strings=tokenizer)
     except PermissionError as exc:
@@ -108,8 +109,15 @@ def resolve_local(path: Path, *, tokenizer: bool = True) -> ResolvedModel:
     for part in parts[1:]:
         if not part.exists():
             raise ModelNotFound(f"split model part missing: {part}", hint=f"all {len(parts)} parts must sit beside the first")
+        _require_regular(part)
         read_gguf(part, strings=tokenizer)
     return ResolvedModel(path=path, parts=parts)
+
+
+def _require_regular(path: Path) -> None:
+    """A model is read at offsets and mapped into memory: a FIFO or a device would block or fail midway."""
+    if not path.is_file():
+        raise InvalidGGUF(f"{path} is not a regular file, so not a GGUF model", hint="give the path of a .gguf file")
 
 
 def _split_parts(first: Path, count: Any) -> tuple[Path, ...]:
