@@ -195,7 +195,7 @@ LIMIT_GRAMMARS = [
     'root ::= ("a"{0,999})?', 'root ::= ("a"{0,1999})*', 'root ::= ("a"{0,1999})+', 'root ::= ("a"{0,2000})*',
     'root ::= "a"{,3}', 'root ::= ("a"{\n2})', 'root ::= "a"{\n2}', 'root ::= [a\\-z]+',
     'root ::= ("a"{0,50} "b"{0,50}){0,19}', 'root ::= ("a"{0,50} "b"{0,50}){0,20}',
-    'root ::= [^\\x01-\\U0010FFFF]', 'root ::= [^b-\\U0010FFFF\\x00-\\x60]', 'root ::= [\\U0010FFFF]',
+    'root ::= [^\\x02-\\U0010FFFF]', 'root ::= [^b-\\U0010FFFF\\x00-\\x60]', 'root ::= [\\U0010FFFF]',
 ]
 
 
@@ -245,6 +245,11 @@ def test_checker_agrees_with_llama_cpp_on_random_repeats(tiny_model: Path) -> No
     ("root ::= [^\\x00-\\U0010FFFF]", "character class [^\\x00-\\U0010FFFF] matches no character at line 1, "
                                     "column 10"),
     ("root ::= [\\U00110000]", "\\U00110000 is past U+10FFFF, the last Unicode character at line 1, column 11"),
+    # llama.cpp's token texts are C strings: a grammar that needs a NUL stopped at once, with exit 0.
+    ('root ::= "a\\x00"', "a NUL character (\\x00) can never be generated: no token holds one at line 1, column 12"),
+    ("root ::= [\\x00]", "character class [\\x00] matches only NUL, which no token holds at line 1, column 10"),
+    ("root ::= [^\\x01-\\U0010FFFF]", "character class [^\\x01-\\U0010FFFF] matches only NUL, which no token "
+                                    "holds at line 1, column 10"),
 ])
 def test_grammars_nothing_can_match_are_refused_before_the_model_loads(tmp_path: Path, grammar: str,
                                                                         message: str) -> None:

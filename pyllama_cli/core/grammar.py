@@ -403,7 +403,11 @@ class _Checker:
         while self.peek(pos) != '"':
             if pos >= len(self.text):
                 raise GrammarSyntaxError("unterminated string literal", start)
-            pos, _ = self.char(pos)
+            char_pos = pos
+            pos, code = self.char(pos)
+            if code == 0:  # llama.cpp's token texts are C strings
+                raise GrammarSyntaxError("a NUL character (\\x00) can never be generated: no token holds one",
+                                         char_pos)
         empty = pos == start + 1
         return pos + 1, ("lit", empty, empty)
 
@@ -427,6 +431,10 @@ class _Checker:
             ranges.append((low, high))
         if negated and ranges and _covers_all(ranges):
             raise GrammarSyntaxError(f"character class {self.text[start:pos + 1]} matches no character", start)
+        only_nul = _covers_all([*ranges, (0, 0)]) if negated else all(high == 0 for _, high in ranges)
+        if ranges and only_nul:
+            raise GrammarSyntaxError(f"character class {self.text[start:pos + 1]} matches only NUL, which no token "
+                                     "holds", start)
         return pos + 1, ("lit", False, pos == first)
 
     def token(self, pos: int) -> tuple[int, tuple]:
