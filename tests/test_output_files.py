@@ -268,3 +268,14 @@ def test_a_fifo_as_model_or_kld_base_is_refused_instead_of_blocking(tiny_model: 
     assert (base.exit_code, base.stderr.splitlines()[0]) == (
         1, f"Error: {pipe} is not a regular file, so not a KL-divergence base file")
     assert is_fifo(pipe)
+
+
+def test_a_file_where_the_output_folder_should_be_is_named(tiny_model: Path, tmp_path: Path) -> None:
+    blocker = tmp_path / "afile"
+    blocker.write_text("x")
+    quantize = run_cli("quantize", str(tiny_model), str(blocker / "x.gguf"), "Q8_0")
+    assert (quantize.exit_code, quantize.first_stderr_line) == (
+        1, f"Error: cannot write {blocker / 'x.gguf'}: {blocker} is not a folder")
+    pytest.importorskip("matplotlib")
+    plot = run_cli("bench", "-m", str(tiny_model), "-p", "8", "-n", "0", "--plot", str(blocker / "x.png"))
+    assert (plot.exit_code, plot.first_stderr_line) == (1, f"Error: --plot {blocker / 'x.png'}: {blocker} is not a folder")

@@ -199,6 +199,8 @@ def _check_plot(path: Path | None) -> None:
     check_plot_format(path)
     folder = output_target(path).parent  # a symlink's target is what gets written
     if not folder.is_dir():
+        if folder.exists():
+            raise UsageError(f"--plot {path}: {folder} is not a folder", hint="pick another path")
         raise UsageError(f"--plot {path}: folder {folder} does not exist", hint="create it or pick another path")
 
 

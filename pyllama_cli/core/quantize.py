@@ -222,6 +222,8 @@ def check_request(req: QuantizeRequest) -> None:
             raise UsageError(f"OUTPUT {out} is a folder", hint=f"give a file name, e.g. {out / 'model.gguf'}")
         target = output_target(out)
         if not target.parent.is_dir():
+            if target.parent.exists():
+                raise InputError(f"cannot write {out}: {target.parent} is not a folder", hint="choose another OUTPUT")
             raise InputError(f"the output folder {target.parent} does not exist", hint="create it first")
         if out.exists() and not req.force:
             raise UsageError(f"{out} already exists", hint="pass --force to replace it, or choose another OUTPUT")
