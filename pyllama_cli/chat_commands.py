@@ -155,7 +155,7 @@ def _parse_logit_bias(value: str) -> tuple[tuple[int, float], ...]:
 
     if value.lower() in _NONE:
         return ()
-    return parse_logit_bias(value.replace(",", " ").split())  # its UsageError is shown like any failed command
+    return parse_logit_bias(value.replace(",", " ").split(), "/set logit_bias")  # shown like any failed command
 
 
 def _parse_grammar(value: str) -> str | None:

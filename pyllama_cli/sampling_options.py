@@ -111,14 +111,15 @@ class SamplingOptions:
 _LOGIT_BIAS = re.compile(r"^\s*(\d+)\s*([+-])\s*(inf|\d+(?:\.\d*)?|\.\d+)\s*$", re.IGNORECASE)
 
 
-def parse_logit_bias(values: list[str] | None) -> tuple[tuple[int, float], ...]:
-    """Parse llama.cpp's `ID+BIAS` / `ID-BIAS` strings (e.g. `15043+1`, `2-inf`)."""
+def parse_logit_bias(values: list[str] | None, name: str = "--logit-bias") -> tuple[tuple[int, float], ...]:
+    """Parse llama.cpp's `ID+BIAS` / `ID-BIAS` strings (e.g. `15043+1`, `2-inf`); `name` is the flag or
+    setting they came from, for errors."""
     pairs = []
     for value in values or ():
         match = _LOGIT_BIAS.match(value)
         if not match:
-            raise UsageError(f"--logit-bias {value!r} is not TOKEN_ID+BIAS or TOKEN_ID-BIAS",
-                             hint="for example --logit-bias 15043+1 (more likely) or --logit-bias 2-inf (never)")
+            raise UsageError(f"{name} {value!r} is not TOKEN_ID+BIAS or TOKEN_ID-BIAS",
+                             hint=f"for example {name} 15043+1 (more likely) or {name} 2-inf (never)")
         bias = float(match.group(3))
         pairs.append((int(match.group(1)), -bias if match.group(2) == "-" else bias))
     return tuple(pairs)
