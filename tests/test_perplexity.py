@@ -131,6 +131,8 @@ def test_text_too_short_says_how_many_tokens(tiny_model: Path, tmp_path: Path) -
     (("-f", "x.txt", "--hellaswag", "h.txt"), "Error: --hellaswag does not read -f"),
     (("--hellaswag", "h.txt", "--winogrande", "w.csv"), "Error: --hellaswag and --winogrande cannot be combined"),
     (("-f", "missing.txt"), "Error: text file not found: missing.txt"),
+    # llama-perplexity refuses -c 0 too; it was taken as the 512 of no -c at all.
+    (("-f", "x.txt", "-c", "0"), "Error: -c 0: perplexity needs a context size above 0"),
 ])
 def test_bad_flag_combinations(tiny_model: Path, args: tuple[str, ...], message: str) -> None:
     result = run_cli("perplexity", "-m", str(tiny_model), *args)

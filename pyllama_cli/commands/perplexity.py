@@ -39,6 +39,7 @@ ChunkCtxOpt = Annotated[int, typer.Option(
 
 @model_options(load=True)
 def perplexity(
+    cli: typer.Context,
     model: ModelRequest,
     load: LoadSettings,
     file: Annotated[Path | None, typer.Option(
@@ -71,12 +72,17 @@ def perplexity(
     if chunks == 0:
         raise UsageError("--chunks 0 leaves nothing to score", hint="give a number of chunks, or -1 for all")
     mode = _mode(file, kl_divergence, kl_base, hellaswag, winogrande)
+    # No -c is 512; -c 0 is refused, as llama-perplexity refuses it (it used to mean 512 here).
+    n_ctx = load.n_ctx if cli.get_parameter_source("ctx_size").name != "DEFAULT" else None
+    if n_ctx == 0:
+        raise UsageError("-c 0: perplexity needs a context size above 0",
+                         hint=f"leave out -c for llama-perplexity's {DEFAULT_CTX} tokens per chunk")
     if mode == "ppl":
-        _run_perplexity(model, load, _read(file), chunks, kl_base, as_json)
+        _run_perplexity(model, load, n_ctx, _read(file), chunks, kl_base, as_json)
     elif mode == "kld":
-        _run_kld(model, load, kl_base, chunks, as_json)
+        _run_kld(model, load, n_ctx, kl_base, chunks, as_json)
     else:
-        _run_tasks(model, load, mode, hellaswag or winogrande, hellaswag_tasks, winogrande_tasks, as_json)
+        _run_tasks(model, load, n_ctx, mode, hellaswag or winogrande, hellaswag_tasks, winogrande_tasks, as_json)
 
 
 def _mode(file: Path | None, kld: bool, base: Path | None, hellaswag: Path | None, winogrande: Path | None) -> str:
@@ -107,14 +113,16 @@ def _read(path: Path) -> bytes:
     return read_text(path)
 
 
-def _ctx(load: LoadSettings) -> int:
-    return load.n_ctx or DEFAULT_CTX
+def _ctx(requested: int | None) -> int:
+    """Tokens per chunk: -c, else llama-perplexity's 512."""
+    return DEFAULT_CTX if requested is None else requested
 
 
 # ---------------------------------------------------------------- perplexity
 
 
-def _run_perplexity(request: ModelRequest, load: LoadSettings, text: bytes, chunks: int, base: Path | None,
+def _run_perplexity(request: ModelRequest, load: LoadSettings, n_ctx: int | None, text: bytes, chunks: int,
+                    base: Path | None,
                     as_json: bool) -> None:
     from ..core import perplexity as ppl
 
@@ -123,7 +131,7 @@ def _run_perplexity(request: ModelRequest, load: LoadSettings, text: bytes, chun
     resolved, model = open_model(request, load)
     with model:
         tokens = ppl.tokenize_text(model, text)
-        plan = ppl.plan_chunks(len(tokens), _ctx(load), load.n_batch, chunks)
+        plan = ppl.plan_chunks(len(tokens), _ctx(n_ctx), load.n_batch, chunks)
         info(f"perplexity: {len(tokens)} tokens, {plan.n_chunk} chunks of {plan.n_ctx}, "
              f"{plan.n_seq} per batch of {plan.n_batch}")
         run = ppl.PerplexityRun(model, load, tokens, plan)
@@ -164,13 +172,14 @@ def _render_perplexity(run: Any, as_json: bool, model_path: Path) -> None:
 # ---------------------------------------------------------------- KL divergence
 
 
-def _run_kld(request: ModelRequest, load: LoadSettings, base: Path, chunks: int, as_json: bool) -> None:
+def _run_kld(request: ModelRequest, load: LoadSettings, n_ctx: int | None, base: Path, chunks: int,
+             as_json: bool) -> None:
     from ..core import kld
 
     header = kld.read_base_header(base)
     resolved, model = open_model(request, load)
     with model:
-        kld.check_compatible(header, model.n_vocab, load.n_ctx)
+        kld.check_compatible(header, model.n_vocab, n_ctx)
         run = kld.KldRun.prepare(model, load, header, chunks)
         info(f"KL divergence: {run.plan.n_chunk} chunks of {header.n_ctx} from {base}")
         rows = []
@@ -194,8 +203,8 @@ def _run_kld(request: ModelRequest, load: LoadSettings, base: Path, chunks: int,
 # ---------------------------------------------------------------- HellaSwag / Winogrande
 
 
-def _run_tasks(request: ModelRequest, load: LoadSettings, mode: str, path: Path, n_hellaswag: int,
-               n_winogrande: int, as_json: bool) -> None:
+def _run_tasks(request: ModelRequest, load: LoadSettings, n_ctx: int | None, mode: str, path: Path,
+               n_hellaswag: int, n_winogrande: int, as_json: bool) -> None:
     from ..core import multiple_choice as mc
 
     text = _read(path).decode("utf-8", errors="surrogateescape")
@@ -215,7 +224,7 @@ def _run_tasks(request: ModelRequest, load: LoadSettings, mode: str, path: Path,
     with model:
         tasks = mc.hellaswag_tasks(model, picked) if mode == "hellaswag" else mc.winogrande_tasks(model, picked)
         info(f"{name}: {len(tasks)} tasks from {path}")
-        results = _score(mc, model, load, tasks, mode, as_json)
+        results = _score(mc, model, load, _ctx(n_ctx), tasks, mode, as_json)
     last = results[-1]
     if as_json:
         low, high = mc.wilson_interval(last.accuracy, last.n_done)
@@ -231,13 +240,14 @@ def _run_tasks(request: ModelRequest, load: LoadSettings, mode: str, path: Path,
     typer.echo(mc.final_line(name, last))
 
 
-def _score(mc: Any, model: Any, load: LoadSettings, tasks: list[Any], mode: str, as_json: bool) -> list[Any]:
+def _score(mc: Any, model: Any, load: LoadSettings, n_ctx: int, tasks: list[Any], mode: str,
+           as_json: bool) -> list[Any]:
     results = []
     line = mc.hellaswag_line if mode == "hellaswag" else mc.winogrande_line
     if not as_json and mode == "hellaswag":
         typer.echo(mc.HELLASWAG_HEADER)
     with _progress(len(tasks), "tasks") as advance:
-        for r in mc.score_tasks(model, load, tasks, _ctx(load), winogrande=mode == "winogrande"):
+        for r in mc.score_tasks(model, load, tasks, n_ctx, winogrande=mode == "winogrande"):
             results.append(r)
             advance(1, f"acc {100 * r.accuracy:.2f}%")
             if not as_json:
