@@ -17,7 +17,7 @@ from .core.conversation import ChatEngine, Conversation, fit_context
 from .core.settings import INT32_MAX, UINT32_MAX
 from .core.generation import STOP_CONTEXT, STOP_INTERRUPTED
 from .core.interrupt import StopFlag, catch_sigint
-from .core.sampling import SamplingSettings
+from .core.sampling import SamplingSettings, check_logit_bias
 from .errors import InputError, Interrupted, PyllamaError
 
 DOUBLE_PRESS_S = 1.0  # a second Ctrl-C within this many seconds exits
@@ -379,7 +379,7 @@ class ChatRepl:
             return
         key, typed = parse_param(name, value.strip())
         if key == "logit_bias":
-            self._check_tokens(typed)
+            check_logit_bias(typed, self.engine.model.n_vocab, "logit_bias")
         s = self.settings
         if key == "max_tokens":
             s.max_tokens = typed
@@ -388,13 +388,6 @@ class ChatRepl:
         else:
             s.sampling = replace(s.sampling, **{key: typed})
         self.ui.notice(f"{key} = {_show_value(typed)}")
-
-    def _check_tokens(self, logit_bias: tuple[tuple[int, float], ...]) -> None:
-        n_vocab = self.engine.model.n_vocab
-        bad = next((token for token, _ in logit_bias if not 0 <= token < n_vocab), None)
-        if bad is not None:
-            raise InputError(f"logit_bias token {bad} is out of range: the vocabulary has {n_vocab} tokens "
-                             f"(0..{n_vocab - 1})")
 
     def parameters_text(self) -> str:
         s = self.settings

@@ -17,7 +17,7 @@ from .chat_template import render_chat
 from .generation import GenerationStats, Generator
 from .native import Context, Model, lib
 from .prompt_cache import CacheLoad, load_prompt_cache, save_prompt_cache
-from .sampling import SamplingSettings
+from .sampling import SamplingSettings, check_logit_bias
 
 
 @dataclass(frozen=True)
@@ -130,14 +130,8 @@ class Completion:
                 "utf-8", errors="replace")
             warn(f"the prompt has {len(ids)} tokens but the context holds {ctx.n_ctx}: kept its last "
                  f"{len(self.tokens)} tokens (--truncate)")
-        self._check_logit_bias()
+        check_logit_bias(self.request.sampling.logit_bias, self.model.n_vocab)
         self._eval_start: tuple[float, int] | None = None
-
-    def _check_logit_bias(self) -> None:
-        for token, _ in self.request.sampling.logit_bias:
-            if not 0 <= token < self.model.n_vocab:
-                raise InputError(f"--logit-bias token {token} is out of range: the vocabulary has "
-                                 f"{self.model.n_vocab} tokens (0..{self.model.n_vocab - 1})")
 
     def stream(self, stop_flag: Callable[[], bool] = lambda: False) -> Iterator[str]:
         """Yield the generated text; `self.report` is complete once the iterator ends or raises."""

@@ -7,6 +7,8 @@ import random
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..errors import InputError
+
 DEFAULT_TEMPERATURE = 0.8
 DEFAULT_TOP_K = 40
 DEFAULT_TOP_P = 0.95
@@ -46,6 +48,17 @@ class SamplingSettings:
         if self.seed >= 0:
             return self
         return replace(self, seed=random.randrange(0, 2**32 - 1))
+
+
+def check_logit_bias(logit_bias: tuple[tuple[int, float], ...], n_vocab: int, name: str = "--logit-bias") -> None:
+    """Refuse a biased token id outside the vocabulary; `name` is the flag or setting it came from.
+
+    Raises:
+        InputError: naming the first such id.
+    """
+    bad = next((token for token, _ in logit_bias if not 0 <= token < n_vocab), None)
+    if bad is not None:
+        raise InputError(f"{name} token {bad} is out of range: the vocabulary has {n_vocab} tokens (0..{n_vocab - 1})")
 
 
 class Sampler:
