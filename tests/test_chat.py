@@ -177,6 +177,23 @@ def test_load_continues_a_saved_conversation(tiny_model: Path, tmp_path: Path) -
     assert chrome(result)[-2:] == ["Error: /load reads a .json file written by /save", "Hint: /load chat.json"]
 
 
+@pytest.mark.parametrize(("messages", "problem"), [
+    ([{"role": "user", "content": "a"}, {"role": "tool", "content": "b"}],
+     "message 1 of {path} has the role 'tool', which is not one /load takes"),
+    ([{"role": "user", "content": "a"}, {"role": "system", "content": "S"}],
+     "message 1 of {path} has the role 'system', which comes only first"),
+    ([{"role": "system", "content": "S"}, {"role": "user"}], 'message 1 of {path} has no "content"'),
+])
+def test_load_refuses_what_a_chat_cannot_hold(tiny_model: Path, tmp_path: Path, messages: list, problem: str) -> None:
+    saved = tmp_path / "in.json"
+    saved.write_text(json.dumps(messages))
+    out = tmp_path / "out.json"
+    result = chat(tiny_model, "-n", "1", "-sys", "Kept.", stdin=f"hi\n/load {saved}\n/save {out}\n")
+    assert result.exit_code == 1
+    assert f"Error: {problem.format(path=saved)}" in chrome(result)
+    assert [m["content"] for m in json.loads(out.read_text())][:2] == ["Kept.", "hi"]  # the chat is unchanged
+
+
 def test_double_slash_sends_text_that_starts_with_a_slash(tiny_model: Path, tmp_path: Path) -> None:
     out = tmp_path / "c.json"
     chat(tiny_model, "-n", "1", stdin=f"//etc is a folder\n/save {out}\n")

@@ -130,12 +130,29 @@ class Conversation:
             raise InputError(f"cannot read {path}: {exc.strerror}") from exc
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise InputError(f"{path} is not JSON: {exc}", hint="/load reads files written by /save NAME.json") from exc
+        checked = validate_messages(data)
+        _check_chat_roles(data, path)
         # JSON's \udXXX escapes can carry half a UTF-16 pair: no text a file or the model can take.
-        messages = [{"role": valid_text(m["role"]), "content": valid_text(m["content"])} for m in validate_messages(data)]
+        messages = [{"role": m["role"], "content": valid_text(m["content"])} for m in checked]
         if messages[0]["role"] == "system":
             self.system = messages.pop(0)["content"]
         self.messages = messages
         self.attachments = []
+
+
+def _check_chat_roles(data: list[Message], path: Path) -> None:
+    """A chat holds an optional system message first, then user and assistant messages, each with
+    its text: what /save writes. Other roles ("tool", a typo) would reach the template and the
+    /undo and /regen bookkeeping, which know only these."""
+    for i, m in enumerate(data):
+        role = m["role"]
+        if role not in ("user", "assistant") and not (role == "system" and i == 0):
+            where = "comes only first" if role == "system" else "is not one /load takes"
+            raise InputError(f"message {i} of {path} has the role {role!r}, which {where}",
+                             hint="/load takes a system message (first, optional), then user and assistant messages")
+        if "content" not in m:
+            raise InputError(f"message {i} of {path} has no \"content\"",
+                             hint="/load reads files written by /save NAME.json")
 
 
 # Lone UTF-16 surrogates: how Python carries bytes that are not UTF-8 (stdin, argv: U+DC80-U+DCFF,
