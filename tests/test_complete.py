@@ -168,11 +168,34 @@ def test_grammar_error_names_line_and_column_before_loading_the_model(tmp_path: 
     ('root ::= "ok"\nx ::= "\\UFFFFFFFF"', "\\UFFFFFFFF is past U+10FFFF, the last Unicode character at line 2, "
                                           "column 8"),
     ('root ::= "\udcff"', "the grammar is not valid UTF-8 at line 1, column 11"),
+    ('root ::= <[12a]>', "<[12a]> is not a token id reference at line 1, column 10"),
+    ('root ::= "a" !<[]>', "<[]> is not a token id reference at line 1, column 15"),
 ])
 def test_grammar_checker_messages(grammar: str, message: str) -> None:
     with pytest.raises(InputError) as exc:
         check_grammar(grammar, "g")
     assert exc.value.message == f"g: {message}"
+
+
+@pytest.mark.parametrize(("grammar", "message"), [
+    ('root ::= "a" <[99999]>', "token <[99999]> is past the model's vocabulary (ids 0..1023) at line 1, column 14"),
+    ('root ::= ( "a"\n  | !<[1024]> "b" )', "token <[1024]> is past the model's vocabulary (ids 0..1023) at line 2, "
+                                           "column 6"),
+    ('root ::= <|im_end|> <|nope|>', "<|nope|> is not one token of the model's vocabulary at line 1, column 21"),
+])
+def test_token_references_the_model_lacks_are_one_error_line(tiny_model: Path, grammar: str, message: str) -> None:
+    result = complete(tiny_model, "-p", "x", "-n", "4", "--grammar", grammar)
+    assert result.exit_code == 1
+    assert result.stderr.splitlines() == [f"Error: grammar: {message}",
+                                          "Hint: pyllama tokenize -m MODEL -p TEXT shows the tokens a text is made of"]
+
+
+def test_token_references_the_model_has_run(tiny_model: Path) -> None:
+    im_end = int(json.loads(run_cli("tokenize", "-m", str(tiny_model), "-p", "<|im_end|>", "--ids").stdout)[-1])
+    result = complete(tiny_model, "-p", "x", "-n", "4", "--grammar", f'root ::= "ok" ( <|im_end|> | <[{im_end}]> )',
+                      "--stats", "--json")
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == "ok"  # the end-of-turn token ends the text, as it does without a grammar
 
 
 def test_repetition_limit_error_suggests_a_rule_of_its_own(tmp_path: Path) -> None:

@@ -7,10 +7,11 @@ llama.cpp accepts, and it reports the first problem with a line and column befor
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,6 +25,7 @@ _NAME_CHARS = re.compile(r"[A-Za-z0-9-]")
 _SHIPPED_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
 _ESCAPES = {"t": "\t", "r": "\r", "n": "\n", "\\": "\\", '"': '"', "[": "[", "]": "]", "-": "-"}
 _HEX_ESCAPES = {"x": 2, "u": 4, "U": 8}
+_TOKEN_ID = re.compile(r"<\[([0-9]+)\]>")
 # Past the last Unicode character: no token can hold it.
 LAST_CODE_POINT = 0x10FFFF
 # llama.cpp parses groups recursively and overflows its stack on very deep nesting (a segfault near
@@ -210,14 +212,45 @@ def check_grammar(text: str, source: str = "grammar") -> None:
                          hint=exc.hint or "GBNF rules look like: root ::= \"yes\" | \"no\"") from None
 
 
-def _check_syntax(text: str) -> None:
-    """Raise GrammarSyntaxError for the first thing in GBNF `text` that llama.cpp would refuse or cannot run."""
+def check_grammar_tokens(text: str, n_vocab: int, token_of: Callable[[str], int | None]) -> None:
+    """Raise InputError for a token reference the loaded model cannot produce.
+
+    llama.cpp takes <[99999]> past the vocabulary without a word (the grammar then waits for a token
+    that never comes), and a <name> that is not exactly one token only as "could not parse".
+    `token_of` gives the one token a text is, or None.
+    """
+    for pos, reference in _token_refs(text) if "<" in text else ():
+        number = _TOKEN_ID.fullmatch(reference)
+        if number and int(number.group(1)) >= n_vocab:
+            problem = f"token {reference} is past the model's vocabulary (ids 0..{n_vocab - 1})"
+        elif not number and token_of(reference) is None:
+            problem = f"{reference} is not one token of the model's vocabulary"
+        else:
+            continue
+        line, col = line_col(text, pos)
+        raise InputError(f"grammar: {problem} at line {line}, column {col}",
+                         hint="pyllama tokenize -m MODEL -p TEXT shows the tokens a text is made of")
+
+
+@functools.lru_cache(maxsize=16)  # a server checks the same grammar on every request that sends it
+def _token_refs(text: str) -> tuple[tuple[int, str], ...]:
+    try:
+        return tuple(_check_syntax(text).token_refs)
+    except GrammarSyntaxError:  # refused where the grammar was read, with its position
+        return ()
+
+
+def _check_syntax(text: str) -> _Checker:
+    """Raise GrammarSyntaxError for the first thing in GBNF `text` that llama.cpp would refuse or cannot run;
+    return the checker, which has read the whole grammar."""
     # The checker recurses four frames per nested group; allow MAX_GROUP_DEPTH of them.
     # Only ever raised, never lowered, so checks running in other threads are not cut short.
     needed = 4 * MAX_GROUP_DEPTH + 1000
     if sys.getrecursionlimit() < needed:
         sys.setrecursionlimit(needed)
-    _Checker(text).check()
+    checker = _Checker(text)
+    checker.check()
+    return checker
 
 
 def line_col(text: str, pos: int) -> tuple[int, int]:
@@ -244,6 +277,7 @@ class _Checker:
         # llama.cpp's symbol table: rule names seen so far, plus the rules it makes for groups and repeats.
         self.names: set[str] = set()
         self.made = 0
+        self.token_refs: list[tuple[int, str]] = []  # (pos, "<[1234]>" or "<|im_end|>"), checked once a model is loaded
 
     def check(self) -> None:
         self.check_encoding()
@@ -447,6 +481,11 @@ class _Checker:
         end = self.text.find(">", pos)
         if end < 0 or "\n" in self.text[pos:end]:
             raise GrammarSyntaxError("unterminated token reference", start)
+        reference = self.text[pos:end + 1]
+        if reference.startswith("<[") and not _TOKEN_ID.fullmatch(reference):
+            raise GrammarSyntaxError(f"{reference} is not a token id reference",
+                                     pos, hint="a token id is written <[1234]>; a token by its text <|im_end|>")
+        self.token_refs.append((pos, reference))
         return end + 1, ("lit", False)
 
     def repetition(self, pos: int, element: tuple, weight: int, nested: bool) -> tuple[int, tuple, int]:
