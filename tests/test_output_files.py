@@ -275,7 +275,10 @@ def test_a_file_where_the_output_folder_should_be_is_named(tiny_model: Path, tmp
     blocker.write_text("x")
     quantize = run_cli("quantize", str(tiny_model), str(blocker / "x.gguf"), "Q8_0")
     assert (quantize.exit_code, quantize.first_stderr_line) == (
-        1, f"Error: cannot write {blocker / 'x.gguf'}: {blocker} is not a folder")
+        1, f"Error: cannot write OUTPUT {blocker / 'x.gguf'}: {blocker} is not a folder")
+    missing = run_cli("quantize", str(tiny_model), str(tmp_path / "no" / "x.gguf"), "Q8_0")
+    assert (missing.exit_code, missing.first_stderr_line) == (
+        1, f"Error: cannot write OUTPUT {tmp_path / 'no' / 'x.gguf'}: the folder {tmp_path / 'no'} does not exist")
     pytest.importorskip("matplotlib")
     plot = run_cli("bench", "-m", str(tiny_model), "-p", "8", "-n", "0", "--plot", str(blocker / "x.png"))
     assert (plot.exit_code, plot.first_stderr_line) == (1, f"Error: --plot {blocker / 'x.png'}: {blocker} is not a folder")

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import InputError, Interrupted, PyllamaError, UsageError
 from .ftypes import BY_NAME, QuantType, find_type, parse_type
 from .gguf_file import read_gguf
-from .paths import hidden_temp_name, keep_mode, output_target
+from .paths import hidden_temp_name, keep_mode, output_target, require_folder
 from .settings import MAX_THREADS
 
 if TYPE_CHECKING:  # the imatrix reader is imported only by the runs that pass --imatrix
@@ -203,7 +203,7 @@ def check_request(req: QuantizeRequest) -> None:
 
     Raises:
         UsageError: conflicting options, a missing imatrix, OUTPUT equal to INPUT, an existing OUTPUT.
-        InputError: the output folder is missing.
+        InputError: the output folder is missing or a file; OUTPUT is a FIFO, a device...
     """
     if req.include_weights and req.exclude_weights:
         raise UsageError("--include-weights and --exclude-weights cannot be used together")
@@ -220,11 +220,7 @@ def check_request(req: QuantizeRequest) -> None:
             raise UsageError(f"OUTPUT {out} is the input file", hint="give a different OUTPUT name")
         if out.is_dir():
             raise UsageError(f"OUTPUT {out} is a folder", hint=f"give a file name, e.g. {out / 'model.gguf'}")
-        target = output_target(out)
-        if not target.parent.is_dir():
-            if target.parent.exists():
-                raise InputError(f"cannot write {out}: {target.parent} is not a folder", hint="choose another OUTPUT")
-            raise InputError(f"the output folder {target.parent} does not exist", hint="create it first")
+        require_folder(out, "OUTPUT")
         if out.exists() and not req.force:
             raise UsageError(f"{out} already exists", hint="pass --force to replace it, or choose another OUTPUT")
     _check_one_folder(req)
