@@ -89,6 +89,11 @@ def llama_cpp_parses(model: Path, grammars: list[str]) -> list[bool]:
     ({"type": "string", "minLength": -1}, ': "minLength" must be a whole number of at least 0, not -1'),
     ({"type": "integer", "maximum": "5"}, ': "maximum" must be a number, not "5"'),
     ({"type": "integer", "maximum": 1e300}, ': "maximum" 1e+300 has more than the 100 digits a grammar can spell out'),
+    ({"type": "string", "maxLength": float("nan")}, ': "maxLength" must be a whole number of at least 0, not NaN'),
+    ({"type": "array", "items": {}, "maxItems": float("inf")},
+     ': "maxItems" must be a whole number of at least 0, not Infinity'),
+    ({"type": "object", "properties": {"s": {"type": "string", "minLength": 10**8}}},
+     " at /properties/s: minLength 100000000 is more than the 10000 a grammar can spell out"),
 ])
 def test_impossible_schema_is_a_usage_error_naming_the_problem(schema: dict, message: str) -> None:
     with pytest.raises(UsageError) as exc:
@@ -96,6 +101,12 @@ def test_impossible_schema_is_a_usage_error_naming_the_problem(schema: dict, mes
     assert exc.value.message == f"-j/--json-schema{message}"
     assert exc.value.hint
     assert isinstance(exc.value, InputError)  # the server answers InputError from a schema with a 400
+
+
+def test_counts_in_values_that_are_not_schemas_are_left_alone() -> None:
+    # "default" holds a value, not a schema: its "maxLength" key limits nothing.
+    grammar = schema_to_grammar(json.dumps({"type": "string", "default": {"maxLength": 20000}}), "-j")
+    assert r'root ::= "\"" char* "\"" space' in grammar.splitlines()  # any string, no length limit
 
 
 def test_empty_enum_is_one_line_error_before_the_model_loads(tmp_path: Path) -> None:

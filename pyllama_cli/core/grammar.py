@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..errors import InputError, UsageError
 from . import json_text
-from .json_schema import prepare_schema
+from .json_schema import MAX_SCHEMA_COUNT, prepare_schema
 from .number_ranges import MAX_REPETITION
 from .schema_splice import splice_markers
 
@@ -31,9 +31,6 @@ LAST_CODE_POINT = 0x10FFFF
 # llama.cpp parses groups recursively and overflows its stack on very deep nesting (a segfault near
 # 50,000 levels); real grammars nest a few levels, JSON-schema grammars up to a schema's maxLength.
 MAX_GROUP_DEPTH = 2048
-# Schema counts the converter expands into one grammar element each (minLength 10**8 makes 500 MB).
-MAX_SCHEMA_COUNT = 10_000
-_SCHEMA_COUNTS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties")
 
 
 # ---------------------------------------------------------------- finding grammars
@@ -117,7 +114,6 @@ def schema_to_grammar(schema: str, source: str = "the JSON schema") -> str:
             pointer of the faulty part), or one the converter or llama.cpp cannot handle.
     """
     parsed = _parse_schema(schema, source)
-    _check_schema_counts(parsed, source)
     prepared = prepare_schema(parsed, source, check_pattern=_pattern_problem)
     from llama_cpp.llama_grammar import json_schema_to_gbnf
 
@@ -174,21 +170,6 @@ def _parse_schema(schema: str, source: str) -> dict | bool:
     if not isinstance(parsed, (dict, bool)):
         raise InputError(f"{source}: a JSON schema must be an object, not {type(parsed).__name__}")
     return parsed
-
-
-def _check_schema_counts(schema: object, source: str) -> None:
-    """Refuse lengths and item counts the converter would spell out one by one (time and memory)."""
-    todo = [schema]
-    while todo:  # iterative: a hostile schema may nest deeper than Python's recursion limit
-        node = todo.pop()
-        if isinstance(node, list):
-            todo.extend(node)
-        elif isinstance(node, dict):
-            for key, value in node.items():
-                if key in _SCHEMA_COUNTS and isinstance(value, (int, float)) and value > MAX_SCHEMA_COUNT:
-                    raise InputError(f"{source}: {key} {value} is more than the {MAX_SCHEMA_COUNT} a grammar can spell "
-                                     "out", hint=f"use a {key} of at most {MAX_SCHEMA_COUNT}, or leave it out")
-                todo.append(value)
 
 
 # ---------------------------------------------------------------- syntax check

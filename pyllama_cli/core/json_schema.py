@@ -27,6 +27,8 @@ from .schema_splice import ItemCount
 # Bounds longer than this are refused: the range grammar nests one group per digit.
 MAX_BOUND_DIGITS = 100
 _BOUND_KEYS = ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum")
+# Schema counts the converter may expand into one grammar element each (minLength 10**8 makes 500 MB).
+MAX_SCHEMA_COUNT = 10_000
 _COUNT_PAIRS = (("minLength", "maxLength"), ("minItems", "maxItems"), ("minProperties", "maxProperties"))
 _SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 _SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
@@ -240,9 +242,12 @@ def _check_counts(node: dict, where: _Where) -> None:
 
 def _count(value: object, key: str, where: _Where) -> int:
     """A length or item count as a whole number (2.0 is allowed, and becomes 2 for the converter)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or value != math.floor(value):
+    if not _is_number(value) or value < 0 or value != math.floor(value):
         raise where.error(f'"{key}" must be a whole number of at least 0, not {_show(value)}',
                           hint=f'e.g. "{key}": 1')
+    if value > MAX_SCHEMA_COUNT:  # the converter spells some repeats out one by one (time and memory)
+        raise where.error(f"{key} {int(value)} is more than the {MAX_SCHEMA_COUNT} a grammar can spell out",
+                          hint=f"use a {key} of at most {MAX_SCHEMA_COUNT}, or leave it out")
     return int(value)
 
 
