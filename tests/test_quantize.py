@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pyllama_cli.errors import UsageError
 from tests.fixtures.make_gguf import TINY, write_llama_gguf, write_quantized, write_split_gguf
 from tests.helpers import REPO_ROOT, run_cli
 
@@ -174,6 +175,20 @@ def test_positionals_follow_llama_quantize() -> None:
     assert (p.input, p.output, p.quant.name, p.nthreads) == ("in.gguf", "out.gguf", "Q8_0", 3)
     p = parse_positionals(["15", "2"], input_named=True)  # -hf/-m gave the input
     assert (p.input, p.output, p.quant.name, p.nthreads) == (None, None, "Q4_K_M", 2)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["in.gguf", "out.gguf", "Q4_0", "\u00b2"], "unexpected argument '\u00b2' after TYPE"),
+    (["in.gguf", "out.gguf", "Q4_0", "2", "extra"], "unexpected argument 'extra' after NTHREADS"),
+    (["in.gguf", "1_5"], "unknown quantization type '1_5'"),
+    (["in.gguf", "\u0661\u0665"], "unknown quantization type '\u0661\u0665'"),  # Arabic-Indic 15
+])
+def test_positionals_that_are_not_llama_quantize_s_are_refused(args: list[str], message: str) -> None:
+    from pyllama_cli.core.quantize import parse_positionals
+
+    with pytest.raises(UsageError) as caught:
+        parse_positionals(args, input_named=False)
+    assert caught.value.message == message
 
 
 def test_default_output_replaces_a_type_suffix(tmp_path: Path) -> None:

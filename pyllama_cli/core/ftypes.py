@@ -4,6 +4,7 @@ llama-quantize's type list (with the ggml tensor types its flags accept)."""
 from __future__ import annotations
 
 import difflib
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,10 +104,9 @@ def find_type(text: str) -> QuantType | None:
     quant = BY_NAME.get(text.strip().upper())
     if quant is not None:
         return quant
-    try:
-        number = int(text)
-    except ValueError:
+    if not re.fullmatch(r"[0-9]+", text.strip()):  # int() would also read "1_5" and "١٥" as 15
         return None
+    number = int(text)
     return next((t for t in QUANT_TYPES if t.ftype == number and t.alias_of is None), None)
 
 

@@ -75,9 +75,11 @@ def parse_positionals(args: Sequence[str], *, input_named: bool) -> Positionals:
 def _parse_threads(rest: list[str], order: str) -> int | None:
     if not rest:
         return None
-    if len(rest) > 1 or not rest[0].lstrip("-").isdigit():
+    if not re.fullmatch(r"-?[0-9]+", rest[0]):  # ASCII digits: int() would choke on "²"
         raise UsageError(f"unexpected argument {rest[0]!r} after TYPE",
                          hint=f"the order is {order}; NTHREADS is a number")
+    if len(rest) > 1:
+        raise UsageError(f"unexpected argument {rest[1]!r} after NTHREADS", hint=f"the order is {order}")
     return int(rest[0])
 
 
