@@ -687,3 +687,102 @@ def test_small_requests_are_prepared_on_the_event_loop_large_ones_in_the_pool(he
         return await _prepare(request, threading.current_thread) is threading.current_thread()
 
     assert asyncio.run(prepared_on_the_loop_thread()) is inline
+
+
+# ---------------------------------------------------------------- llama-server compatibility
+
+
+def test_v1_health_answers_like_health(key_server: Server) -> None:
+    # llama-server serves /v1/health too, and without the API key, as /health.
+    response = httpx.get(f"{key_server.url}/v1/health")
+    assert (response.status_code, response.json()) == (200, {"status": "ok"})
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_n_predict_is_llama_servers_max_tokens(server: Server, path: str) -> None:
+    # Ignored, it let a llama-server client's n_predict: 3 run to the end of the context.
+    body = {"prompt": "hello", "messages": HELLO, "n_predict": 3, "temperature": 0, "ignore_eos": True}
+    usage = _post(server, path, body).json()["usage"]
+    assert usage["completion_tokens"] == 3
+    assert _post(server, path, {**body, "max_tokens": 5}).json()["usage"]["completion_tokens"] == 3  # as llama-server
+    whole = _post(server, path, {**body, "n_predict": -1}).json()["usage"]
+    assert whole["total_tokens"] == N_CTX  # -1: the rest of the context
+    error = _error(_post(server, path, {**body, "n_predict": 0}), 400)
+    assert (error["param"], error["message"]) == (
+        "n_predict", "n_predict must be -1 (the rest of the context) or at least 1 (got 0)")
+
+
+@pytest.mark.parametrize(("bias", "message"), [
+    ([[5, float("nan")]], "logit_bias: the bias of token 5 must be a finite number or false (got NaN)"),
+    ([[5, float("inf")]], "logit_bias: the bias of token 5 must be a finite number or false (got Infinity)"),
+    ([[5, float("-inf")]], "logit_bias: the bias of token 5 must be a finite number or false (got -Infinity)"),
+    ([[1.5, 1]], "logit_bias: 1.5 is not a token id"),
+    ([[True, 1]], "logit_bias: true is not a token id"),
+])
+def test_logit_bias_pairs_with_odd_values_are_400(server: Server, bias: list, message: str) -> None:
+    # Before: a NaN or infinite bias went to llama.cpp as it was, and 1.5 or true were read as token 1.
+    body = json.dumps({"prompt": "hi", "max_tokens": 1, "logit_bias": bias}).encode()  # NaN as Python writes it
+    error = _error(_post(server, "/v1/completions", body), 400)
+    assert (error["param"], error["message"]) == ("logit_bias", message)
+
+
+def test_logit_bias_of_a_string_biases_its_tokens(server: Server) -> None:
+    # llama-server tokenizes a string given instead of a token id ("hello" is the one token 263 here).
+    banned = {"prompt": [263], "max_tokens": 1, "logprobs": 1, "temperature": 0}
+    favoured = _post(server, "/v1/completions", {**banned, "logit_bias": [["hello", 100]]}).json()
+    assert favoured["choices"][0]["text"] == " hello"
+    without = _post(server, "/v1/completions", {**banned, "logit_bias": [["hello", 100], ["hello", False]]}).json()
+    assert without["choices"][0]["text"] != " hello"
+
+
+def test_apply_template_names_the_tools_field_in_its_errors(server: Server) -> None:
+    bad_tool = {"type": "function", "function": {
+        "name": "pick", "parameters": {"type": "object", "properties": {"color": {"enum": []}}}}}
+    error = _error(_post(server, "/apply-template", {"messages": HELLO, "tools": [bad_tool]}), 400)
+    assert (error["param"], error["code"]) == ("tools", "invalid_value")
+    unknown = {"messages": HELLO, "tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "x"}}}
+    error = _error(_post(server, "/apply-template", unknown), 400)
+    assert (error["param"], error["code"]) == ("tool_choice", "invalid_value")
+
+
+def test_an_empty_grammar_means_none(server: Server) -> None:
+    # llama-server reads "grammar": "" as no grammar; it was a 400 ("the grammar has no 'root' rule").
+    body = {"prompt": "hello", "max_tokens": 3, "temperature": 0, "ignore_eos": True}
+    free = _post(server, "/v1/completions", body).json()["choices"][0]["text"]
+    response = _post(server, "/v1/completions", {**body, "grammar": ""})
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["text"] == free
+    schema = _post(server, "/v1/completions", {**body, "max_tokens": 20, "grammar": "", "json_schema": {"enum": ["yes"]}})
+    assert schema.json()["choices"][0]["text"] == '"yes"'
+
+
+def test_openai_routes_answer_without_v1_too(server: Server) -> None:
+    # As llama-server's do: OpenAI clients whose base URL lacks /v1 call these paths.
+    body = {"messages": HELLO, "max_tokens": 3, "temperature": 0}
+    bare, v1 = _post(server, "/chat/completions", body).json(), _post(server, "/v1/chat/completions", body).json()
+    assert bare["choices"][0]["message"] == v1["choices"][0]["message"]
+    assert httpx.get(f"{server.url}/models").json() == httpx.get(f"{server.url}/v1/models").json()
+    assert _post(server, "/completions", {"prompt": "hi"}).status_code == 404  # llama-server's native API there
+
+
+def test_props_tells_slots_context_defaults_and_template(server: Server, tiny_model: Path) -> None:
+    props = httpx.get(f"{server.url}/props").json()
+    assert set(props) == {"default_generation_settings", "total_slots", "model_path", "chat_template", "build_info"}
+    assert (props["total_slots"], props["model_path"]) == (1, str(tiny_model))
+    assert props["default_generation_settings"]["n_ctx"] == N_CTX
+    params = props["default_generation_settings"]["params"]
+    assert (params["temperature"], params["top_k"], params["top_p"], params["n_predict"]) == (0.8, 40, 0.95, -1)
+    assert "<|im_start|>" in props["chat_template"]
+
+
+@pytest.mark.parametrize(("field", "value"), [("top_k", 2**31), ("repeat_last_n", 2**32 + 1)])
+def test_sampling_integers_past_int32_are_400(server: Server, field: str, value: int) -> None:
+    # They reached llama.cpp as 32-bit ints and wrapped: top_k 2**32 ran as top_k 0.
+    error = _error(_post(server, "/v1/completions", {"prompt": "hi", "max_tokens": 1, field: value}), 400)
+    assert error["param"] == field
+
+
+def test_logit_bias_keys_are_plain_token_ids(server: Server) -> None:
+    for key in ("1_0", " 10", "\u0661\u0660"):  # int() reads each as 10
+        error = _error(_post(server, "/v1/completions", {"prompt": "hi", "max_tokens": 1, "logit_bias": {key: 1}}), 400)
+        assert error["message"] == f"logit_bias: {json.dumps(key)} is not a token id"

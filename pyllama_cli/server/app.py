@@ -26,7 +26,15 @@ from .auth import ApiKeyMiddleware
 from .errors import ERROR_TYPES, APIError, install_error_handlers, loading_error
 from .metrics import CONTENT_TYPE, Metrics, MetricsMiddleware
 from .middleware import BodyLimitMiddleware
-from .prepare import check_model, message_dicts, prepare_chat, prepare_completion, prompt_tokens, render_prompt
+from .prepare import (
+    check_model,
+    message_dicts,
+    plan_request_tools,
+    prepare_chat,
+    prepare_completion,
+    prompt_tokens,
+    render_prompt,
+)
 from .schemas import (
     ApplyTemplateRequest,
     ApplyTemplateResponse,
@@ -111,7 +119,10 @@ def _add_routes(app: FastAPI, engine: Engine, settings: ServerSettings) -> None:
 
 
 def _add_openai_routes(app: FastAPI, engine: Engine, settings: ServerSettings) -> None:
+    # Each OpenAI route also answers without /v1, as llama-server's do, for clients whose base URL lacks it.
+    # Not /completions: in llama-server that is the native API, with another shape.
     @app.post("/v1/chat/completions", response_model=ChatCompletion, responses=ERRORS, tags=["OpenAI"])
+    @app.post("/chat/completions", include_in_schema=False)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
         """Answer a conversation; `stream: true` sends server-sent events ending with `data: [DONE]`."""
         return await _generate(engine, settings, body, request, prepare_chat, completions.chat_stream,
@@ -124,6 +135,7 @@ def _add_openai_routes(app: FastAPI, engine: Engine, settings: ServerSettings) -
                                completions.completion_body)
 
     @app.post("/v1/embeddings", response_model=EmbeddingList, responses=ERRORS, tags=["OpenAI"])
+    @app.post("/embeddings", include_in_schema=False)
     async def embeddings(body: EmbeddingRequest, request: Request) -> Any:
         """L2-normalised, pooled embeddings of each input (needs a server started with --embeddings)."""
         check_model(body.model, settings)
@@ -147,6 +159,7 @@ def _add_openai_routes(app: FastAPI, engine: Engine, settings: ServerSettings) -
                              "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}})
 
     @app.get("/v1/models", response_model=ModelList, tags=["OpenAI"])
+    @app.get("/models", include_in_schema=False)
     async def list_models() -> Any:
         """The one model this server serves."""
         return {"object": "list", "data": [_model_card(engine, settings)]}
@@ -159,10 +172,20 @@ def _add_openai_routes(app: FastAPI, engine: Engine, settings: ServerSettings) -
 
 def _add_utility_routes(app: FastAPI, engine: Engine, settings: ServerSettings) -> None:
     @app.get("/health", response_model=HealthResponse, responses={503: ERRORS[503]}, tags=["Server"])
+    @app.get("/v1/health", include_in_schema=False)  # llama-server's second name for it
     async def health() -> Any:
         """200 once the model is loaded, 503 while it loads."""
         _ready(engine)
         return {"status": "ok"}
+
+    @app.get("/props", tags=["Server"])
+    async def props() -> Any:
+        """llama-server's server properties: slots, context size, default sampling, model path, chat template."""
+        _ready(engine)
+        template = await run_in_threadpool(engine.chat_template_text, settings.chat_template)
+        return {"default_generation_settings": {"n_ctx": engine.n_ctx, "params": _default_params(settings)},
+                "total_slots": len(engine.slot_states()), "model_path": str(engine.path),
+                "chat_template": template or "", "build_info": f"pyllama {__version__}"}
 
     @app.get("/metrics", response_class=PlainTextResponse, tags=["Server"])
     async def metrics() -> Any:
@@ -197,12 +220,8 @@ def _add_utility_routes(app: FastAPI, engine: Engine, settings: ServerSettings) 
     @app.post("/apply-template", response_model=ApplyTemplateResponse, responses=ERRORS, tags=["Server"])
     async def apply_template(body: ApplyTemplateRequest) -> Any:
         """The prompt the chat template makes of `messages` (and `tools`), as /v1/chat/completions would."""
-        from ..core.tools import plan_tools
-
         _ready(engine)
-        tools = [t.model_dump() for t in body.tools] if body.tools else None
-        choice = body.tool_choice.model_dump() if hasattr(body.tool_choice, "model_dump") else body.tool_choice
-        plan = plan_tools(tools, choice)
+        plan = plan_request_tools(body.tools, body.tool_choice)
         prompt = await run_in_threadpool(render_prompt, engine, settings, message_dicts(body.messages), plan)
         return {"prompt": prompt}
 
@@ -246,6 +265,16 @@ def _piece(data: bytes) -> str | list[int]:
         return data.decode("utf-8")
     except UnicodeDecodeError:
         return list(data)
+
+
+def _default_params(settings: ServerSettings) -> dict[str, Any]:
+    """The sampling a request gets for the fields it leaves out, under llama-server's names."""
+    s = settings.sampling
+    return {"n_predict": settings.n_predict, "temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p,
+            "min_p": s.min_p, "typical_p": s.typical_p, "repeat_penalty": s.repeat_penalty,
+            "repeat_last_n": s.repeat_last_n, "presence_penalty": s.presence_penalty,
+            "frequency_penalty": s.frequency_penalty, "mirostat": s.mirostat, "mirostat_tau": s.mirostat_ent,
+            "mirostat_eta": s.mirostat_lr, "seed": s.seed, "ignore_eos": s.ignore_eos, "stop": list(settings.stop)}
 
 
 def _model_card(engine: Engine, settings: ServerSettings) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -41,11 +42,11 @@ def prepare_chat(engine: Engine, settings: ServerSettings, req: ChatCompletionRe
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs", code="invalid_value")
     messages = message_dicts(req.messages)
-    plan = _plan(req.tools, req.tool_choice, req.parallel_tool_calls is not False)
+    plan = plan_request_tools(req.tools, req.tool_choice, req.parallel_tool_calls is not False)
     prompt = render_prompt(engine, settings, messages, plan)
     ids = engine.tokenize(prompt, add_special=True, parse_special=True)
     grammar = _grammar(req, settings, plan)
-    requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    requested = _requested_tokens(req, req.max_completion_tokens)
     job = GenerationJob(
         prompt=tuple(ids), sampling=_sampling(req, settings, grammar, engine),
         max_tokens=_budget(requested, len(ids), engine, settings, "messages"), stop=_stops(req.stop, settings),
@@ -61,10 +62,11 @@ def prepare_completion(engine: Engine, settings: ServerSettings, req: Completion
     grammar = _grammar(req, settings, None)
     sampling = _sampling(req, settings, grammar, engine)
     stop = _stops(req.stop, settings)
+    requested = _requested_tokens(req)
     jobs = []
     for ids in prompt_tokens(engine, req.prompt, "prompt"):
         jobs.append(GenerationJob(prompt=tuple(ids), sampling=sampling,
-                                  max_tokens=_budget(req.max_tokens, len(ids), engine, settings, "prompt"), stop=stop,
+                                  max_tokens=_budget(requested, len(ids), engine, settings, "prompt"), stop=stop,
                                   n_probs=req.logprobs if req.logprobs is not None else -1))
     return jobs
 
@@ -146,7 +148,8 @@ def _check_legacy_fields(req: CompletionRequest) -> None:
                        param="best_of", code="unsupported_value")
 
 
-def _plan(tools: list[Any] | None, tool_choice: Any, parallel: bool) -> ToolPlan | None:
+def plan_request_tools(tools: list[Any] | None, tool_choice: Any, parallel: bool = True) -> ToolPlan | None:
+    """The request's tools and tool_choice, checked; a mistake is a 400 naming the field."""
     choice = tool_choice.model_dump() if hasattr(tool_choice, "model_dump") else tool_choice
     try:
         return plan_tools([t.model_dump() for t in tools] if tools else None, choice, parallel)
@@ -154,6 +157,20 @@ def _plan(tools: list[Any] | None, tool_choice: Any, parallel: bool) -> ToolPlan
         raise APIError(400, exc.message, param="tools", code="invalid_value") from None
     except InputError as exc:
         raise APIError(400, exc.message, param="tool_choice", code="invalid_value") from None
+
+
+def _requested_tokens(req: GenerationFields, max_completion_tokens: int | None = None) -> int | None:
+    """The token budget the request names, if any; -1 is llama-server's "the rest of the context".
+
+    n_predict, llama-server's own field, wins over OpenAI's as it does there.
+    """
+    if req.n_predict == 0:
+        raise APIError(400, "n_predict must be -1 (the rest of the context) or at least 1 (got 0)",
+                       param="n_predict", code="invalid_value")
+    for value in (req.n_predict, max_completion_tokens, req.max_tokens):
+        if value is not None:
+            return value
+    return None
 
 
 def _budget(requested: int | None, n_prompt: int, engine: Engine, settings: ServerSettings, param: str) -> int:
@@ -165,8 +182,8 @@ def _budget(requested: int | None, n_prompt: int, engine: Engine, settings: Serv
                        extra={"n_prompt_tokens": n_prompt, "n_ctx": engine.n_ctx}) from None
     room = engine.n_ctx - n_prompt
     if requested is None:
-        requested = settings.n_predict if settings.n_predict >= 0 else room
-    return min(requested, room)
+        requested = settings.n_predict
+    return room if requested < 0 else min(requested, room)
 
 
 def _stops(stop: str | list[str] | None, settings: ServerSettings) -> tuple[str, ...]:
@@ -190,30 +207,61 @@ def _sampling(req: GenerationFields, settings: ServerSettings, grammar: str | No
 
 
 def _logit_bias(value: dict[str, Any] | list[list[Any]] | None, engine: Engine) -> tuple[tuple[int, float], ...]:
-    """OpenAI's {"id": bias} or llama-server's [[id, bias]]; a bias of false bans the token."""
-    pairs = list(value.items()) if isinstance(value, dict) else [tuple(p) for p in value or ()]
+    """OpenAI's {"id": bias} or llama-server's [[id, bias]]; a bias of false bans the token.
+
+    In the pairs, as in llama-server, a text in place of an id biases each of its tokens. An object's
+    keys must be ids: OpenAI's clients send nothing else, so a key that is none is a mistake.
+    """
+    if isinstance(value, dict):
+        pairs = [(_key_id(key), bias) for key, bias in value.items()]
+    else:
+        pairs = [tuple(p) for p in value or ()]
     out = []
     for pair in pairs:
         if len(pair) != 2:
             raise APIError(400, "logit_bias entries must be [token_id, bias] pairs", param="logit_bias",
                            code="invalid_value")
         token, bias = pair
-        try:
-            token = int(token)
-        except (TypeError, ValueError):
-            raise APIError(400, f"logit_bias: {token!r} is not a token id", param="logit_bias",
-                           code="invalid_value") from None
         if bias is True:
             continue
-        if bias is not False and not isinstance(bias, (int, float)):
-            raise APIError(400, f"logit_bias: the bias of token {token} is not a number", param="logit_bias",
-                           code="invalid_value")
-        try:
-            engine.check_token_ids([token], "logit_bias token")
-        except InputError as exc:
-            raise APIError(400, exc.message, param="logit_bias", code="invalid_value") from None
-        out.append((token, -math.inf if bias is False else float(bias)))
+        bias = _bias_value(token, bias)
+        out.extend((t, bias) for t in _biased_tokens(token, engine))
     return tuple(out)
+
+
+def _bias_value(token: Any, bias: Any) -> float:
+    # The [[id, bias]] form is not checked by pydantic, so NaN and infinities arrive here; false is the ban.
+    if bias is False:
+        return -math.inf
+    if isinstance(bias, bool) or not isinstance(bias, (int, float)):
+        raise APIError(400, f"logit_bias: the bias of token {token} is not a number", param="logit_bias",
+                       code="invalid_value")
+    if not math.isfinite(bias):
+        raise APIError(400, f"logit_bias: the bias of token {token} must be a finite number or false "
+                            f"(got {json.dumps(bias)})",
+                       param="logit_bias", code="invalid_value")
+    return float(bias)
+
+
+def _key_id(key: str) -> int:
+    if not re.fullmatch(r"-?[0-9]+", key):  # int() would also read " 1", "1_2" and non-ASCII digits
+        raise APIError(400, f"logit_bias: {json.dumps(key)} is not a token id", param="logit_bias",
+                       code="invalid_value")
+    return int(key)
+
+
+def _biased_tokens(token: Any, engine: Engine) -> list[int]:
+    """The ids `token` names: an id, or the tokens of a text."""
+    if isinstance(token, str) and token:
+        return engine.tokenize(token, add_special=False, parse_special=False)
+    if isinstance(token, bool) or not isinstance(token, int):  # 1.5 or true would be read as token 1
+        raise APIError(400, f"logit_bias: {json.dumps(token)} is not a token id", param="logit_bias",
+                       code="invalid_value")
+    try:
+        engine.check_token_ids([token], "logit_bias token")
+    except InputError as exc:
+        raise APIError(400, exc.message, param="logit_bias", code="invalid_value") from None
+    return [token]
 
 
 def _grammar(req: GenerationFields, settings: ServerSettings, plan: ToolPlan | None) -> str | None:
@@ -221,22 +269,24 @@ def _grammar(req: GenerationFields, settings: ServerSettings, plan: ToolPlan | N
     from ..core.grammar import check_grammar, schema_to_grammar
 
     schema, schema_param = _json_schema(req)
-    if req.grammar is not None and schema is not None:
+    # llama-server reads an empty grammar as none, so clients written for it send "grammar": "" to mean none.
+    grammar_text = req.grammar or None
+    if grammar_text is not None and schema is not None:
         raise APIError(400, "give either grammar or a JSON schema (response_format, json_schema), not both",
                        param="grammar", code="invalid_value")
-    if plan is not None and plan.forced and (req.grammar is not None or schema is not None):
+    if plan is not None and plan.forced and (grammar_text is not None or schema is not None):
         raise APIError(400, "a forced tool call cannot be combined with grammar or response_format",
                        param="tool_choice", code="invalid_value")
     try:
-        if req.grammar is not None:
-            check_grammar(req.grammar, "grammar")
-            return req.grammar
+        if grammar_text is not None:
+            check_grammar(grammar_text, "grammar")
+            return grammar_text
         if schema is not None:
             grammar = schema_to_grammar(json.dumps(schema), schema_param)
             check_grammar(grammar, schema_param)  # limits llama.cpp's parser needs (nesting depth)
             return grammar
     except InputError as exc:
-        param = "grammar" if req.grammar is not None else schema_param
+        param = "grammar" if grammar_text is not None else schema_param
         raise APIError(400, exc.message, param=param, code="invalid_grammar") from None
     if plan is not None and plan.forced:
         from ..core.tools import call_grammar

@@ -10,6 +10,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..core.settings import INT32_MAX
+
 
 class _Lenient(BaseModel):
     # allow_inf_nan: Python's JSON parser reads NaN and Infinity, which no sampling field may hold.
@@ -89,15 +91,17 @@ class GenerationFields(_Lenient):
 
     model: str | None = Field(default=None, description="The served model's id (see /v1/models).")
     max_tokens: int | None = Field(default=None, ge=1, description="Default: the rest of the context.")
+    n_predict: int | None = Field(default=None, ge=-1, description="llama-server's max_tokens (it wins over "
+                                  "max_tokens, as there); -1: the rest of the context.")
     temperature: float | None = Field(default=None, ge=0)
     top_p: float | None = Field(default=None, ge=0, le=1)
-    top_k: int | None = Field(default=None, ge=0)
+    top_k: int | None = Field(default=None, ge=0, le=INT32_MAX)
     min_p: float | None = Field(default=None, ge=0, le=1)
     typical_p: float | None = Field(default=None, ge=0, le=1)
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     repeat_penalty: float | None = Field(default=None, ge=0)
-    repeat_last_n: int | None = Field(default=None, ge=-1)
+    repeat_last_n: int | None = Field(default=None, ge=-1, le=INT32_MAX)
     seed: int | None = None
     stop: str | list[str] | None = None
     logit_bias: dict[str, float | bool] | list[list[Any]] | None = Field(
