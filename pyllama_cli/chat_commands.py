@@ -129,7 +129,7 @@ def parse_param(name: str, value: str) -> tuple[str, Any]:
         raise InputError(f"{key} needs a finite number, not {value}")
     if (spec.low is not None and typed < spec.low) or (spec.high is not None and typed > spec.high):
         raise InputError(f"{key} must be {_span(spec)}, not {value}")
-    return key, typed
+    return key, _seed_as_the_flag_reads_it(typed) if key == "seed" else typed
 
 
 def _span(spec: _Param) -> str:
@@ -148,6 +148,12 @@ def _convert(value: str, kind: type) -> Any:
     if kind is int:
         return int(value)
     return float(value)
+
+
+def _seed_as_the_flag_reads_it(seed: int) -> int:
+    from .sampling_options import random_if_default
+
+    return random_if_default(seed)
 
 
 def _parse_logit_bias(value: str) -> tuple[tuple[int, float], ...]:
@@ -332,9 +338,15 @@ class ChatRepl:
             self.ui.notice("(answer stopped; the part shown is kept)")
         elif stats.stop_reason == STOP_CONTEXT:
             self.ui.error(f"the answer was cut: the context is full ({self.engine.n_used}/{self.engine.n_ctx} tokens)",
-                          "/clear to start over, or restart with a larger -c or with --context-shift")
+                          self._answer_cut_hint())
         if self.settings.show_stats:
             self.ui.show_stats(stats_line(stats, stats.n_prompt + stats.n_generated, self.engine.n_ctx))
+
+    def _answer_cut_hint(self) -> str:
+        if not self.settings.context_shift:
+            return "/clear to start over, or restart with a larger -c or with --context-shift"
+        # Turns are dropped before an answer starts, never during one: a limit leaves room for a whole answer.
+        return "/set n N to keep answers shorter, /clear to start over, or restart with a larger -c"
 
     # ---- commands
 

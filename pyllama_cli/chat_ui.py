@@ -10,6 +10,7 @@ which is the seam tests drive.
 
 from __future__ import annotations
 
+import itertools
 import os
 import shlex
 import shutil
@@ -100,9 +101,12 @@ class PlainUI(ChatUI):
         splitter = ReasoningSplitter(opens_reasoning)
         newlines = ""  # trailing newlines wait until more text follows: the answer ends with exactly one
         started = False
-        for chunk in chunks:
+        for chunk in itertools.chain(chunks, [""]):  # "" flushes text held back as a possible tag ("a <" at the end)
             raw.append(chunk)
-            parts = [(False, chunk)] if self.reasoning == REASONING_SHOW else splitter.feed(chunk)
+            if self.reasoning == REASONING_SHOW:
+                parts = [(False, chunk)]
+            else:
+                parts = splitter.feed(chunk) if chunk else splitter.flush()
             for is_reasoning, text in parts:
                 if is_reasoning:
                     continue
@@ -239,7 +243,8 @@ class TerminalUI(ChatUI):
         from rich.text import Text
 
         raw = []
-        for chunk in [*chunks, ""]:  # "" flushes text held back as a possible tag
+        # Chained, not listed: each chunk is shown as it is generated. "" flushes text held back as a possible tag.
+        for chunk in itertools.chain(chunks, [""]):
             raw.append(chunk)
             for is_reasoning, text in splitter.feed(chunk) if chunk else splitter.flush():
                 if not (is_reasoning and self.reasoning == REASONING_HIDE):

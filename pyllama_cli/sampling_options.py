@@ -35,7 +35,7 @@ from .core.sampling import (
     RANDOM_SEED,
     SamplingSettings,
 )
-from .core.settings import INT32_MAX
+from .core.settings import INT32_MAX, UINT32_MAX
 from .errors import UsageError
 from .options import check_fits, option_param, replace_params
 
@@ -163,9 +163,16 @@ def sampling_settings(
     return SamplingSettings(
         temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical, repeat_penalty=repeat_penalty,
         repeat_last_n=repeat_last_n, presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
-        mirostat=mirostat, mirostat_lr=mirostat_lr, mirostat_ent=mirostat_ent, seed=seed, ignore_eos=ignore_eos,
+        mirostat=mirostat, mirostat_lr=mirostat_lr, mirostat_ent=mirostat_ent, seed=random_if_default(seed),
+        ignore_eos=ignore_eos,
         logit_bias=parse_logit_bias(logit_bias), grammar=gbnf,
     )
+
+
+def random_if_default(seed: int) -> int:
+    """-1 for 4294967295: llama.cpp's samplers draw a fresh seed for that value (LLAMA_DEFAULT_SEED, what its -s -1
+    becomes), so passed on it would make runs differ while --stats reported a seed that does not reproduce them."""
+    return RANDOM_SEED if seed == UINT32_MAX else seed
 
 
 def _check_finite(**values: float) -> None:

@@ -289,6 +289,15 @@ def test_context_shift_drops_the_oldest_turns_but_never_the_system_prompt(tiny_m
     assert messages[-2]["content"] == f"3 {msg}" and messages[1]["content"] != f"0 {msg}"
 
 
+def test_an_answer_cut_by_the_context_gives_a_hint_that_fits_the_flags(tiny_model: Path) -> None:
+    args = ("-m", str(tiny_model), "-t", "1", "-c", "256", "--ignore-eos", "-s", "1")
+    shifting = chrome(run_cli("chat", *args, "--context-shift", stdin="hi\n"))
+    assert shifting == ["Error: the answer was cut: the context is full (256/256 tokens)",
+                        "Hint: /set n N to keep answers shorter, /clear to start over, or restart with a larger -c"]
+    assert chrome(run_cli("chat", *args, stdin="hi\n"))[1] == (
+        "Hint: /clear to start over, or restart with a larger -c or with --context-shift")
+
+
 def test_fit_context_counts_and_drops_whole_turns() -> None:
     conv = Conversation(system="S", messages=[{"role": r, "content": c} for r, c in
                                               [("user", "a"), ("assistant", "b"), ("user", "c"), ("assistant", "d"),
@@ -510,6 +519,47 @@ def test_reasoning_is_split_even_when_tags_straddle_chunks() -> None:
     assert (out.getvalue(), text) == ("Answer\n\n", "plan</think>\n\nAnswer\n\n")
 
 
+def test_hidden_reasoning_keeps_what_looked_like_the_start_of_a_tag_at_the_end(tiny_model: Path) -> None:
+    # The grammar makes the answer end in "<": held back as a possible "<think>", it must still be printed.
+    args = ("-st", "--grammar", 'root ::= "<think>x</think>\\n\\nok <"')
+    assert chat(tiny_model, *args, "--reasoning", "hide", stdin="hi\n").stdout == "ok <\n\n"
+    assert chat(tiny_model, *args, "--reasoning", "show", stdin="hi\n").stdout == "<think>x</think>\n\nok <\n\n"
+
+
+def test_answers_are_shown_while_they_are_generated() -> None:
+    def plain_ui(out: io.StringIO) -> PlainUI:
+        return PlainUI(reasoning="hide", stdout=out, stderr=io.StringIO())
+
+    for make_ui in (plain_ui, _plain_terminal_ui):
+        out = io.StringIO()
+        shown = _screens_between_chunks(make_ui(out), out, ["one ", "two"])
+        assert shown == ["one ", "one two"]
+
+
+def _screens_between_chunks(ui, out: io.StringIO, pieces: list[str]) -> list[str]:
+    """What `ui` had written to `out` each time it asked for the next chunk of an answer."""
+    shown: list[str] = []
+
+    def chunks():
+        for piece in pieces:
+            yield piece
+            shown.append(out.getvalue())
+
+    ui.show_answer(chunks())
+    return shown
+
+
+def _plain_terminal_ui(out: io.StringIO) -> TerminalUI:
+    """`chat --plain` at a terminal, its answers written to `out`."""
+    from prompt_toolkit.input import create_pipe_input
+    from prompt_toolkit.output import DummyOutput
+    from rich.console import Console
+
+    with create_pipe_input() as pipe:
+        return TerminalUI(history=None, commands=[], plain=True, pt_input=pipe, pt_output=DummyOutput(),
+                          console=Console(file=out, width=80), err_console=Console(file=io.StringIO()))
+
+
 def test_parse_param_and_find_command() -> None:
     assert parse_param("temp", "0.5") == ("temperature", 0.5)
     assert parse_param("n", "32") == ("max_tokens", 32)
@@ -520,6 +570,12 @@ def test_parse_param_and_find_command() -> None:
         parse_param("mirostat", "3")
     assert find_command("/bye").name == "/exit" and find_command("/reg").name == "/regen"
     assert find_command("/nope") is None
+
+
+def test_set_seed_4294967295_means_random_as_in_llama_cpp() -> None:
+    # llama.cpp's samplers draw a fresh seed for 4294967295 (its -1): kept, /show would name a seed that reproduces nothing.
+    assert parse_param("seed", "4294967295") == ("seed", -1)
+    assert parse_param("seed", "4294967294") == ("seed", 4294967294)
 
 
 def test_data_dir_order(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -47,6 +47,15 @@ def test_same_seed_gives_identical_output_and_other_seeds_differ(tiny_model: Pat
     assert first.stderr == ""  # nothing but the text, and only on stdout
 
 
+def test_seed_4294967295_is_random_and_reports_the_seed_that_reproduces_it(tiny_model: Path) -> None:
+    # llama.cpp reads 4294967295 (LLAMA_DEFAULT_SEED, its -1) as "draw a seed": the seed shown must be the one drawn.
+    first = complete(tiny_model, "-p", "Hello world", "-n", "24", "-s", "4294967295", "--json")
+    seed = stats_of(first)["seed"]
+    assert 0 <= seed < 4294967295
+    again = complete(tiny_model, "-p", "Hello world", "-n", "24", "-s", str(seed))
+    assert (first.exit_code, again.stdout) == (0, first.stdout)
+
+
 def test_stats_go_to_stderr_and_leave_stdout_alone(tiny_model: Path) -> None:
     plain = complete(tiny_model, "-p", "Hello world", "-n", "10", "-s", "3")
     with_stats = complete(tiny_model, "-p", "Hello world", "-n", "10", "-s", "3", "--stats")
@@ -67,6 +76,26 @@ def test_piped_stdin_follows_the_prompt(tiny_model: Path) -> None:
     piped = complete(tiny_model, "-p", "Summarize:", "-n", "12", "-s", "4", stdin="hello world")
     joined = complete(tiny_model, "-p", "Summarize:\nhello world", "-n", "12", "-s", "4")
     assert piped.exit_code == 0 and piped.stdout == joined.stdout
+
+
+def test_a_final_newline_of_a_file_or_of_stdin_is_not_part_of_the_prompt(tiny_model: Path, tmp_path: Path) -> None:
+    # As llama.cpp's -f: `echo TEXT |`, `cat FILE |` and -f FILE all give the prompt -p TEXT gives.
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("Hello world\n")
+    runs = [complete(tiny_model, "-p", "Hello world", "-n", "6", "-s", "2", "--json"),
+            complete(tiny_model, "-f", str(prompt), "-n", "6", "-s", "2", "--json"),
+            complete(tiny_model, "-n", "6", "-s", "2", "--json", stdin="Hello world\n")]
+    assert [stats_of(r)["prompt_tokens"] for r in runs] == [3, 3, 3]  # <s> ▁hello ▁world
+    assert runs[1].stdout == runs[2].stdout == runs[0].stdout
+    prompt.write_text("Hello world\n\n")  # only the last line's newline goes
+    assert stats_of(complete(tiny_model, "-f", str(prompt), "-n", "1", "--json"))["prompt_tokens"] == 4
+
+
+def test_dash_as_the_prompt_file_reads_stdin(tiny_model: Path) -> None:
+    dash = complete(tiny_model, "-f", "-", "-n", "6", "-s", "2", stdin="Hello world\n")
+    direct = complete(tiny_model, "-p", "Hello world", "-n", "6", "-s", "2")
+    assert (dash.exit_code, dash.stderr) == (0, "")
+    assert dash.stdout == direct.stdout
 
 
 def test_echo_prints_the_prompt_first(tiny_model: Path) -> None:
@@ -326,6 +355,14 @@ def test_prompt_longer_than_the_context_is_an_error_with_both_numbers(tiny_model
     assert result.stdout == ""
 
 
+def test_a_text_cut_by_the_full_context_says_so(tiny_model: Path) -> None:
+    result = complete(tiny_model, "-p", "Hello", "-n", "1000", "--ignore-eos", "-s", "1")
+    assert result.exit_code == 0 and result.stdout
+    assert result.stderr == ("Warning: the context is full (512 tokens): generation stopped after 510 tokens; "
+                             "raise -c/--ctx-size for a longer text\n")
+    assert complete(tiny_model, "-p", "Hello", "-n", "500", "--ignore-eos", "-s", "1").stderr == ""
+
+
 def test_truncate_keeps_the_end_and_says_so(tiny_model: Path) -> None:
     result = run_cli("complete", "-m", str(tiny_model), "-t", "1", "-c", "256", "-n", "8", "-s", "1", "-p",
                      LONG_PROMPT * 2, "--truncate", "--stats", "--json")
@@ -428,6 +465,18 @@ def test_ctrl_c_during_a_long_prompt_evaluation(tiny_model: Path, tmp_path: Path
     assert code == 130
     stats = json.loads([line for line in err.splitlines() if line.startswith("{")][-1])
     assert (stats["stop_reason"], stats["generated_tokens"]) == ("interrupted", 0)
+
+
+def test_a_reader_that_leaves_early_ends_the_run_quietly_with_141(tiny_model: Path) -> None:
+    # `pyllama complete ... | head -c 1`: as llama-completion and `pyllama tokenize`, the exit code a SIGPIPE gives.
+    # A large context and --ignore-eos: the run is still generating when the reader leaves.
+    args = ["-m", str(tiny_model), "-t", "1", "-c", "16384", "-p", "Hello", "-n", "-1", "--ignore-eos", "--stats"]
+    proc = subprocess.Popen([sys.executable, "-m", "pyllama_cli", "complete", *args], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO_ROOT)
+    assert proc.stdout.read(1)
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=60)
+    assert (proc.returncode, err) == (141, b"")
 
 
 def test_prompt_bytes_that_are_not_utf8_pass_through(tiny_model: Path) -> None:

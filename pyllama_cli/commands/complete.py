@@ -13,7 +13,7 @@ from ..console import err, silence_stdout, warn, write_all
 from ..core.paths import require_folder
 from ..core.resolve import ModelRequest
 from ..core.settings import LoadSettings
-from ..errors import InputError, Interrupted, UsageError
+from ..errors import InputError, Interrupted, OutputClosed, UsageError
 from ..options import model_options
 from ..sampling_options import SamplingOptions, sampling_options
 from .common import open_model
@@ -41,7 +41,7 @@ def complete(
         "-p", "--prompt", help="Prompt text (piped stdin, if any, is appended after it).",
         rich_help_panel=PROMPT_PANEL, show_default=False)] = None,
     file: Annotated[Path | None, typer.Option(
-        "-f", "--file", help="Read the prompt from this file.", rich_help_panel=PROMPT_PANEL, show_default=False,
+        "-f", "--file", help="Read the prompt from this file (- reads standard input).", rich_help_panel=PROMPT_PANEL, show_default=False,
         dir_okay=False)] = None,
     chat: Annotated[bool, typer.Option(
         "--chat", help="Send the prompt as one user turn through the model's chat template (instruct models).",
@@ -95,35 +95,60 @@ def complete(
             interrupted = _stream(run, echo, catch_sigint, StopFlag())
         finally:
             run.close()
+        _warn_if_the_context_cut_it(run.report.stats, ctx.n_ctx)
     if stats or as_json or load.verbose:
         _print_stats(run.report.to_dict(), as_json)
     if interrupted:
         raise Interrupted("Interrupted by user")
 
 
+def _warn_if_the_context_cut_it(stats: Any, n_ctx: int) -> None:
+    # Otherwise the text just ends, and nothing tells a reader of stdout it is cut (llama.cpp warns too).
+    from ..core.generation import STOP_CONTEXT
+
+    if stats.stop_reason == STOP_CONTEXT:
+        sys.stdout.flush()
+        warn(f"the context is full ({n_ctx} tokens): generation stopped after {stats.n_generated} tokens; "
+             "raise -c/--ctx-size for a longer text")
+
+
+STDIN_FILE = "-"  # `-f -` reads the prompt from stdin, as Unix tools do
+
+
 def read_prompt(prompt: str | None, file: Path | None) -> str:
     """The prompt from -p or -f, followed by stdin when it is piped."""
     if prompt is not None and file is not None:
         raise UsageError("-p/--prompt and -f/--file cannot be used together", hint="give the prompt one way")
-    text = prompt
-    if file is not None:
-        try:
-            text = file.read_bytes().decode("utf-8", errors="surrogateescape")
-        except FileNotFoundError:
-            raise InputError(f"prompt file not found: {file}") from None
-        except OSError as exc:
-            raise InputError(f"cannot read prompt file {file}: {exc.strerror or exc}") from None
+    if file is not None and str(file) == STDIN_FILE:
+        return _without_final_newline(_read_stdin(even_a_terminal=True) or "")
+    text = prompt if file is None else _without_final_newline(_read_file(file))
     piped = _read_stdin()
     if piped:
+        piped = _without_final_newline(piped)
         text = f"{text}\n{piped}" if text else piped
     if text is None:
         raise UsageError("no prompt given", hint="pass -p TEXT, -f FILE, or pipe text on stdin")
     return text
 
 
-def _read_stdin() -> str | None:
+def _without_final_newline(text: str) -> str:
+    # The newline that ends a file's last line is not part of the prompt: llama.cpp's -f drops it too,
+    # and `echo TEXT |` or `cat FILE |` must give the same prompt as -p TEXT or -f FILE.
+    return text[:-1] if text.endswith("\n") else text
+
+
+def _read_file(file: Path) -> str:
+    try:
+        return file.read_bytes().decode("utf-8", errors="surrogateescape")
+    except FileNotFoundError:
+        raise InputError(f"prompt file not found: {file}") from None
+    except OSError as exc:
+        raise InputError(f"cannot read prompt file {file}: {exc.strerror or exc}") from None
+
+
+def _read_stdin(even_a_terminal: bool = False) -> str | None:
     stdin = sys.stdin
-    if stdin is None or stdin.closed or stdin.isatty():
+    if stdin is None or stdin.closed or (stdin.isatty() and not even_a_terminal):
         return None
     try:
         raw = stdin.buffer.read() if hasattr(stdin, "buffer") else stdin.read().encode("utf-8", "surrogateescape")
@@ -144,9 +169,9 @@ def _stream(run: Any, echo: bool, catch_sigint: Any, flag: Any) -> bool:
                 sink.write(piece)
         except Interrupted:  # Ctrl-C during the prompt evaluation
             return True
-        except BrokenPipeError:  # the reader went away (`| head`): stop generating, quietly
+        except BrokenPipeError:  # the reader went away (`| head`): stop generating, quietly, with 141 as others do
             sink.detach()
-            return False
+            raise OutputClosed() from None
     return bool(flag)
 
 
