@@ -229,6 +229,80 @@ def test_failed_run_leaves_no_base_file(tiny_model: Path, text_file: Path, tmp_p
                                         f"the folder {tmp_path / 'no'} does not exist")
 
 
+def strict_json(text: str):
+    """json.loads that refuses NaN and Infinity, which are not JSON (jq and JavaScript reject them)."""
+    def refuse(constant: str) -> None:
+        raise ValueError(f"{constant} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_json_is_strict_when_the_uncertainty_is_undefined(tiny_model: Path, text_file: Path) -> None:
+    # -c 4 scores one token per chunk: the ± of one value is NaN, which --json writes as null.
+    result = run_cli("perplexity", "-m", str(tiny_model), "-f", str(text_file), "-c", "4", "--chunks", "1", "--json")
+    assert result.exit_code == 0, result.stderr
+    data = strict_json(result.stdout)
+    assert data["scored_tokens"] == 1
+    assert data["uncertainty"] is None
+
+
+def test_kld_of_few_positions_has_strict_json_and_no_text_summary(tiny_model: Path, text_file: Path,
+                                                                  tmp_path: Path) -> None:
+    base = tmp_path / "base.kld"
+    made = run_cli("perplexity", "-m", str(tiny_model), "-f", str(text_file), "-c", "8", "--chunks", "2",
+                   "--kl-divergence-base", str(base))
+    assert made.exit_code == 0, made.stderr
+    compare = ("perplexity", "-m", str(tiny_model), "--kl-divergence", "--kl-divergence-base", str(base))
+    result = run_cli(*compare, "--json")
+    assert result.exit_code == 0, result.stderr
+    summary = strict_json(result.stdout)["summary"]
+    assert summary["count"]["positions"] == 6
+    assert summary["perplexity"]["cor_ln_ppl"] is None  # no variance to correlate
+    # As llama-perplexity: the table and a blank line, no statistics for fewer than 100 positions.
+    result = run_cli(*compare)
+    assert result.exit_code == 0, result.stderr
+    lines = result.stdout.split("\n")
+    assert len(lines) == 5 and lines[0].startswith("chunk ") and lines[3:] == ["", ""]
+    assert result.stderr.splitlines()[-1] == "no summary: 6 scored positions, fewer than 100"
+
+
+@pytest.fixture(scope="module")
+def small_base(tiny_model: Path, text_file: Path, tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    """A valid base file of 2 chunks of 8 tokens (6 scored positions), as bytes to corrupt."""
+    base = tmp_path_factory.mktemp("kld") / "base.kld"
+    made = run_cli("perplexity", "-m", str(tiny_model), "-f", str(text_file), "-c", "8", "--chunks", "2",
+                   "--kl-divergence-base", str(base))
+    assert made.exit_code == 0, made.stderr
+    return base.read_bytes()
+
+
+def _patched(data: bytes, offset: int, values: list, dtype: str) -> bytes:
+    raw = np.array(values, dtype).tobytes()
+    return data[:offset] + raw + data[offset + len(raw):]
+
+
+ROWS = 20 + 4 * 16  # the first stored row: after the header and the 16 tokens
+
+
+@pytest.mark.parametrize(("patch", "message"), [
+    # A corrupt chunk count must not make pyllama allocate 32 GiB for the tokens before the size check.
+    ((16, [2**30], "<i4"), "is truncated: 12420 bytes where 1073741824 chunks of 8 tokens need 6657199308820"),
+    # A smaller n_ctx than written: the rows would be read at the wrong offsets.
+    ((8, [5], "<i4"), "has a corrupt header: 12420 bytes where 2 chunks of 5 tokens with a 1024-token "
+                      "vocabulary take 8284"),
+    ((ROWS, [1e30, 1e30], "<f4"), "holds corrupt log-probs (chunk 1)"),  # overflowed math.exp
+    ((ROWS, [float("nan"), float("nan")], "<f4"), "holds corrupt log-probs (chunk 1)"),
+])
+def test_corrupt_base_file_is_one_line_error(tiny_model: Path, small_base: bytes, tmp_path: Path,
+                                             patch: tuple, message: str) -> None:
+    base = tmp_path / "bad.kld"
+    base.write_bytes(_patched(small_base, *patch))
+    result = run_cli("perplexity", "-m", str(tiny_model), "--kl-divergence", "--kl-divergence-base", str(base))
+    assert result.exit_code == 1
+    assert result.stderr.splitlines()[-2:] == [f"Error: {base} {message}", "Hint: make the base file again"]
+    assert "Traceback" not in result.stderr and "Warning" not in result.stderr
+
+
 # ---------------------------------------------------------------- HellaSwag and Winogrande
 
 

@@ -193,10 +193,17 @@ def _run_kld(request: ModelRequest, load: LoadSettings, n_ctx: int | None, base:
                     typer.echo(kld.format_row(i, row))
         summary = run.stats.summary()
     if as_json:
-        typer.echo(json.dumps({"model": str(resolved.path), "base": str(base), "chunks": rows,
-                               "summary": summary}, indent=2))
+        from ..core.json_text import json_ready
+
+        typer.echo(json.dumps(json_ready({"model": str(resolved.path), "base": str(base), "chunks": rows,
+                                          "summary": summary}), indent=2))
         return
     typer.echo("")
+    positions = summary["count"]["positions"]
+    if positions < kld.MIN_SUMMARY_POSITIONS:
+        # llama-perplexity prints no statistics for so few values; --json still carries them.
+        info(f"no summary: {positions} scored positions, fewer than {kld.MIN_SUMMARY_POSITIONS}")
+        return
     typer.echo("\n".join(kld.summary_lines(summary)))
 
 

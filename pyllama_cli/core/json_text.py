@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from ..errors import InputError
@@ -29,3 +30,16 @@ def loads(text: str | bytes, what: str) -> Any:
         raise InputError(f"{what} nests too deeply to read") from None
     except ValueError:  # Python converts integers of at most sys.get_int_max_str_digits() digits
         raise InputError(f"cannot read {what}: a number in it has too many digits") from None
+
+
+def json_ready(value: Any) -> Any:
+    """`value` with every NaN or infinity made None, for writing: JSON has no such numbers, and
+    json.dumps would write NaN/Infinity, which strict readers (jq, JavaScript) reject. A ± of one
+    scored token, a correlation with no variance or a GGUF's float metadata can hold them."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: json_ready(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_ready(item) for item in value]
+    return value

@@ -16,6 +16,7 @@ treat as zero probability. All integers are little-endian.
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -44,6 +45,8 @@ MAGIC = b"_logits_"
 HEADER_BYTES = len(MAGIC) + 3 * 4
 LOG_PROB_RANGE = 16.0  # nats below the top log-prob that the file resolves
 _LEVELS = 65535
+# llama-perplexity prints the closing statistics only from this many scored positions on.
+MIN_SUMMARY_POSITIONS = 100
 MAKE_BASE_HINT = "make one with: pyllama perplexity -m BASE.gguf -f TEXT --kl-divergence-base FILE"
 
 
@@ -67,9 +70,12 @@ class BaseHeader:
     def n_scored(self) -> int:
         return self.n_ctx - 1 - self.n_ctx // 2
 
-    def expected_size(self, n_chunk: int | None = None) -> int:
-        n = self.n_chunk if n_chunk is None else n_chunk
-        return HEADER_BYTES + 4 * self.n_chunk * self.n_ctx + 2 * n * self.n_scored * row_width(self.n_vocab)
+
+
+def base_file_size(n_ctx: int, n_vocab: int, n_chunk: int) -> int:
+    """Bytes in a base file: header, tokens, and one row per scored position of every chunk."""
+    n_scored = n_ctx - 1 - n_ctx // 2
+    return HEADER_BYTES + 4 * n_chunk * n_ctx + 2 * n_chunk * n_scored * row_width(n_vocab)
 
 
 def read_base_header(path: Path) -> BaseHeader:
@@ -82,28 +88,42 @@ def read_base_header(path: Path) -> BaseHeader:
         raise InputError(f"{path} is not a regular file, so not a KL-divergence base file", hint=MAKE_BASE_HINT)
     try:
         with open(path, "rb") as f:
-            head = f.read(HEADER_BYTES)
-            if len(head) < HEADER_BYTES or not head.startswith(MAGIC):
-                raise InputError(f"{path} is not a KL-divergence base file (no {MAGIC.decode()} header)",
-                                 hint=MAKE_BASE_HINT)
-            n_ctx, n_vocab, n_chunk = (int(v) for v in np.frombuffer(head, "<i4", 3, len(MAGIC)))
-            if n_ctx < 4 or n_vocab < 1 or n_chunk < 1:
-                raise InputError(f"{path} has a corrupt header (n_ctx={n_ctx}, n_vocab={n_vocab}, "
-                                 f"chunks={n_chunk})", hint=MAKE_BASE_HINT)
+            n_ctx, n_vocab, n_chunk = _read_counts(f, path)
+            # The size is checked first: a corrupt count must not make the token read allocate gigabytes.
+            _check_size(path, os.fstat(f.fileno()).st_size, n_ctx, n_vocab, n_chunk)
             tokens = np.fromfile(f, "<i4", n_chunk * n_ctx).astype(np.int32)
     except FileNotFoundError:
         raise InputError(f"KL-divergence base file not found: {path}", hint=MAKE_BASE_HINT) from None
     except IsADirectoryError:
         raise InputError(f"{path} is a directory, not a KL-divergence base file") from None
-    header = BaseHeader(path, n_ctx, n_vocab, n_chunk, tokens)
-    size = path.stat().st_size
-    if len(tokens) < n_chunk * n_ctx or size < header.expected_size():
-        raise InputError(f"{path} is truncated: {size} bytes where {n_chunk} chunks of {n_ctx} tokens "
-                         f"need {header.expected_size()}", hint="make the base file again")
     if tokens.min() < 0 or tokens.max() >= n_vocab:
         raise InputError(f"{path} holds token ids outside its own {n_vocab}-token vocabulary",
                          hint="make the base file again")
-    return header
+    return BaseHeader(path, n_ctx, n_vocab, n_chunk, tokens)
+
+
+def _read_counts(f: IO[bytes], path: Path) -> tuple[int, int, int]:
+    """n_ctx, n_vocab and n_chunk from the header, each checked to be possible."""
+    head = f.read(HEADER_BYTES)
+    if len(head) < HEADER_BYTES or not head.startswith(MAGIC):
+        raise InputError(f"{path} is not a KL-divergence base file (no {MAGIC.decode()} header)", hint=MAKE_BASE_HINT)
+    n_ctx, n_vocab, n_chunk = (int(v) for v in np.frombuffer(head, "<i4", 3, len(MAGIC)))
+    if n_ctx < 4 or n_vocab < 1 or n_chunk < 1:
+        raise InputError(f"{path} has a corrupt header (n_ctx={n_ctx}, n_vocab={n_vocab}, chunks={n_chunk})",
+                         hint=MAKE_BASE_HINT)
+    return n_ctx, n_vocab, n_chunk
+
+
+def _check_size(path: Path, size: int, n_ctx: int, n_vocab: int, n_chunk: int) -> None:
+    """A base file is exactly as long as its header says (llama-perplexity writes nothing more), so a
+    size that differs is a truncated file or a corrupt header: reading on would compare garbage."""
+    expected = base_file_size(n_ctx, n_vocab, n_chunk)
+    if size < expected:
+        raise InputError(f"{path} is truncated: {size} bytes where {n_chunk} chunks of {n_ctx} tokens "
+                         f"need {expected}", hint="make the base file again")
+    if size > expected:
+        raise InputError(f"{path} has a corrupt header: {size} bytes where {n_chunk} chunks of {n_ctx} tokens "
+                         f"with a {n_vocab}-token vocabulary take {expected}", hint="make the base file again")
 
 
 def check_compatible(header: BaseHeader, n_vocab: int, n_ctx: int | None) -> None:
@@ -130,6 +150,7 @@ class BaseReader:
         self.width = row_width(header.n_vocab)
         self._file: IO[bytes] = open(header.path, "rb")  # noqa: SIM115 - closed by close()
         self._file.seek(HEADER_BYTES + 4 * header.n_chunk * header.n_ctx)
+        self._chunk = 0
 
     def next_chunk(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(scale, min_log_prob, quantized log-probs (n_scored, n_vocab)) of the next chunk."""
@@ -139,10 +160,23 @@ class BaseReader:
             raise InputError(f"{self.header.path} ended early", hint="make the base file again")
         rows = rows.reshape(n, self.width)
         floats = np.ascontiguousarray(rows[:, :4]).view("<f4")
-        return floats[:, 0], floats[:, 1], rows[:, 4:4 + self.header.n_vocab]
+        scale, min_log_prob = floats[:, 0], floats[:, 1]
+        if not _plausible_rows(scale, min_log_prob):
+            raise InputError(f"{self.header.path} holds corrupt log-probs (chunk {self._chunk + 1})",
+                             hint="make the base file again")
+        self._chunk += 1
+        return scale, min_log_prob, rows[:, 4:4 + self.header.n_vocab]
 
     def close(self) -> None:
         self._file.close()
+
+
+def _plausible_rows(scale: np.ndarray, min_log_prob: np.ndarray) -> bool:
+    """Whether stored rows are ones quantize_log_probs can write: 0 <= scale <= 16/65535 (with float
+    slack) and a finite min_log_prob <= 0. Anything else is corruption, and would turn every
+    statistic into NaN or overflow."""
+    scale_ok = (scale >= 0) & (scale <= np.float32(1.001 * LOG_PROB_RANGE / _LEVELS))
+    return bool(np.all(scale_ok & np.isfinite(min_log_prob) & (min_log_prob <= 0)))
 
 
 class BaseWriter:

@@ -20,6 +20,7 @@ import numpy as np
 
 from ..errors import InputError, Interrupted, UsageError
 from .interrupt import StopFlag, catch_sigint
+from .json_text import json_ready
 from .native import Batch, Context, Model, lib
 from .settings import LoadSettings
 
@@ -302,13 +303,13 @@ class PerplexityResult:
     seconds: float = 0.0
 
     def to_dict(self) -> dict[str, object]:
-        return {
+        return json_ready({
             "ppl": round(self.ppl, 6), "uncertainty": round(self.uncertainty, 6),
             "chunks": [{"chunk": i + 1, "ppl": round(v, 6)} for i, v in enumerate(self.chunk_ppl)],
             "n_tokens": self.n_tokens, "n_ctx": self.n_ctx, "n_chunks": self.n_chunk,
             "n_seq": self.n_seq, "n_batch": self.n_batch, "scored_tokens": self.n_scored,
             "seconds": round(self.seconds, 3),
-        }
+        })
 
 
 @dataclass
