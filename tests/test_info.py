@@ -53,6 +53,53 @@ def test_control_characters_in_metadata_are_shown_escaped(tmp_path: Path) -> Non
     assert json.loads(run_cli("info", "-m", str(model), "--json").stdout)["name"] == "evil\x1b[31mred\x07\x9b"
 
 
+def _header_only_gguf(path: Path, **floats: float) -> Path:
+    """A GGUF of one small tensor and the given float32 metadata, and a name with control characters."""
+    import gguf
+    import numpy as np
+
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_string("general.name", "a\x9b31mb")
+    for key, value in floats.items():
+        writer.add_float32(key, value)
+    writer.add_tensor("x", np.zeros((4, 32), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_non_finite_metadata_is_null_in_json(tmp_path: Path) -> None:
+    model = _header_only_gguf(tmp_path / "nan.gguf", **{"llama.rope.freq_base": float("nan"), "x.inf": float("inf")})
+    result = run_cli("info", "-m", str(model), "--metadata", "--json")
+    assert result.exit_code == 0, result.stderr
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"{constant} is not JSON")
+
+    data = json.loads(result.stdout, parse_constant=refuse)
+    assert data["llama.rope.freq_base"] is None and data["x.inf"] is None
+    text = run_cli("info", "-m", str(model), "--metadata").stdout.splitlines()
+    assert "llama.rope.freq_base  nan" in text
+
+
+def test_metadata_listing_escapes_control_characters_in_keys_and_values(tmp_path: Path) -> None:
+    model = _header_only_gguf(tmp_path / "evil.gguf", **{"evil\x1b[2Jkey": 1.5})
+    result = run_cli("info", "-m", str(model), "--metadata")
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.splitlines() == ['general.architecture  "llama"', 'general.name          "a\\x9b31mb"',
+                                         "evil\\x1b[2Jkey        1.5"]
+
+
+def test_missing_head_count_is_left_out_not_shown_as_none(tmp_path: Path) -> None:
+    result = run_cli("info", "-m", str(_header_only_gguf(tmp_path / "bare.gguf")))
+    assert result.exit_code == 0, result.stderr
+    assert "None" not in result.stdout
+    assert [line.split()[0] for line in result.stdout.splitlines()] == [
+        "Model", "name", "architecture", "parameters", "file", "quantization", "chat"]
+
+
 def test_info_template_prints_the_chat_template(tiny_model: Path) -> None:
     result = run_cli("info", "-m", str(tiny_model), "--template")
     assert result.exit_code == 0

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from ..console import human_count, human_size, out
+from ..core.json_text import json_ready
 from ..core.model_info import ModelInfo, describe_model, metadata_summary
 from ..core.resolve import ModelRequest
 from ..errors import InputError, UsageError
@@ -43,28 +44,31 @@ def info(
     elif metadata:
         _print_metadata(metadata_summary(head), as_json)
     elif as_json:
-        typer.echo(json.dumps(details.to_dict(), indent=2, ensure_ascii=False))
+        typer.echo(json.dumps(json_ready(details.to_dict()), indent=2, ensure_ascii=False))
     else:
         _print_info(details)
 
 
 def _print_metadata(summary: dict[str, Any], as_json: bool) -> None:
     if as_json:
-        typer.echo(json.dumps(summary, indent=2, ensure_ascii=False, default=str))
+        typer.echo(json.dumps(json_ready(summary), indent=2, ensure_ascii=False, default=str))
         return
-    width = max((len(k) for k in summary), default=0)
-    for key, value in summary.items():
+    # json.dumps escapes only C0 controls in values, and keys are not escaped at all.
+    keys = [key.translate(_CONTROL_ESCAPES) for key in summary]
+    width = max(map(len, keys), default=0)
+    for key, value in zip(keys, summary.values()):
         if isinstance(value, dict) and "length" in value:
             shown = f"{value['type']} of {value['length']}: {value['first']} ..."
         else:
             shown = json.dumps(value, ensure_ascii=False) if isinstance(value, (str, list)) else str(value)
         if len(shown) > 200:
             shown = shown[:200] + f"... ({len(shown)} chars)"
-        typer.echo(f"{key:<{width}}  {shown}")
+        typer.echo(f"{key:<{width}}  {shown.translate(_CONTROL_ESCAPES)}")
 
 
 def _print_info(d: ModelInfo) -> None:
-    heads = f"{d.head_count}" + (f" (kv {d.head_count_kv})" if d.head_count_kv is not None else "")
+    heads = None if d.head_count is None else (
+        f"{d.head_count}" + (f" (kv {d.head_count_kv})" if d.head_count_kv is not None else ""))
     rows = [
         ("Model", None),
         ("name", d.name), ("architecture", d.architecture),
