@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO_ROOT, run_cli
+from tests.helpers import REPO_ROOT, run_cli, run_process
 
 # (text as typed on the command line, extra flags, the ids llama-tokenize --ids prints)
 ID_CASES = [
@@ -216,6 +216,17 @@ def test_bad_input_is_one_line_error(tiny_model: Path, args: list[str], stdin: s
     assert result.stdout == ""
     assert result.first_stderr_line == message
     assert "Traceback" not in result.stderr
+
+
+def test_detokenize_refuses_stdin_that_is_not_utf8_in_a_strict_locale(tiny_model: Path) -> None:
+    # In a UTF-8 locale such as en_US.UTF-8, Python's stdin decodes strictly (not surrogateescape).
+    result = run_process("detokenize", "-m", str(tiny_model), "--stdin", stdin=b"1 \xff\xfe",
+                         env={"PYTHONIOENCODING": "utf-8:strict"})
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    assert result.stderr.splitlines() == [
+        "Error: standard input is not UTF-8 text (byte 2), so not token ids",
+        "Hint: give integers, e.g. 1 15043 3186 or [1, 15043, 3186]"]
 
 
 # ---------------------------------------------------------------- against llama.cpp itself

@@ -160,10 +160,20 @@ def detokenize(
                          hint="e.g. pyllama detokenize -m model.gguf 1 15043 3186")
     from ..core import tokenizer as tk
 
-    raw = sys.stdin.read() if stdin else " ".join(token_ids or [])
+    raw = _stdin_ids_text() if stdin else " ".join(token_ids or [])
     token_list = tk.parse_ids(raw)
     _, vocab = open_model(model, LoadSettings(verbose=verbose), vocab_only=True)
     with vocab:
         data = tk.detokenize_ids(vocab, token_list)
     # A terminal gets a final newline so the shell prompt does not land on the text; pipes get the bytes.
     _write([data + b"\n" if stdout_is_tty() and not data.endswith(b"\n") else data])
+
+
+def _stdin_ids_text() -> str:
+    """Standard input as text, read as bytes: the text layer's decoding fails in a strict UTF-8 locale."""
+    data = sys.stdin.buffer.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"standard input is not UTF-8 text (byte {exc.start}), so not token ids",
+                         hint="give integers, e.g. 1 15043 3186 or [1, 15043, 3186]") from None
