@@ -98,6 +98,8 @@ def test_bool_choice_and_pair_values() -> None:
         parse_bool_values(["2"], (False,), flag="-nkvo")
     with pytest.raises(UsageError, match="expected two numbers PROMPT,GEN"):
         parse_pairs(["512"], flag="-pg")
+    with pytest.raises(UsageError, match="expected two numbers PROMPT,GEN"):
+        parse_pairs(["\u00b2,1"], flag="-pg")  # a digit to str.isdigit, not to int()
 
 
 # ---------------------------------------------------------------- sweep and statistics
@@ -321,10 +323,17 @@ def test_plot_without_matplotlib_is_a_clear_error(tiny_model: Path, tmp_path: Pa
 
 @pytest.mark.parametrize(("args", "error"), [
     (("-t", "8-1"), "Error: -t '8-1': the range 8-1 is empty (first > last)"),
-    (("-p", "0", "-n", "0"), "Error: nothing to measure: every -p and -n is 0 and no -pg pair is given"),
+    (("-p", "0", "-n", "0"), "Error: nothing to measure: every -p and -n is 0, and so is every -pg pair"),
     (("-o", "xml"), "Error: -o 'xml' is not one of md, csv, json, jsonl, sql"),
     (("-ctk", "q9"), "Error: -ctk 'q9': 'q9' is not one of bf16, f16, iq4_nl, q4_0, q4_1, q5_0, q5_1, q8_0"),
-    (("-r", "0"), "Error: -r 0: at least one repetition is needed"),
+    (("-r", "0"), "Error: -r 0: give 1 to 2147483647 repetitions"),
+    (("-r", "99999999999999999999"), "Error: -r 99999999999999999999: give 1 to 2147483647 repetitions"),
+    # Ranges whose expansion used to exhaust memory (the process was killed) before the first test.
+    (("-p", "1-100000000"), "Error: -p '1-100000000': the range 1-100000000 has more than 100000 values"),
+    (("-p", "1-1000", "-n", "1-1000", "-d", "0-100"),
+     "Error: the lists and ranges make 202000 tests per model; at most 100000 run in one bench"),
+    # A long range out of bounds is listed cut short, not as a thousand numbers.
+    (("-t", "1-1000"), "Error: -t: every value must be at most 512, got 1,2,3,4,5,6,7,...,1000 (1000 values)"),
 ])
 def test_bad_options_are_one_line_errors(tiny_model: Path, args: tuple[str, ...], error: str) -> None:
     result = run_cli("bench", "-m", str(tiny_model), *args)

@@ -140,8 +140,8 @@ def _make_spec(args: dict[str, Any]) -> Any:
           "disabled": "off", "auto": "auto", "-1": "auto"}
     load_modes = list(ranges.parse_choice_values(args["load_mode"], (), flag="-lm", choices={m: m for m in core.LOAD_MODES}))
     load_modes += ["mmap" if m else "none" for m in ranges.parse_bool_values(args["mmap"], (), flag="--mmap")]
-    if args["repetitions"] < 1:
-        raise UsageError(f"-r {args['repetitions']}: at least one repetition is needed", hint="e.g. -r 5")
+    if not 1 <= args["repetitions"] <= INT32_MAX:  # llama-bench reads -r as a 32-bit int
+        raise UsageError(f"-r {args['repetitions']}: give 1 to {INT32_MAX} repetitions", hint="e.g. -r 5")
     spec = core.BenchSpec(
         models=(), n_threads=ints("threads", "-t", (default_threads(),), minimum=1, maximum=MAX_THREADS),
         n_prompt=ints("n_prompt", "-p", core.DEFAULT_N_PROMPT), n_gen=ints("n_gen", "-n", core.DEFAULT_N_GEN),
@@ -157,8 +157,11 @@ def _make_spec(args: dict[str, Any]) -> Any:
         warmup=not args["no_warmup"], ttft=args["ttft"], verbose=args["verbose"],
     )
     if not any(p > 0 for p in spec.n_prompt + spec.n_gen) and not any(pg != (0, 0) for pg in spec.n_pg):
-        raise UsageError("nothing to measure: every -p and -n is 0 and no -pg pair is given",
+        raise UsageError("nothing to measure: every -p and -n is 0, and so is every -pg pair",
                          hint="give -p N for prompt speed, -n N for generation speed, or -pg P,N")
+    if spec.tests_per_model() > core.MAX_TESTS:
+        raise UsageError(f"the lists and ranges make {spec.tests_per_model()} tests per model; at most "
+                         f"{core.MAX_TESTS} run in one bench", hint="shorten the lists, or use ranges with a step")
     return spec
 
 

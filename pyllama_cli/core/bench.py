@@ -90,6 +90,11 @@ class Instance:
         return (self.model.path, self.n_gpu_layers, self.load_mode)
 
 
+# More tests than one bench can run in any reasonable time; the lists of a sweep multiply, so a few
+# long ranges would otherwise build millions of tests in memory before the first one runs.
+MAX_TESTS = 100_000
+
+
 @dataclass(frozen=True)
 class BenchSpec:
     """The whole sweep: every list is crossed with every other (models outermost)."""
@@ -113,10 +118,20 @@ class BenchSpec:
     ttft: bool = False
     verbose: bool = False
 
+    def _tests(self) -> list[tuple[int, int]]:
+        """(n_prompt, n_gen) of each test run for every parameter combination."""
+        tests = [(p, 0) for p in self.n_prompt if p > 0] + [(0, g) for g in self.n_gen if g > 0]
+        return tests + [pg for pg in self.n_pg if pg != (0, 0)]
+
+    def tests_per_model(self) -> int:
+        """How many tests `instances` makes for each model, counted without making them."""
+        lists = (self.n_gpu_layers, self.load_mode, self.n_batch, self.n_ubatch, self.type_k, self.type_v,
+                 self.no_kv_offload, self.flash_attn, self.n_threads, self.n_depth)
+        return len(self._tests()) * math.prod(map(len, lists))
+
     def instances(self) -> list[Instance]:
         """Every test to run, in llama-bench's order (model parameters outermost, so reloads are rare)."""
-        tests = [(p, 0) for p in self.n_prompt if p > 0] + [(0, g) for g in self.n_gen if g > 0]
-        tests += [pg for pg in self.n_pg if pg != (0, 0)]
+        tests = self._tests()
         out = []
         for m, ngl, lm, nb, nub, tk, tv, nkvo, fa, nt, nd in itertools.product(
                 self.models, self.n_gpu_layers, self.load_mode, self.n_batch, self.n_ubatch, self.type_k,

@@ -14,6 +14,9 @@ from ..errors import UsageError
 # first[-last[(+|*)step]], as llama-bench's parse_int_range reads it.
 _RANGE = re.compile(r"^(-?\d+)(?:-(\d+)(?:([+*])(\d+))?)?$")
 _RANGE_HINT = "write values as 1,2,4 or ranges as first-last, first-last+step or first-last*factor"
+# More values than any sweep can run: a range such as 1-100000000 is a typo, and expanding it would
+# exhaust memory before the first test.
+MAX_VALUES = 100_000
 _TRUE = ("1", "on", "true", "yes", "enabled")
 _FALSE = ("0", "off", "false", "no", "disabled")
 
@@ -53,6 +56,9 @@ def _expand(item: str, text: str, flag: str, allow_negative: bool) -> list[int]:
         raise UsageError(f"{flag} {text!r}: the range {item} is empty (first > last)", hint=_RANGE_HINT)
     values, value = [], first
     while value <= last:
+        if len(values) == MAX_VALUES:
+            raise UsageError(f"{flag} {text!r}: the range {item} has more than {MAX_VALUES} values",
+                             hint="use a step (first-last+step) or a factor (first-last*factor)")
         values.append(value)
         nxt = value + step if op == "+" else value * step
         if nxt <= value:
@@ -69,12 +75,19 @@ def parse_int_values(raw: Sequence[str] | None, default: Sequence[int], *, flag:
         return list(default)
     values = [v for text in raw for v in parse_int_range(text, flag=flag, allow_negative=allow_negative)]
     if minimum is not None and any(v < minimum for v in values):
-        raise UsageError(f"{flag}: every value must be at least {minimum}, got {','.join(map(str, values))}",
+        raise UsageError(f"{flag}: every value must be at least {minimum}, got {_listed(values)}",
                          hint=f"e.g. {flag} {max(minimum, 1)}")
     if maximum is not None and any(v > maximum for v in values):
-        raise UsageError(f"{flag}: every value must be at most {maximum}, got {','.join(map(str, values))}",
+        raise UsageError(f"{flag}: every value must be at most {maximum}, got {_listed(values)}",
                          hint="llama.cpp takes no more")
     return values
+
+
+def _listed(values: list[int], shown: int = 8) -> str:
+    """The values for a message; a range can expand to thousands, so a long list is cut short."""
+    if len(values) <= shown:
+        return ",".join(map(str, values))
+    return f"{','.join(map(str, values[:shown - 1]))},...,{values[-1]} ({len(values)} values)"
 
 
 def parse_bool_values(raw: Sequence[str] | None, default: Sequence[bool], *, flag: str) -> list[bool]:
@@ -113,7 +126,7 @@ def parse_pairs(raw: Sequence[str] | None, *, flag: str) -> list[tuple[int, int]
     pairs = []
     for text in raw or ():
         parts = [p.strip() for p in text.split(",")]
-        if len(parts) != 2 or not all(p.isdigit() for p in parts):
+        if len(parts) != 2 or not all(re.fullmatch("[0-9]+", p) for p in parts):  # int() chokes on "²"
             raise UsageError(f"{flag} {text!r}: expected two numbers PROMPT,GEN", hint=f"e.g. {flag} 512,128")
         pairs.append((int(parts[0]), int(parts[1])))
     return pairs
