@@ -104,6 +104,7 @@ def test_unknown_flag_is_a_usage_error_exit_2() -> None:
     (("complete", "--temp", "warm"), ["Error: Invalid value for '--temp': 'warm' is not a valid float range.",
                                       "Hint: pyllama complete --help lists the options"]),
     (("nosuch",), ["Error: No such command 'nosuch'.", "Hint: pyllama --help lists the commands"]),
+    (("complete", "-p"), ["Error: Option '-p' requires an argument.", "Hint: pyllama complete --help lists the options"]),
     (("completion", "show"), ["Error: Missing argument 'shell'. Choose from: bash, zsh, fish",
                               "Hint: pyllama completion show --help lists the options"]),
 ])
@@ -112,6 +113,16 @@ def test_flags_click_cannot_read_are_one_error_line(tmp_path: Path, args: tuple[
     result = run_cli(*(a.format(tmp=tmp_path) for a in args))
     assert result.exit_code == 2 and result.stdout == ""
     assert result.stderr.splitlines() == [line.format(tmp=tmp_path) for line in lines]
+
+
+def test_a_context_bigger_than_the_machine_s_memory_is_refused_before_llama_cpp_tries(tiny_model: Path) -> None:
+    # llama.cpp's buffers were granted by overcommit, then filled until the kernel killed the process (137).
+    result = run_process("complete", "-m", str(tiny_model), "-p", "hi", "-n", "1", "-c", "2000000000", timeout=60)
+    assert result.exit_code == 1 and result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert lines[0].startswith("Error: a context of 2000000000 tokens needs a 1907.3 GiB KV cache for tiny.gguf, "
+                               "more than this machine's ")
+    assert lines[1:] == ["Hint: lower -c/--ctx-size (the model was trained on 2048 tokens)"]
 
 
 @pytest.mark.parametrize("case", ["missing", "truncated"])

@@ -415,6 +415,52 @@ _FLASH_ATTN = {"auto": "LLAMA_FLASH_ATTN_TYPE_AUTO", "on": "LLAMA_FLASH_ATTN_TYP
                "off": "LLAMA_FLASH_ATTN_TYPE_DISABLED"}
 
 
+# Bytes per element of the KV cache types llama.cpp offers (-ctk/-ctv); an unknown one counts as the smallest.
+_KV_TYPE_BYTES = {0: 4.0, 1: 2.0, 30: 2.0, 8: 34 / 32, 2: 18 / 32, 3: 20 / 32, 6: 22 / 32, 7: 24 / 32, 20: 18 / 32}
+
+
+def _check_kv_cache_fits(model: Model, params: Any, settings: LoadSettings) -> None:
+    """Refuse a context whose KV cache alone is bigger than this machine's memory.
+
+    llama.cpp would try anyway: with Linux's overcommit its buffers are granted, then filled, and the
+    kernel kills the process (no message, exit 137) once RAM runs out. Only a cache in system memory
+    is checked (a GPU's allocation fails cleanly), and only one that is surely that big: models with a
+    sliding window or a recurrent state keep less per token than this estimate, so they are left alone.
+    """
+    on_gpu = settings.n_gpu_layers != 0 and params.offload_kqv and supports_gpu_offload()
+    handle = model.handle
+    if on_gpu or lib.llama_model_n_swa(handle) > 0 or lib.llama_model_is_recurrent(handle) \
+            or lib.llama_model_is_hybrid(handle):
+        return
+    memory = _memory_bytes()
+    n_head = int(lib.llama_model_n_head(handle))
+    if memory is None or n_head <= 0:
+        return
+    head_dim = int(lib.llama_model_n_embd(handle)) // n_head
+    per_layer = int(lib.llama_model_n_head_kv(handle)) * head_dim  # elements per token, for K and for V each
+    per_token = int(lib.llama_model_n_layer(handle)) * per_layer * (
+        _KV_TYPE_BYTES.get(int(params.type_k), 0.5) + _KV_TYPE_BYTES.get(int(params.type_v), 0.5))
+    needed = int(params.n_ctx) * per_token
+    if needed > memory:
+        raise ModelLoadError(
+            f"a context of {params.n_ctx} tokens needs a {needed / 2**30:.1f} GiB KV cache for {model.path.name}, "
+            f"more than this machine's {memory / 2**30:.1f} GiB of memory",
+            hint=f"lower -c/--ctx-size (the model was trained on {model.n_ctx_train} tokens)")
+
+
+def _memory_bytes() -> int | None:
+    """RAM plus swap: the most any allocation here can ever get (None when it cannot be read)."""
+    try:
+        fields = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines() if ":" in line)
+        return sum(int(fields[key].split()[0]) * 1024 for key in ("MemTotal", "SwapTotal") if key in fields)
+    except (OSError, ValueError):
+        pass
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
 class Context:
     """A llama.cpp context (KV cache + compute buffers) over a loaded model.
 
@@ -437,6 +483,7 @@ class Context:
         params.no_perf = False
         for key, value in extra.items():
             setattr(params, key, value)
+        _check_kv_cache_fits(model, params, settings)
         self.abort_requested = False
         self.abort_check: Callable[[], bool] | None = None
         self._abort_cb = lib.ggml_abort_callback(self._should_abort)
