@@ -129,7 +129,7 @@ def run(argv: list[str] | None = None) -> int:
         from .console import print_error
 
         _flush_stdout()
-        print_error(" ".join(exc.format_message().split()), _click_hint(exc))  # click wraps choice lists
+        print_error(" ".join(exc.format_message().split()), _click_hint(exc, only))  # click wraps choice lists
         return exc.exit_code
     except typer.Abort:  # end of input at one of click's own prompts
         return 1
@@ -159,11 +159,13 @@ def run(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _click_hint(exc: ClickException) -> str | None:
+def _click_hint(exc: ClickException, command: str | None) -> str | None:
     """For a flag or argument click could not read: where the command's options are listed."""
-    ctx = getattr(exc, "ctx", None)
-    if not isinstance(exc, ClickUsageError) or ctx is None:
+    if not isinstance(exc, ClickUsageError):
         return None
+    ctx = getattr(exc, "ctx", None)
+    if ctx is None:  # click's option parser raises some (a flag missing its value) without one
+        return _fallback_hint(UsageError(""), command)
     return f"{ctx.command_path} --help lists the " + ("options" if ctx.parent is not None else "commands")
 
 
