@@ -156,14 +156,15 @@ _pyllama_spec() {
             ;;
         "complete")
             subs=""
-            opts="-p= --prompt= -f= --file= --chat -sys= --system-prompt= --chat-template= --truncate \
-                --prompt-cache= --echo --stats --json -n= --n-predict= --temp= --top-k= --top-p= --min-p= \
-                --typical= --repeat-penalty= --repeat-last-n= --presence-penalty= --frequency-penalty= \
-                --mirostat= --mirostat-lr= --mirostat-ent= --ignore-eos -r= --reverse-prompt= --logit-bias= \
-                --grammar= --grammar-file= -j= --json-schema= -jf= --json-schema-file= -m= --model= -hf= \
-                --hf-repo= -hff= --hf-file= -hft= --hf-token= --offline -c= --ctx-size= -t= --threads= -ngl= \
-                --gpu-layers= --n-gpu-layers= -fa= --flash-attn= -b= --batch-size= -ub= --ubatch-size= \
-                --mlock --no-mmap -s= --seed= -v --verbose --log-file= -h --help"
+            opts="-p= --prompt= -f= --file= -e --escape --no-escape --chat -sys= --system-prompt= \
+                --chat-template= --truncate --prompt-cache= --echo --stats --json -n= --n-predict= --temp= \
+                --top-k= --top-p= --min-p= --typical= --repeat-penalty= --repeat-last-n= --presence-penalty= \
+                --frequency-penalty= --mirostat= --mirostat-lr= --mirostat-ent= --ignore-eos -r= \
+                --reverse-prompt= --logit-bias= --grammar= --grammar-file= -j= --json-schema= -jf= \
+                --json-schema-file= -m= --model= -hf= --hf-repo= -hff= --hf-file= -hft= --hf-token= \
+                --offline -c= --ctx-size= -t= --threads= -ngl= --gpu-layers= --n-gpu-layers= -fa= \
+                --flash-attn= -b= --batch-size= -ub= --ubatch-size= --mlock --no-mmap -s= --seed= -v \
+                --verbose --log-file= -h --help"
             ;;
         "completion")
             subs="install show"

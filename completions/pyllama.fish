@@ -168,6 +168,7 @@ complete -c pyllama -n '__pyllama_using chat' -s h -l help -d 'Show this message
 # pyllama complete
 complete -c pyllama -n '__pyllama_using complete' -s p -l prompt -d 'Prompt text (piped stdin, if any, is appended after it).' -x
 complete -c pyllama -n '__pyllama_using complete' -s f -l file -d 'Read the prompt from this file (- reads standard input).' -x -a '(__pyllama_values file)'
+complete -c pyllama -n '__pyllama_using complete' -s e -l escape -l no-escape -d 'Turn \\n, \\t, \\xHH...'
 complete -c pyllama -n '__pyllama_using complete' -l chat -d 'Send the prompt as one user turn through the model\'s chat template (instruct models).'
 complete -c pyllama -n '__pyllama_using complete' -o sys -l system-prompt -d 'System message for --chat.' -x
 complete -c pyllama -n '__pyllama_using complete' -l chat-template -d 'For --chat: a built-in template name, a .jinja file or Jinja text (default: the model\'s).' -x -a '(__pyllama_values file chatml gemma llama2 llama3 mistral phi3 zephyr)'

@@ -91,6 +91,24 @@ def test_a_final_newline_of_a_file_or_of_stdin_is_not_part_of_the_prompt(tiny_mo
     assert stats_of(complete(tiny_model, "-f", str(prompt), "-n", "1", "--json"))["prompt_tokens"] == 4
 
 
+def test_escapes_in_the_prompt_and_stop_texts_are_processed_as_llama_cpp_does(tiny_model: Path,
+                                                                               tmp_path: Path) -> None:
+    typed = complete(tiny_model, "-p", "a\\tb\\x41", "-n", "1", "-s", "1", "--echo")
+    assert typed.stdout.startswith("a\tbA")
+    assert complete(tiny_model, "-p", "a\\tb", "-n", "1", "-s", "1", "--echo", "--no-escape").stdout.startswith("a\\tb")
+    prompt = tmp_path / "p.txt"
+    prompt.write_text("a\\tb\n")
+    assert complete(tiny_model, "-f", str(prompt), "-n", "1", "-s", "1", "--echo").stdout.startswith("a\tb")
+    # Piped text is data: taken as it is, after the (unescaped) -p text.
+    piped = complete(tiny_model, "-p", "x\\ty", "-n", "1", "-s", "1", "--echo", stdin="c\\td\n")
+    assert piped.stdout.startswith("x\ty\nc\\td")
+    # -r texts too: "\\x71" stops at the first "q" the model writes.
+    free = complete(tiny_model, "-p", "Hello", "-n", "40", "-s", "4", "--ignore-eos").stdout
+    assert "q" in free[1:]
+    stopped = complete(tiny_model, "-p", "Hello", "-n", "40", "-s", "4", "--ignore-eos", "-r", "\\x71")
+    assert stopped.stdout == free[:free.index("q")]
+
+
 def test_dash_as_the_prompt_file_reads_stdin(tiny_model: Path) -> None:
     dash = complete(tiny_model, "-f", "-", "-n", "6", "-s", "2", stdin="Hello world\n")
     direct = complete(tiny_model, "-p", "Hello world", "-n", "6", "-s", "2")

@@ -64,11 +64,12 @@ def test_default_output_is_llama_tokenize_lines(tiny_model: Path) -> None:
 def test_lines_print_pieces_as_c_strings(tiny_model: Path) -> None:
     """Raw bytes for partial UTF-8 pieces, and a NUL byte ends the piece, as printf("%s") does."""
     from pyllama_cli.core import tokenizer as tk
+    from pyllama_cli.core.escapes import process_escapes
     from pyllama_cli.core.native import Model
     from pyllama_cli.core.settings import LoadSettings
 
     with Model.load(tiny_model, LoadSettings(), vocab_only=True) as model:
-        tokens = tk.tokenize_text(model, tk.process_escapes(rb"\x00\xc3\xa9"), add_bos=False)
+        tokens = tk.tokenize_text(model, process_escapes(rb"\x00\xc3\xa9"), add_bos=False)
         assert tokens.tolist() == [261, 3, 198, 172]
         lines = b"".join(tk.render_token_lines(model, tokens))
         assert lines == b"   261 -> ' '\n     3 -> ''\n   198 -> '\xc3'\n   172 -> '\xa9'\n"
@@ -95,7 +96,7 @@ def test_bulk_output_equals_a_plain_join(long_entry: int, monkeypatch: pytest.Mo
     (b"trailing\\", b"trailing\\"),
 ])
 def test_escapes_follow_string_process_escapes(typed: bytes, unescaped: bytes) -> None:
-    from pyllama_cli.core.tokenizer import process_escapes
+    from pyllama_cli.core.escapes import process_escapes
 
     assert process_escapes(typed) == unescaped
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from collections.abc import Callable
 from typing import Annotated, Any
 
 import typer
 
 from ..console import err, silence_stdout, warn, write_all
+from ..core.escapes import process_text_escapes
 from ..core.paths import require_folder
 from ..core.resolve import ModelRequest
 from ..core.settings import LoadSettings
@@ -41,8 +43,12 @@ def complete(
         "-p", "--prompt", help="Prompt text (piped stdin, if any, is appended after it).",
         rich_help_panel=PROMPT_PANEL, show_default=False)] = None,
     file: Annotated[Path | None, typer.Option(
-        "-f", "--file", help="Read the prompt from this file (- reads standard input).", rich_help_panel=PROMPT_PANEL, show_default=False,
-        dir_okay=False)] = None,
+        "-f", "--file", help="Read the prompt from this file (- reads standard input).", rich_help_panel=PROMPT_PANEL,
+        show_default=False, dir_okay=False)] = None,
+    escape: Annotated[bool, typer.Option(
+        "--escape/--no-escape", "-e", help="Turn \\n, \\t, \\xHH... in the -p/-f prompt and -r texts into the "
+        "characters they name, as llama.cpp does (piped stdin is taken as it is).",
+        rich_help_panel=PROMPT_PANEL)] = True,
     chat: Annotated[bool, typer.Option(
         "--chat", help="Send the prompt as one user turn through the model's chat template (instruct models).",
         rich_help_panel=PROMPT_PANEL)] = False,
@@ -83,9 +89,10 @@ def complete(
         raise UsageError("--chat-template needs --chat", hint="add --chat to use the chat template")
     if prompt_cache is not None:
         require_folder(prompt_cache, "the prompt cache")
+    unescape = process_text_escapes if escape else _as_typed
     request = CompletionRequest(
-        prompt=read_prompt(prompt, file), sampling=sampling.settings, n_predict=sampling.n_predict,
-        stop=sampling.stop, chat=chat, system_prompt=system_prompt, chat_template=chat_template,
+        prompt=read_prompt(prompt, file, unescape), sampling=sampling.settings, n_predict=sampling.n_predict,
+        stop=tuple(map(unescape, sampling.stop)), chat=chat, system_prompt=system_prompt, chat_template=chat_template,
         truncate=truncate, prompt_cache=prompt_cache,
     )
     _, llm = open_model(model, load)
@@ -115,13 +122,18 @@ def _warn_if_the_context_cut_it(stats: Any, n_ctx: int) -> None:
 STDIN_FILE = "-"  # `-f -` reads the prompt from stdin, as Unix tools do
 
 
-def read_prompt(prompt: str | None, file: Path | None) -> str:
-    """The prompt from -p or -f, followed by stdin when it is piped."""
+def _as_typed(text: str) -> str:
+    return text
+
+
+def read_prompt(prompt: str | None, file: Path | None, unescape: Callable[[str], str] = _as_typed) -> str:
+    """The prompt from -p or -f (`unescape`d), followed by stdin when it is piped (as it is: data)."""
     if prompt is not None and file is not None:
         raise UsageError("-p/--prompt and -f/--file cannot be used together", hint="give the prompt one way")
     if file is not None and str(file) == STDIN_FILE:
-        return _without_final_newline(_read_stdin(even_a_terminal=True) or "")
+        return unescape(_without_final_newline(_read_stdin(even_a_terminal=True) or ""))
     text = prompt if file is None else _without_final_newline(_read_file(file))
+    text = None if text is None else unescape(text)
     piped = _read_stdin()
     if piped:
         piped = _without_final_newline(piped)

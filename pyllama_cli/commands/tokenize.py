@@ -75,6 +75,7 @@ def tokenize(
     _check_tokenize_flags(ids, as_json, chat, chat_template, show_prompt, no_escape)
     source, data = _read_input(text, prompt, file, stdin)
     from ..core import tokenizer as tk
+    from ..core.escapes import process_escapes
 
     _, vocab = open_model(model, LoadSettings(verbose=verbose), vocab_only=True)
     with vocab:
@@ -84,7 +85,7 @@ def tokenize(
             rendered = tk.chat_prompt(vocab, messages, chat_template, add_bos=not no_bos)
             data = rendered.encode("utf-8")
         elif not no_escape:
-            data = tk.process_escapes(data)
+            data = process_escapes(data)
         tokens = tk.tokenize_text(vocab, data, add_bos=not no_bos, parse_special=not no_parse_special)
         if as_json:
             _write([tk.render_json(vocab, tokens, rendered)])
