@@ -381,6 +381,17 @@ def test_a_text_cut_by_the_full_context_says_so(tiny_model: Path) -> None:
     assert complete(tiny_model, "-p", "Hello", "-n", "500", "--ignore-eos", "-s", "1").stderr == ""
 
 
+def test_constrained_output_stopped_by_n_says_it_may_be_unfinished(tiny_model: Path) -> None:
+    schema = '{"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}'
+    cut = complete(tiny_model, "-p", "x", "-n", "3", "-s", "3", "-j", schema)
+    assert (cut.exit_code, cut.stdout) == (0, '{ "')
+    assert cut.stderr == ("Warning: generation stopped at the -n limit of 3 tokens before the grammar said the output "
+                          "was done, so it may be unfinished; raise -n/--n-predict\n")
+    done = complete(tiny_model, "-p", "x", "-n", "200", "-s", "3", "-j", schema)
+    assert (done.stderr, set(json.loads(done.stdout))) == ("", {"name"})
+    assert complete(tiny_model, "-p", "x", "-n", "3", "-s", "3").stderr == ""  # no grammar: -n is the plan
+
+
 def test_truncate_keeps_the_end_and_says_so(tiny_model: Path) -> None:
     result = run_cli("complete", "-m", str(tiny_model), "-t", "1", "-c", "256", "-n", "8", "-s", "1", "-p",
                      LONG_PROMPT * 2, "--truncate", "--stats", "--json")

@@ -102,21 +102,27 @@ def complete(
             interrupted = _stream(run, echo, catch_sigint, StopFlag())
         finally:
             run.close()
-        _warn_if_the_context_cut_it(run.report.stats, ctx.n_ctx)
+        _warn_if_cut(run.report.stats, ctx.n_ctx, constrained=request.sampling.grammar is not None)
     if stats or as_json or load.verbose:
         _print_stats(run.report.to_dict(), as_json)
     if interrupted:
         raise Interrupted("Interrupted by user")
 
 
-def _warn_if_the_context_cut_it(stats: Any, n_ctx: int) -> None:
-    # Otherwise the text just ends, and nothing tells a reader of stdout it is cut (llama.cpp warns too).
-    from ..core.generation import STOP_CONTEXT
+def _warn_if_cut(stats: Any, n_ctx: int, *, constrained: bool) -> None:
+    """Say on stderr when the text may be cut short: otherwise it just ends, and nothing tells a reader
+    of stdout (llama.cpp warns of a full context too). Output that follows a grammar or schema and
+    stops at -n is likely unfinished (JSON without its closing brace)."""
+    from ..core.generation import STOP_CONTEXT, STOP_LENGTH
 
     if stats.stop_reason == STOP_CONTEXT:
         sys.stdout.flush()
         warn(f"the context is full ({n_ctx} tokens): generation stopped after {stats.n_generated} tokens; "
              "raise -c/--ctx-size for a longer text")
+    elif stats.stop_reason == STOP_LENGTH and constrained:
+        sys.stdout.flush()
+        warn(f"generation stopped at the -n limit of {stats.n_generated} tokens before the grammar said the "
+             "output was done, so it may be unfinished; raise -n/--n-predict")
 
 
 STDIN_FILE = "-"  # `-f -` reads the prompt from stdin, as Unix tools do
