@@ -111,6 +111,16 @@ def test_nan_and_infinity_are_not_json(text: str, name: str) -> None:
     assert exc.value.message == f"-j is not JSON: {name} is not a JSON number"
 
 
+def test_a_schema_that_is_not_json_gets_a_hint_for_where_it_came_from() -> None:
+    with pytest.raises(InputError) as typed:
+        schema_to_grammar("{bad", "-j/--json-schema")
+    assert typed.value.hint == "quote the schema for the shell, e.g. -j '{\"type\": \"object\"}'"
+    with pytest.raises(InputError) as from_file:
+        schema_to_grammar("not json", "notes.txt")
+    assert from_file.value.message == "notes.txt: not valid JSON: Expecting value at line 1, column 1"
+    assert from_file.value.hint == 'a schema file holds one JSON object, e.g. {"type": "object"}'
+
+
 def test_counts_in_values_that_are_not_schemas_are_left_alone() -> None:
     # "default" holds a value, not a schema: its "maxLength" key limits nothing.
     grammar = schema_to_grammar(json.dumps({"type": "string", "default": {"maxLength": 20000}}), "-j")

@@ -165,8 +165,10 @@ def _parse_schema(schema: str, source: str) -> dict | bool:
     try:
         parsed = json_text.loads(schema, source)
     except json.JSONDecodeError as exc:
+        typed = source.startswith("-")  # a flag's value, not a file's text
         raise InputError(f"{source}: not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}",
-                         hint="quote the schema for the shell, e.g. -j '{\"type\": \"object\"}'") from None
+                         hint="quote the schema for the shell, e.g. -j '{\"type\": \"object\"}'" if typed
+                         else "a schema file holds one JSON object, e.g. {\"type\": \"object\"}") from None
     if not isinstance(parsed, (dict, bool)):
         raise InputError(f"{source}: a JSON schema must be an object, not {type(parsed).__name__}")
     return parsed
