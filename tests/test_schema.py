@@ -485,8 +485,8 @@ def test_complete_with_a_long_max_length_runs_without_llama_cpp_errors(tiny_mode
         result = run_cli("complete", "-m", str(tiny_model), *FAST, "-p", "JSON:", "-n", "8", "-s", "1",
                          "-j", json.dumps(schema))
         assert result.exit_code == 0, result.stderr
-        # llama.cpp once printed its parse error and 16 KB of grammar here; now only -n's cut is mentioned.
-        assert result.stderr.splitlines() == [CUT_AT_8]
+        # llama.cpp once printed its parse error and 16 KB of grammar here; now at most -n's cut is mentioned.
+        assert result.stderr in ("", CUT_AT_8 + "\n")
         assert result.stdout[0] == '"[' [schema["type"] == "array"], result.stdout
 
 
