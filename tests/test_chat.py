@@ -182,7 +182,7 @@ def test_load_continues_a_saved_conversation(tiny_model: Path, tmp_path: Path) -
      "message 1 of {path} has the role 'tool', which is not one /load takes"),
     ([{"role": "user", "content": "a"}, {"role": "system", "content": "S"}],
      "message 1 of {path} has the role 'system', which comes only first"),
-    ([{"role": "system", "content": "S"}, {"role": "user"}], 'message 1 of {path} has no "content"'),
+    ([{"role": "system", "content": "S"}, {"role": "user"}], 'message 1 has no "content": {{"role": "user"}}'),
 ])
 def test_load_refuses_what_a_chat_cannot_hold(tiny_model: Path, tmp_path: Path, messages: list, problem: str) -> None:
     saved = tmp_path / "in.json"

@@ -200,6 +200,7 @@ def test_detokenize_takes_ids_as_arguments_and_json(tiny_model: Path) -> None:
      "Error: the text is not valid JSON: Expecting ',' delimiter at line 1 column 34 (near '')"),
     (["tokenize", "--chat", "--stdin"], '{"role": "user"}',
      'Error: chat messages must be a non-empty JSON list of {"role", "content"} objects'),
+    (["tokenize", "--chat", "--stdin"], '[{"role": "user"}]', 'Error: message 0 has no "content": {"role": "user"}'),
     (["tokenize", "--chat", "--stdin"], "[" * 100_000 + "]" * 100_000, "Error: standard input nests too deeply to read"),
     (["detokenize", "--stdin"], '{"ids": [' + "1" * 5000 + "]}",
      "Error: cannot read the ids: a number in it has too many digits"),
@@ -266,3 +267,12 @@ def test_same_output_as_llama_tokenize_for_files_and_stdin(tiny_model: Path, tmp
         theirs = _bytes_of([tool, "--log-disable", "-m", str(tiny_model), *args], data)
         ours = _bytes_of([sys.executable, "-m", "pyllama_cli", "tokenize", "-m", str(tiny_model), *args], data)
         assert ours == theirs, args
+
+
+def test_chat_messages_of_tool_calls_need_no_content(tiny_model: Path) -> None:
+    call = {"type": "function", "function": {"name": "f", "arguments": "{}"}}
+    for message in ({"role": "assistant", "tool_calls": [call]}, {"role": "assistant", "content": None,
+                                                                    "tool_calls": [call]}):
+        messages = json.dumps([{"role": "user", "content": "hi"}, message])
+        result = run_cli("tokenize", "-m", str(tiny_model), "--chat", messages, "--ids")
+        assert result.exit_code == 0, result.stderr

@@ -338,7 +338,11 @@ def validate_messages(data: Any) -> list[dict[str, Any]]:
     for i, m in enumerate(data):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise InputError(f"message {i} has no \"role\" string: {json.dumps(m)[:80]}")
+        if "content" not in m and not m.get("tool_calls"):  # only a message of tool calls may go without
+            raise InputError(f"message {i} has no \"content\": {json.dumps(m)[:80]}")
         content = m.get("content", "")
+        if content is None and m.get("tool_calls"):
+            content = ""
         if isinstance(content, list):
             content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
         if not isinstance(content, str):

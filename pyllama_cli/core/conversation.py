@@ -141,18 +141,15 @@ class Conversation:
 
 
 def _check_chat_roles(data: list[Message], path: Path) -> None:
-    """A chat holds an optional system message first, then user and assistant messages, each with
-    its text: what /save writes. Other roles ("tool", a typo) would reach the template and the
-    /undo and /regen bookkeeping, which know only these."""
+    """A chat holds an optional system message first, then user and assistant messages: what /save
+    writes. Other roles ("tool", a typo) would reach the template and the /undo and /regen
+    bookkeeping, which know only these."""
     for i, m in enumerate(data):
         role = m["role"]
         if role not in ("user", "assistant") and not (role == "system" and i == 0):
             where = "comes only first" if role == "system" else "is not one /load takes"
             raise InputError(f"message {i} of {path} has the role {role!r}, which {where}",
                              hint="/load takes a system message (first, optional), then user and assistant messages")
-        if "content" not in m:
-            raise InputError(f"message {i} of {path} has no \"content\"",
-                             hint="/load reads files written by /save NAME.json")
 
 
 # Lone UTF-16 surrogates: how Python carries bytes that are not UTF-8 (stdin, argv: U+DC80-U+DCFF,
