@@ -68,14 +68,17 @@ class BaseHeader:
 
     @property
     def n_scored(self) -> int:
-        return self.n_ctx - 1 - self.n_ctx // 2
+        return scored_positions(self.n_ctx)
 
+
+def scored_positions(n_ctx: int) -> int:
+    """Positions scored in each chunk: the second half of the context, less the last token."""
+    return n_ctx - 1 - n_ctx // 2
 
 
 def base_file_size(n_ctx: int, n_vocab: int, n_chunk: int) -> int:
     """Bytes in a base file: header, tokens, and one row per scored position of every chunk."""
-    n_scored = n_ctx - 1 - n_ctx // 2
-    return HEADER_BYTES + 4 * n_chunk * n_ctx + 2 * n_chunk * n_scored * row_width(n_vocab)
+    return HEADER_BYTES + 4 * n_chunk * n_ctx + 2 * n_chunk * scored_positions(n_ctx) * row_width(n_vocab)
 
 
 def read_base_header(path: Path) -> BaseHeader:
