@@ -415,10 +415,6 @@ _FLASH_ATTN = {"auto": "LLAMA_FLASH_ATTN_TYPE_AUTO", "on": "LLAMA_FLASH_ATTN_TYP
                "off": "LLAMA_FLASH_ATTN_TYPE_DISABLED"}
 
 
-# Bytes per element of the KV cache types llama.cpp offers (-ctk/-ctv); an unknown one counts as the smallest.
-_KV_TYPE_BYTES = {0: 4.0, 1: 2.0, 30: 2.0, 8: 34 / 32, 2: 18 / 32, 3: 20 / 32, 6: 22 / 32, 7: 24 / 32, 20: 18 / 32}
-
-
 def _check_kv_cache_fits(model: Model, params: Any, settings: LoadSettings) -> None:
     """Refuse a context whose KV cache alone is bigger than this machine's memory.
 
@@ -432,20 +428,29 @@ def _check_kv_cache_fits(model: Model, params: Any, settings: LoadSettings) -> N
     if on_gpu or lib.llama_model_n_swa(handle) > 0 or lib.llama_model_is_recurrent(handle) \
             or lib.llama_model_is_hybrid(handle):
         return
-    memory = _memory_bytes()
     n_head = int(lib.llama_model_n_head(handle))
-    if memory is None or n_head <= 0:
+    memory = _memory_bytes() if n_head > 0 else None
+    if memory is None:
         return
     head_dim = int(lib.llama_model_n_embd(handle)) // n_head
     per_layer = int(lib.llama_model_n_head_kv(handle)) * head_dim  # elements per token, for K and for V each
     per_token = int(lib.llama_model_n_layer(handle)) * per_layer * (
-        _KV_TYPE_BYTES.get(int(params.type_k), 0.5) + _KV_TYPE_BYTES.get(int(params.type_v), 0.5))
+        _bytes_per_element(int(params.type_k)) + _bytes_per_element(int(params.type_v)))
     needed = int(params.n_ctx) * per_token
     if needed > memory:
         raise ModelLoadError(
             f"a context of {params.n_ctx} tokens needs a {needed / 2**30:.1f} GiB KV cache for {model.path.name}, "
             f"more than this machine's {memory / 2**30:.1f} GiB of memory",
             hint=f"lower -c/--ctx-size (the model was trained on {model.n_ctx_train} tokens)")
+
+
+def _bytes_per_element(ggml_type: int) -> float:
+    """Bytes per value of a cache type (-ctk/-ctv), from the GGUF reader's type table; a type it does
+    not know counts as none, so it can never be the reason for a refusal."""
+    from .gguf_file import GGML_TYPES
+
+    _, block, size = GGML_TYPES.get(ggml_type, ("", 1, 0))
+    return size / block
 
 
 def _memory_bytes() -> int | None:
