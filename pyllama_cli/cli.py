@@ -29,7 +29,7 @@ COMMANDS = [
     ("detokenize", "tokenize", "detokenize"),
     ("quantize", "quantize", "quantize"),
     ("info", "info", "info"),
-    ("completion", "completion", "app"),
+    ("completion", "shell_completion", "app"),
 ]
 COMMAND_NAMES = frozenset(name for name, _, _ in COMMANDS)
 

@@ -192,6 +192,13 @@ def load_progress(label: str) -> Iterator[Callable[[float], None] | None]:
         yield lambda fraction: progress.update(task, completed=fraction)
 
 
+def model_progress() -> Any:
+    """The download and load bars a command hands to core.model.session.open_model (none off a terminal)."""
+    from .core.model.session import Progress
+
+    return Progress(download=download_tqdm(), load=load_progress)
+
+
 def human_size(n: int) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if n < 1024 or unit == "TiB":

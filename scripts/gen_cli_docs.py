@@ -25,7 +25,7 @@ os.environ["COLUMNS"] = os.environ["TERMINAL_WIDTH"] = WIDTH
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pyllama_cli.completion_gen import PROG, SCRIPT_NAMES, SHELLS, Command, command_tree, render  # noqa: E402 - needs the environment set above
+from pyllama_cli.shell_completion.tree import PROG, SCRIPT_NAMES, SHELLS, Command, command_tree, render  # noqa: E402 - needs the environment set above
 
 DOCS = ROOT / "docs" / "cli.md"
 

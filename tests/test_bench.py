@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from pyllama_cli.core.bench import BenchModel, BenchResult, BenchSpec, BuildInfo, Instance, stdev, stdev_int
-from pyllama_cli.core.bench_output import FIELDS, Extras, MarkdownPrinter, md_columns
-from pyllama_cli.core.ranges import (
+from pyllama_cli.core.bench.runner import BenchModel, BenchResult, BenchSpec, BuildInfo, Instance, stdev, stdev_int
+from pyllama_cli.core.bench.output import FIELDS, Extras, MarkdownPrinter, md_columns
+from pyllama_cli.core.bench.ranges import (
     parse_bool_values,
     parse_choice_values,
     parse_int_range,
@@ -160,18 +160,33 @@ def test_md_header_matches_llama_bench_widths_for_a_sweep() -> None:
 # ---------------------------------------------------------------- output formats
 
 
+def _markdown_for_this_build() -> tuple[str, str, list[str]]:
+    """The header, rule and leading row cells llama-bench prints for this build's backends: a build
+    with any backend besides the CPU (RPC, as the README's install builds it; CUDA) also shows ngl."""
+    from pyllama_cli.core.bench.runner import DEFAULT_N_GPU_LAYERS, build_info
+
+    backend = build_info().backends
+    if backend == "CPU":
+        return MD_HEADER, MD_RULE, ["CPU", "1"]
+    header = MD_HEADER.replace("| backend    | threads ", "| backend    | ngl | threads ")
+    rule = MD_RULE.replace("| ---------- | ------: ", "| ---------- | --: | ------: ")
+    return header, rule, [backend, str(DEFAULT_N_GPU_LAYERS[0]), "1"]
+
+
 def test_markdown_table_has_llama_bench_columns(tiny_model: Path) -> None:
     result = bench(tiny_model, "-p", "16", "-n", "4")
     assert result.exit_code == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0] == MD_HEADER
-    assert lines[1] == MD_RULE
+    header, rule, cells = _markdown_for_this_build()
+    assert lines[0] == header
+    assert lines[1] == rule
     rows = [[c.strip() for c in line.split("|")[1:-1]] for line in lines[2:4]]
     for row, test in zip(rows, ("pp16", "tg4")):
-        assert row[:6] == ["llama ?B all F32", "6.50 MiB", "1.71 M", "CPU", "1", test]
-        mean, _, std = row[6].partition(" ± ")
+        n = 4 + len(cells)
+        assert row[:n] == ["llama ?B all F32", "6.50 MiB", "1.71 M", *cells, test]
+        mean, _, std = row[n].partition(" ± ")
         assert float(mean) > 0 and float(std) >= 0 and len(mean.split(".")[1]) == 2
-        assert row[7].endswith(" MiB")
+        assert row[n + 1].endswith(" MiB")
     assert lines[4] == "" and lines[5].startswith("build: ") and len(lines) == 6
     assert result.stderr == ""  # no progress off a terminal
 
@@ -264,7 +279,8 @@ def test_a_failing_combination_is_reported_in_its_row_and_the_rest_run(tiny_mode
     result = bench(tiny_model, "-p", "8", "-n", "0", "-ctv", "q8_0", "-fa", "off,on")
     assert result.exit_code == 1
     lines = result.stdout.splitlines()
-    assert lines[0].split("|")[6:8] == [" type_v ", "  fa "]
+    columns = [c.strip() for c in lines[0].split("|")[1:-1]]
+    assert columns[columns.index("type_v"):columns.index("type_v") + 2] == ["type_v", "fa"]
     failed, passed = lines[2], lines[3]
     reason = "llama.cpp could not create a context of 8 tokens for tiny.gguf: quantized V cache requires flash_attn"
     assert f"| error: {reason} to be enabled |" in failed

@@ -14,15 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from pyllama_cli.chat_commands import ChatRepl, ChatSettings, command_names, find_command, parse_param
-from pyllama_cli.chat_ui import PlainUI, ReasoningSplitter, TerminalUI
+from pyllama_cli.chat.repl import ChatRepl, ChatSettings, command_names, find_command, parse_param
+from pyllama_cli.chat.ui import PlainUI, ReasoningSplitter, TerminalUI
 from pyllama_cli.console import STYLES
-from pyllama_cli.core.chat_template import BUILTIN_TEMPLATES, TemplateError, render_template
-from pyllama_cli.core.conversation import Conversation, fit_context, open_chat_engine
-from pyllama_cli.core.native import Model
+from pyllama_cli.core.text.chat_template import BUILTIN_TEMPLATES, TemplateError, render_template
+from pyllama_cli.core.generate.conversation import Conversation, fit_context, open_chat_engine
+from pyllama_cli.core.model.native import Model
 from pyllama_cli.core.paths import data_dir
-from pyllama_cli.core.sampling import SamplingSettings
-from pyllama_cli.core.settings import LoadSettings
+from pyllama_cli.core.generate.sampling import SamplingSettings
+from pyllama_cli.core.model.settings import LoadSettings
 from pyllama_cli.errors import ContextOverflow, InputError
 from pyllama_cli.server.errors import to_api_error
 from tests.fixtures.make_gguf import TINY, write_llama_gguf

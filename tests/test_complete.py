@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pyllama_cli.core.grammar import check_grammar, load_shipped, shipped_grammars
+from pyllama_cli.core.constrain.grammar import check_grammar, load_shipped, shipped_grammars
 from pyllama_cli.errors import InputError
 from tests.helpers import REPO_ROOT, CliResult, run_cli
 from tests.test_schema import llama_cpp_parses

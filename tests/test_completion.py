@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pyllama_cli.commands import completion
+from pyllama_cli.commands import shell_completion as completion
 from tests.helpers import REPO_ROOT, run_cli, run_process
 
 REPO = Path(REPO_ROOT)
@@ -49,7 +49,7 @@ def bash_complete(line: str, cwd: Path = REPO) -> list[str]:
 
 def command_with(option: str) -> str:
     from pyllama_cli.cli import app
-    from pyllama_cli.completion_gen import command_tree
+    from pyllama_cli.shell_completion.tree import command_tree
 
     for cmd in command_tree(app).walk():
         if any(option in o.names for o in cmd.options):
@@ -69,7 +69,7 @@ def test_committed_scripts_and_docs_match_the_code() -> None:
 
 def test_docs_hold_every_commands_help_with_examples() -> None:
     from pyllama_cli.cli import app
-    from pyllama_cli.completion_gen import command_tree
+    from pyllama_cli.shell_completion.tree import command_tree
 
     docs = (REPO / "docs" / "cli.md").read_text(encoding="utf-8")
     sections = dict(re.findall(r"^## (pyllama[^\n]*)\n\n```text\n(.*?)```", docs, flags=re.DOTALL | re.MULTILINE))
@@ -113,7 +113,7 @@ def test_bash_model_flag_completes_gguf_files_and_directories(tmp_path: Path) ->
 
 
 def _fake_hub_cache() -> Path:
-    from pyllama_cli.core.resolve import hub_cache_dir
+    from pyllama_cli.core.model.resolve import hub_cache_dir
 
     snap = hub_cache_dir() / "models--org--Model-GGUF" / "snapshots" / "abc123"
     (snap / "UD").mkdir(parents=True)
@@ -135,7 +135,7 @@ def test_bash_hf_flag_completes_cached_repos_then_their_quant_tags() -> None:
 
 
 def test_bash_hf_tags_agree_with_how_pyllama_reads_them() -> None:
-    from pyllama_cli.core.resolve import available_quants
+    from pyllama_cli.core.model.resolve import available_quants
 
     snap = _fake_hub_cache()
     names = [p.name for p in snap.rglob("*.gguf") if "mmproj" not in p.name]
@@ -143,8 +143,8 @@ def test_bash_hf_tags_agree_with_how_pyllama_reads_them() -> None:
 
 
 def test_bash_completes_grammar_and_chat_template_names() -> None:
-    from pyllama_cli.core.chat_template import template_names
-    from pyllama_cli.core.grammar import shipped_grammars
+    from pyllama_cli.core.text.chat_template import template_names
+    from pyllama_cli.core.constrain.grammar import shipped_grammars
 
     cmd = command_with("--grammar")
     assert bash_complete(f"pyllama {cmd} --grammar ") == sorted(shipped_grammars())

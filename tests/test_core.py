@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from pyllama_cli.core.native import Model
-from pyllama_cli.core.settings import LoadSettings
+from pyllama_cli.core.model.native import Model
+from pyllama_cli.core.model.settings import LoadSettings
 from tests.helpers import REPO_ROOT
 
 LOAD_SCRIPT = """
 import sys
 from pathlib import Path
-from pyllama_cli.core.native import Model
-from pyllama_cli.core.settings import LoadSettings
+from pyllama_cli.core.model.native import Model
+from pyllama_cli.core.model.settings import LoadSettings
 verbose = sys.argv[2] == "verbose"
 log_file = Path(sys.argv[3]) if len(sys.argv) > 3 else None
 with Model.load(Path(sys.argv[1]), LoadSettings(verbose=verbose, log_file=log_file)) as m:
@@ -88,7 +88,7 @@ def test_ctrl_c_exits_130_without_traceback() -> None:
 
 def test_download_progress_class_drives_a_real_download(tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from pyllama_cli import console
-    from pyllama_cli.core.resolve import ModelRequest, resolve_model
+    from pyllama_cli.core.model.resolve import ModelRequest, resolve_model
     from tests.fixtures.fake_hf import FakeHub
 
     monkeypatch.setattr(console, "stderr_is_tty", lambda: True)

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pyllama_cli.core import multiple_choice as mc
+from pyllama_cli.core.evaluate import multiple_choice as mc
 from tests.fixtures.make_gguf import _COMMON_WORDS, TINY, write_llama_gguf, write_quantized
 from tests.helpers import run_cli
 

@@ -42,8 +42,8 @@ def src(f32_model: Path, tmp_path: Path) -> Path:
 
 
 def greedy_tokens(path: Path, n: int = 4) -> list[int]:
-    from pyllama_cli.core.native import Batch, Context, Model
-    from pyllama_cli.core.settings import LoadSettings
+    from pyllama_cli.core.model.native import Batch, Context, Model
+    from pyllama_cli.core.model.settings import LoadSettings
 
     settings = LoadSettings(n_ctx=64, n_threads=1, n_batch=64, n_ubatch=64)
     with Model.load(path, settings) as model, Context(model, settings) as ctx, Batch(64) as batch:
@@ -132,7 +132,7 @@ def test_override_kv_and_output_tensor_type(src: Path, tmp_path: Path) -> None:
     result = run_cli("quantize", "--override-kv", "general.name=str:renamed", "--output-tensor-type", "q8_0",
                      "--pure", str(src), str(out), "Q4_0")
     assert result.exit_code == 0, result.stderr
-    from pyllama_cli.core.gguf_file import read_gguf
+    from pyllama_cli.core.gguf.reader import read_gguf
 
     head = read_gguf(out)
     assert head.get("general.name") == "renamed"
@@ -167,7 +167,7 @@ def test_hf_repo_as_input_writes_into_the_current_folder(f32_model: Path, tmp_pa
 
 
 def test_positionals_follow_llama_quantize() -> None:
-    from pyllama_cli.core.quantize import parse_positionals
+    from pyllama_cli.core.quantize.quantizer import parse_positionals
 
     p = parse_positionals(["in.gguf", "q4_k_m"], input_named=False)
     assert (p.input, p.output, p.quant.name, p.nthreads) == ("in.gguf", None, "Q4_K_M", None)
@@ -184,7 +184,7 @@ def test_positionals_follow_llama_quantize() -> None:
     (["in.gguf", "\u0661\u0665"], "unknown quantization type '\u0661\u0665'"),  # Arabic-Indic 15
 ])
 def test_positionals_that_are_not_llama_quantize_s_are_refused(args: list[str], message: str) -> None:
-    from pyllama_cli.core.quantize import parse_positionals
+    from pyllama_cli.core.quantize.quantizer import parse_positionals
 
     with pytest.raises(UsageError) as caught:
         parse_positionals(args, input_named=False)
@@ -192,8 +192,8 @@ def test_positionals_that_are_not_llama_quantize_s_are_refused(args: list[str], 
 
 
 def test_default_output_replaces_a_type_suffix(tmp_path: Path) -> None:
-    from pyllama_cli.core.ftypes import parse_type
-    from pyllama_cli.core.quantize import default_output
+    from pyllama_cli.core.gguf.ftypes import parse_type
+    from pyllama_cli.core.quantize.quantizer import default_output
 
     q = parse_type("iq4_xs")
     assert default_output(tmp_path / "m-F16.gguf", q, from_hub=False) == tmp_path / "m-IQ4_XS.gguf"
@@ -409,7 +409,7 @@ def write_legacy_imatrix(path: Path, spec=TINY) -> Path:
 
 
 def test_legacy_imatrix_is_read_as_llama_quantize_reads_it(tmp_path: Path) -> None:
-    from pyllama_cli.core.imatrix import load_imatrix
+    from pyllama_cli.core.quantize.imatrix import load_imatrix
 
     data = load_imatrix(str(write_legacy_imatrix(tmp_path / "im.dat")), exclude=["ffn"])
     assert (data.chunk_count, data.datasets, len(data.entries)) == (5, ["legacy.txt"], 8)
@@ -433,7 +433,7 @@ def test_imatrix_enables_types_that_need_one_and_is_recorded(src: Path, tmp_path
     # Q2_K_S: the fastest type that needs an imatrix (the IQ2 types take seconds even on this model).
     result = run_cli("quantize", "--imatrix", str(imatrix), str(src), str(out), "Q2_K_S")
     assert result.exit_code == 0, result.stderr
-    from pyllama_cli.core.gguf_file import read_gguf
+    from pyllama_cli.core.gguf.reader import read_gguf
 
     head = read_gguf(out)
     assert head.get("quantize.imatrix.file") == str(imatrix)

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pyllama_cli.core.grammar import check_grammar, schema_to_grammar
-from pyllama_cli.core.number_ranges import UNBOUNDED_DIGITS, Limit, integer_range_gbnf, number_range_gbnf
+from pyllama_cli.core.constrain.grammar import check_grammar, schema_to_grammar
+from pyllama_cli.core.constrain.number_ranges import UNBOUNDED_DIGITS, Limit, integer_range_gbnf, number_range_gbnf
 from pyllama_cli.errors import InputError, UsageError
 from tests.helpers import run_cli
 
@@ -51,8 +51,8 @@ def accepts(pattern: re.Pattern, text: str) -> bool:
 
 def llama_cpp_parses(model: Path, grammars: list[str]) -> list[bool]:
     """Whether llama.cpp's own grammar parser takes each grammar (it makes a grammar sampler or none)."""
-    from pyllama_cli.core.native import Model, lib
-    from pyllama_cli.core.settings import LoadSettings
+    from pyllama_cli.core.model.native import Model, lib
+    from pyllama_cli.core.model.settings import LoadSettings
 
     verdicts = []
     with Model.load(model, LoadSettings(), vocab_only=True) as loaded:

@@ -168,8 +168,8 @@ def test_health_is_200_once_loaded(server: Server) -> None:
 def test_health_is_503_while_the_model_loads(tiny_model: Path) -> None:
     from fastapi.testclient import TestClient
 
-    from pyllama_cli.core.engine import SingleSlotEngine
-    from pyllama_cli.core.settings import LoadSettings
+    from pyllama_cli.core.serving.engine import SingleSlotEngine
+    from pyllama_cli.core.model.settings import LoadSettings
     from pyllama_cli.server.app import create_app
     from pyllama_cli.server.settings import ServerSettings
 
@@ -380,7 +380,7 @@ def test_tool_choice_auto_and_none(server: Server) -> None:
     ("It is sunny.", None),
 ])
 def test_tool_calls_are_read_from_the_answer(text: str, calls: list | None) -> None:
-    from pyllama_cli.core.tools import parse_tool_calls, plan_tools
+    from pyllama_cli.core.constrain.tools import parse_tool_calls, plan_tools
 
     parsed = parse_tool_calls(text, plan_tools([WEATHER, NOTE], "auto"))
     if calls is None:
@@ -391,7 +391,7 @@ def test_tool_calls_are_read_from_the_answer(text: str, calls: list | None) -> N
 
 
 def test_without_parallel_tool_calls_an_answer_holds_the_first_call() -> None:
-    from pyllama_cli.core.tools import parse_tool_calls, plan_tools
+    from pyllama_cli.core.constrain.tools import parse_tool_calls, plan_tools
 
     text = '[{"name": "take_note", "arguments": {"urgent": true}}, {"name": "get_weather", "arguments": {}}]'
     parsed = parse_tool_calls(text, plan_tools([WEATHER, NOTE], "auto", parallel=False))

@@ -12,10 +12,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from pyllama_cli.core.engine import READY, GenerationJob, JobStream
-from pyllama_cli.core.parallel_engine import ARRIVAL_WAIT_S, GENERATING, PREFILL, PaddingTrial, ParallelEngine
-from pyllama_cli.core.sampling import SamplingSettings
-from pyllama_cli.core.settings import LoadSettings
+from pyllama_cli.core.serving.engine import READY, GenerationJob, JobStream
+from pyllama_cli.core.serving.scheduler import ARRIVAL_WAIT_S, GENERATING, PREFILL, PaddingTrial, ParallelEngine
+from pyllama_cli.core.generate.sampling import SamplingSettings
+from pyllama_cli.core.model.settings import LoadSettings
 from tests.test_serve import Server, _start
 
 N_SLOTS = 4
@@ -201,7 +201,7 @@ def test_padding_is_tried_both_ways_then_the_faster_is_kept() -> None:
 
 
 def test_a_three_token_step_is_padded_through_an_idle_slot_that_keeps_its_cache(engine: ParallelEngine) -> None:
-    from pyllama_cli.core.native import lib
+    from pyllama_cli.core.model.native import lib
 
     # Every slot holds two tokens; slots 0, 1 and 3 generate, slot 2 is idle between requests.
     batch = engine._batch

@@ -63,10 +63,10 @@ def test_default_output_is_llama_tokenize_lines(tiny_model: Path) -> None:
 
 def test_lines_print_pieces_as_c_strings(tiny_model: Path) -> None:
     """Raw bytes for partial UTF-8 pieces, and a NUL byte ends the piece, as printf("%s") does."""
-    from pyllama_cli.core import tokenizer as tk
-    from pyllama_cli.core.escapes import process_escapes
-    from pyllama_cli.core.native import Model
-    from pyllama_cli.core.settings import LoadSettings
+    from pyllama_cli.core.text import tokenizer as tk
+    from pyllama_cli.core.text.escapes import process_escapes
+    from pyllama_cli.core.model.native import Model
+    from pyllama_cli.core.model.settings import LoadSettings
 
     with Model.load(tiny_model, LoadSettings(), vocab_only=True) as model:
         tokens = tk.tokenize_text(model, process_escapes(rb"\x00\xc3\xa9"), add_bos=False)
@@ -79,7 +79,7 @@ def test_lines_print_pieces_as_c_strings(tiny_model: Path) -> None:
 def test_bulk_output_equals_a_plain_join(long_entry: int, monkeypatch: pytest.MonkeyPatch) -> None:
     import numpy as np
 
-    from pyllama_cli.core import tokenizer as tk
+    from pyllama_cli.core.text import tokenizer as tk
 
     monkeypatch.setattr(tk, "_CHUNK_BYTES", 1000)  # many chunks
     ids = np.array([5, 0, 7, 5, 5, 2, 1000] * 300, dtype=np.int32)
@@ -96,7 +96,7 @@ def test_bulk_output_equals_a_plain_join(long_entry: int, monkeypatch: pytest.Mo
     (b"trailing\\", b"trailing\\"),
 ])
 def test_escapes_follow_string_process_escapes(typed: bytes, unescaped: bytes) -> None:
-    from pyllama_cli.core.escapes import process_escapes
+    from pyllama_cli.core.text.escapes import process_escapes
 
     assert process_escapes(typed) == unescaped
 

@@ -9,9 +9,9 @@ from typing import Annotated, Any
 import typer
 
 from ..console import err, out, stderr_is_tty, stdout_is_tty
-from ..core.resolve import ModelRequest
+from ..core.model.resolve import ModelRequest
 from ..errors import Interrupted, PyllamaError, UsageError
-from ..options import HfFileOpt, HfRepoOpt, HfTokenOpt, ModelPathOpt, OfflineOpt, VerboseOpt
+from ..options.load import HfFileOpt, HfRepoOpt, HfTokenOpt, ModelPathOpt, OfflineOpt, VerboseOpt
 from .common import resolve
 
 EXAMPLES = """\
@@ -112,8 +112,8 @@ def bench(
     """
     from dataclasses import replace
 
-    from ..core.bench import build_info
-    from ..core.bench_output import OUTPUT_FORMATS
+    from ..core.bench.runner import build_info
+    from ..core.bench.output import OUTPUT_FORMATS
 
     if output not in OUTPUT_FORMATS:
         raise UsageError(f"-o {output!r} is not one of {', '.join(OUTPUT_FORMATS)}", hint="e.g. -o json")
@@ -126,9 +126,9 @@ def bench(
 
 def _make_spec(args: dict[str, Any]) -> Any:
     """Parse every sweep flag (ranges, lists, choices) into a BenchSpec without models yet."""
-    from ..core import bench as core
-    from ..core import ranges
-    from ..core.settings import INT32_MAX, MAX_THREADS, default_threads
+    from ..core.bench import runner as core
+    from ..core.bench import ranges
+    from ..core.model.settings import INT32_MAX, MAX_THREADS, default_threads
 
     def ints(name: str, flag: str, default: tuple[int, ...], minimum: int = 0, negative: bool = False,
              maximum: int = INT32_MAX) -> tuple:
@@ -168,7 +168,7 @@ def _make_spec(args: dict[str, Any]) -> Any:
 def _resolve_models(paths: list[str] | None, repos: list[str] | None, files: list[str] | None,
                     token: str | None, offline: bool) -> tuple[Any, ...]:
     """Resolve every -m (split on commas, as llama-bench does, unless the path exists) and -hf."""
-    from ..core.bench import BenchModel
+    from ..core.bench.runner import BenchModel
 
     names = [p for raw in paths or [] for p in ([raw] if Path(raw).exists() else [s for s in raw.split(",") if s])]
     if len(files or []) > len(repos or []):
@@ -188,7 +188,7 @@ def _resolve_models(paths: list[str] | None, repos: list[str] | None, files: lis
 def _load_compare(path: Path | None) -> list[dict[str, Any]] | None:
     if path is None:
         return None
-    from ..core.bench_compare import load_baseline
+    from ..core.bench.compare import load_baseline
 
     return load_baseline(path)
 
@@ -196,7 +196,7 @@ def _load_compare(path: Path | None) -> list[dict[str, Any]] | None:
 def _check_plot(path: Path | None) -> None:
     if path is None:
         return
-    from ..core.bench_plot import check_plot_format
+    from ..core.bench.plot import check_plot_format
     from ..core.paths import output_target
 
     check_plot_format(path)
@@ -210,10 +210,10 @@ def _check_plot(path: Path | None) -> None:
 def _run(spec: Any, build: Any, fmt: str, detail: bool, baseline: list[dict[str, Any]] | None,
          plot: Path | None) -> None:
     """Run the sweep, streaming rows in the chosen format (a rich table for md on a terminal)."""
-    from ..core.bench import run_benchmark
-    from ..core.bench_compare import speedup
-    from ..core.bench_output import Extras, make_printer, md_columns
-    from ..core.settings import default_threads
+    from ..core.bench.runner import run_benchmark
+    from ..core.bench.compare import speedup
+    from ..core.bench.output import Extras, make_printer, md_columns
+    from ..core.model.settings import default_threads
 
     extras = Extras(ttft=spec.ttft, compare=baseline is not None)
     cols = md_columns(spec, build.backends, extras, default_threads())
@@ -283,7 +283,7 @@ def _print_rich_table(results: list[Any], speedups: list[float | None], cols: li
     from rich import box
     from rich.table import Table
 
-    from ..core.bench_output import md_cells, md_heading, md_width
+    from ..core.bench.output import md_cells, md_heading, md_width
 
     table = Table(box=box.SIMPLE_HEAVY, caption=f"build: {build.build_commit} ({build.build_number})")
     for col in cols:
@@ -296,8 +296,8 @@ def _print_rich_table(results: list[Any], speedups: list[float | None], cols: li
 
 def _plot(results: list[Any], cols: list[str], build: Any, path: Path) -> None:
     """Label each bar with the model (when several) and the parameters that differ between rows."""
-    from ..core.bench_output import field_values, md_heading
-    from ..core.bench_plot import plot_results
+    from ..core.bench.output import field_values, md_heading
+    from ..core.bench.plot import plot_results
 
     values = [field_values(r, build) for r in results]
     params = [c for c in cols if c in values[0] and c not in ("model", "size", "params", "backend")]

@@ -9,11 +9,11 @@ from typing import Annotated, Any
 
 import typer
 
-from ..core.resolve import ModelRequest
-from ..core.settings import LoadSettings
+from ..core.model.resolve import ModelRequest
+from ..core.model.settings import LoadSettings
 from ..errors import InputError, UsageError
-from ..options import model_options
-from ..sampling_options import SamplingOptions, sampling_options
+from ..options.load import model_options
+from ..options.sampling import SamplingOptions, sampling_options
 
 EXAMPLES = """\
 Examples:
@@ -65,9 +65,9 @@ def chat(
     lines, Ctrl-G for $EDITOR, Tab completion, /help for the slash commands. With stdin not a
     terminal: one message per line, each answer on stdout followed by a blank line.
     """
-    from ..chat_commands import ChatRepl, ChatSettings
-    from ..core.chat_template import resolve_template
-    from ..core.conversation import Conversation, open_chat_engine
+    from ..chat.repl import ChatRepl, ChatSettings
+    from ..core.text.chat_template import resolve_template
+    from ..core.generate.conversation import Conversation, open_chat_engine
     from .common import open_model
 
     if reasoning not in REASONING_CHOICES:
@@ -104,8 +104,8 @@ def _system_prompt(text: str | None, path: Path | None) -> str:
 
 
 def _make_ui(plain: bool, reasoning: str, no_history: bool):
-    from ..chat_commands import command_names
-    from ..chat_ui import PlainUI, TerminalUI
+    from ..chat.repl import command_names
+    from ..chat.ui import PlainUI, TerminalUI
     from ..core.paths import data_dir
 
     if not (sys.stdin.isatty() and sys.stdout.isatty()) or os.environ.get("TERM") == "dumb":

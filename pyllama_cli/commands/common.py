@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from ..console import download_tqdm, load_progress
-from ..core.resolve import ModelRequest, ResolvedModel, resolve_model
-from ..core.settings import LoadSettings
+from ..core.model.resolve import ModelRequest, ResolvedModel, resolve_model
+from ..core.model.settings import LoadSettings
 
 
 def resolve(request: ModelRequest, *, tokenizer: bool = True) -> ResolvedModel:
@@ -14,9 +14,9 @@ def resolve(request: ModelRequest, *, tokenizer: bool = True) -> ResolvedModel:
 
 def open_model(request: ModelRequest, settings: LoadSettings, *, vocab_only: bool = False):  # noqa: ANN201
     """Resolve and load a model, with a load progress bar on a terminal; returns (resolved, Model)."""
-    from ..core.loader import load_model
+    from ..core.model.session import load_session
 
     resolved = resolve(request)
     with load_progress(f"Loading {resolved.path.name}") as on_progress:
-        model = load_model(resolved, settings, vocab_only=vocab_only, on_progress=on_progress)
-    return resolved, model
+        session = load_session(resolved, settings, vocab_only=vocab_only, on_progress=on_progress)
+    return resolved, session.model

@@ -11,13 +11,13 @@ from typing import Annotated, Any
 import typer
 
 from ..console import err, silence_stdout, warn, write_all
-from ..core.escapes import process_text_escapes
+from ..core.text.escapes import process_text_escapes
 from ..core.paths import require_folder
-from ..core.resolve import ModelRequest
-from ..core.settings import LoadSettings
+from ..core.model.resolve import ModelRequest
+from ..core.model.settings import LoadSettings
 from ..errors import InputError, Interrupted, OutputClosed, UsageError
-from ..options import model_options
-from ..sampling_options import SamplingOptions, sampling_options
+from ..options.load import model_options
+from ..options.sampling import SamplingOptions, sampling_options
 from .common import open_model
 
 EXAMPLES = """\
@@ -79,9 +79,9 @@ def complete(
     Sampling flags, grammars and JSON schemas follow llama.cpp's names and defaults.
     Ctrl-C stops at once, keeps what was printed and exits with 130.
     """
-    from ..core.completion import Completion, CompletionRequest
+    from ..core.generate.one_shot import Completion, CompletionRequest
     from ..core.interrupt import StopFlag, catch_sigint
-    from ..core.native import Context
+    from ..core.model.native import Context
 
     if system_prompt is not None and not chat:
         raise UsageError("-sys/--system-prompt needs --chat", hint="add --chat to use the chat template")
@@ -113,7 +113,7 @@ def _warn_if_cut(stats: Any, n_ctx: int, *, constrained: bool) -> None:
     """Say on stderr when the text may be cut short: otherwise it just ends, and nothing tells a reader
     of stdout (llama.cpp warns of a full context too). Output that follows a grammar or schema and
     stops at -n is likely unfinished (JSON without its closing brace)."""
-    from ..core.generation import STOP_CONTEXT, STOP_LENGTH
+    from ..core.generate.generator import STOP_CONTEXT, STOP_LENGTH
 
     if stats.stop_reason == STOP_CONTEXT:
         sys.stdout.flush()

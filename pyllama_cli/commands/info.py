@@ -8,11 +8,11 @@ from typing import Annotated, Any
 import typer
 
 from ..console import human_count, human_size, out
-from ..core.json_text import json_ready
-from ..core.model_info import ModelInfo, describe_model, metadata_summary
-from ..core.resolve import ModelRequest
+from ..core.text.json_text import json_ready
+from ..core.model.info import ModelInfo, describe_model, metadata_summary
+from ..core.model.resolve import ModelRequest
 from ..errors import InputError, UsageError
-from ..options import JsonOpt, model_options
+from ..options.load import JsonOpt, model_options
 from .common import resolve
 
 EXAMPLES = """\

@@ -13,10 +13,10 @@ import typer
 
 from ..console import err, human_size, info, stderr_is_tty, stdout_is_tty, warn
 from ..core.paths import require_folder
-from ..core.resolve import ModelRequest
-from ..core.settings import LoadSettings
+from ..core.model.resolve import ModelRequest
+from ..core.model.settings import LoadSettings
 from ..errors import InputError, UsageError
-from ..options import LOAD_PANEL, model_options
+from ..options.load import LOAD_PANEL, model_options
 from .common import open_model
 
 EXAMPLES = """\
@@ -30,7 +30,7 @@ Examples:
 """
 
 TASK_PANEL = "Benchmarks"
-DEFAULT_CTX = 512  # llama-perplexity's -c (pyllama_cli.core.perplexity.DEFAULT_CHUNK_CTX)
+DEFAULT_CTX = 512  # llama-perplexity's -c (pyllama_cli.core.evaluate.perplexity.DEFAULT_CHUNK_CTX)
 
 ChunkCtxOpt = Annotated[int, typer.Option(
     "-c", "--ctx-size", min=0, help="Tokens per chunk (default: 512; with --kl-divergence, the base file's).",
@@ -108,7 +108,7 @@ def _mode(file: Path | None, kld: bool, base: Path | None, hellaswag: Path | Non
 
 
 def _read(path: Path) -> bytes:
-    from ..core.perplexity import read_text
+    from ..core.evaluate.perplexity import read_text
 
     return read_text(path)
 
@@ -124,7 +124,7 @@ def _ctx(requested: int | None) -> int:
 def _run_perplexity(request: ModelRequest, load: LoadSettings, n_ctx: int | None, text: bytes, chunks: int,
                     base: Path | None,
                     as_json: bool) -> None:
-    from ..core import perplexity as ppl
+    from ..core.evaluate import perplexity as ppl
 
     if base is not None:
         require_folder(base, "the KL-divergence base")
@@ -138,7 +138,7 @@ def _run_perplexity(request: ModelRequest, load: LoadSettings, n_ctx: int | None
         if base is None:
             _render_perplexity(run, as_json, resolved.path)
             return
-        from ..core.kld import writing_base
+        from ..core.evaluate.kld import writing_base
 
         with writing_base(base, plan, model.n_vocab, tokens) as writer:
             run.on_chunk = writer.on_chunk
@@ -174,7 +174,7 @@ def _render_perplexity(run: Any, as_json: bool, model_path: Path) -> None:
 
 def _run_kld(request: ModelRequest, load: LoadSettings, n_ctx: int | None, base: Path, chunks: int,
              as_json: bool) -> None:
-    from ..core import kld
+    from ..core.evaluate import kld
 
     header = kld.read_base_header(base)
     resolved, model = open_model(request, load)
@@ -193,7 +193,7 @@ def _run_kld(request: ModelRequest, load: LoadSettings, n_ctx: int | None, base:
                     typer.echo(kld.format_row(i, row))
         summary = run.stats.summary()
     if as_json:
-        from ..core.json_text import json_ready
+        from ..core.text.json_text import json_ready
 
         typer.echo(json.dumps(json_ready({"model": str(resolved.path), "base": str(base), "chunks": rows,
                                           "summary": summary}), indent=2))
@@ -212,7 +212,7 @@ def _run_kld(request: ModelRequest, load: LoadSettings, n_ctx: int | None, base:
 
 def _run_tasks(request: ModelRequest, load: LoadSettings, n_ctx: int | None, mode: str, path: Path,
                n_hellaswag: int, n_winogrande: int, as_json: bool) -> None:
-    from ..core import multiple_choice as mc
+    from ..core.evaluate import multiple_choice as mc
 
     text = _read(path).decode("utf-8", errors="surrogateescape")
     if mode == "hellaswag":

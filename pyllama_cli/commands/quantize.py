@@ -10,9 +10,9 @@ from typing import Annotated, Any
 import typer
 
 from ..console import err, human_size, info, stderr_is_tty
-from ..core.resolve import ModelRequest
+from ..core.model.resolve import ModelRequest
 from ..errors import UsageError
-from ..options import JsonOpt, LogFileOpt, VerboseOpt, model_options
+from ..options.load import JsonOpt, LogFileOpt, VerboseOpt, model_options
 from .common import resolve
 
 EXAMPLES = """\
@@ -71,12 +71,12 @@ def quantize(
     llama.cpp writes a hidden temporary file that is renamed to OUTPUT only on success.
     An error or Ctrl-C leaves no partial file; an existing OUTPUT needs --force.
     """
-    from ..core.ftypes import QUANT_TYPES, parse_tensor_type
+    from ..core.gguf.ftypes import QUANT_TYPES, parse_tensor_type
 
     if list_types:
         _print_types(QUANT_TYPES, as_json)
         return
-    from ..core import quantize as core
+    from ..core.quantize import quantizer as core
 
     pos = core.parse_positionals(args or [], input_named=bool(model.model or model.hf_repo))
     if pos.nthreads is not None and threads and pos.nthreads != threads:

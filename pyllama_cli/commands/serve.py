@@ -11,11 +11,11 @@ from typing import Annotated, Any
 import typer
 
 from ..console import err, warn
-from ..core.resolve import ModelRequest
-from ..core.settings import LoadSettings
+from ..core.model.resolve import ModelRequest
+from ..core.model.settings import LoadSettings
 from ..errors import Interrupted, ModelLoadError, PyllamaError, UsageError
-from ..options import model_options
-from ..sampling_options import SamplingOptions, sampling_options
+from ..options.load import model_options
+from ..options.sampling import SamplingOptions, sampling_options
 from .common import resolve
 
 EXAMPLES = """\
@@ -81,7 +81,7 @@ def serve(
     from ..server.settings import ServerSettings
 
     if chat_template:
-        from ..core.chat_template import resolve_template
+        from ..core.text.chat_template import resolve_template
 
         resolve_template(None, chat_template)  # an unknown name fails before the model loads
     resolved = resolve(model)
@@ -101,10 +101,10 @@ def _make_engine(path: Path, load: LoadSettings, embeddings: bool, parallel: int
                  **callbacks: Any) -> Any:
     """Embeddings run one input at a time; generation runs on the continuous-batching slots."""
     if embeddings:
-        from ..core.engine import SingleSlotEngine
+        from ..core.serving.engine import SingleSlotEngine
 
         return SingleSlotEngine(path, load, embeddings=True, **callbacks)
-    from ..core.parallel_engine import ParallelEngine
+    from ..core.serving.scheduler import ParallelEngine
 
     return ParallelEngine(path, load, n_slots=parallel, kv_unified=kv_unified, **callbacks)
 

@@ -9,10 +9,10 @@ from typing import Annotated
 import typer
 
 from ..console import stdout_is_tty, write_all
-from ..core.resolve import ModelRequest
-from ..core.settings import LoadSettings
+from ..core.model.resolve import ModelRequest
+from ..core.model.settings import LoadSettings
 from ..errors import InputError, UsageError
-from ..options import VerboseOpt, model_options
+from ..options.load import VerboseOpt, model_options
 from .common import open_model
 
 EXAMPLES = """\
@@ -74,8 +74,8 @@ def tokenize(
     """
     _check_tokenize_flags(ids, as_json, chat, chat_template, show_prompt, no_escape)
     source, data = _read_input(text, prompt, file, stdin)
-    from ..core import tokenizer as tk
-    from ..core.escapes import process_escapes
+    from ..core.text import tokenizer as tk
+    from ..core.text.escapes import process_escapes
 
     _, vocab = open_model(model, LoadSettings(verbose=verbose), vocab_only=True)
     with vocab:
@@ -159,7 +159,7 @@ def detokenize(
     if bool(token_ids) == stdin:
         raise UsageError("give the ids either as arguments or with --stdin" if stdin else "no token ids given",
                          hint="e.g. pyllama detokenize -m model.gguf 1 15043 3186")
-    from ..core import tokenizer as tk
+    from ..core.text import tokenizer as tk
 
     raw = _stdin_ids_text() if stdin else " ".join(token_ids or [])
     token_list = tk.parse_ids(raw)

@@ -19,9 +19,9 @@ from starlette.concurrency import run_in_threadpool
 from starlette.middleware.cors import CORSMiddleware
 
 from .. import __version__
-from ..core.engine import EmbeddingJob, Engine
+from ..core.serving.engine import EmbeddingJob, Engine
 from ..errors import InputError
-from . import completions
+from . import openai_answers as completions
 from .auth import ApiKeyMiddleware
 from .errors import ERROR_TYPES, APIError, install_error_handlers, loading_error
 from .metrics import CONTENT_TYPE, Metrics, MetricsMiddleware

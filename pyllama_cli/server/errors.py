@@ -15,7 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from ..core.chat_template import TemplateError
+from ..core.text.chat_template import TemplateError
 from ..errors import ContextOverflow, InputError, PyllamaError, UsageError
 
 ERROR_TYPES = {

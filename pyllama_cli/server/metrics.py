@@ -8,7 +8,7 @@ from collections.abc import Iterable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..core.engine import Engine
+from ..core.serving.engine import Engine
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

@@ -12,9 +12,9 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..core.engine import Engine, GenerationJob
-from ..core.sampling import SamplingSettings
-from ..core.tools import ToolPlan, ToolsError, plan_tools, render_with_tools
+from ..core.serving.engine import Engine, GenerationJob
+from ..core.generate.sampling import SamplingSettings
+from ..core.constrain.tools import ToolPlan, ToolsError, plan_tools, render_with_tools
 from ..errors import ContextOverflow, InputError
 from .errors import APIError
 from .schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, GenerationFields
@@ -266,7 +266,7 @@ def _biased_tokens(token: Any, engine: Engine) -> list[int]:
 
 def _grammar(req: GenerationFields, settings: ServerSettings, plan: ToolPlan | None) -> str | None:
     """The GBNF the output must follow: the request's grammar, JSON schema or forced tool call."""
-    from ..core.grammar import check_grammar, schema_to_grammar
+    from ..core.constrain.grammar import check_grammar, schema_to_grammar
 
     schema, schema_param = _json_schema(req)
     # llama-server reads an empty grammar as none, so clients written for it send "grammar": "" to mean none.
@@ -289,7 +289,7 @@ def _grammar(req: GenerationFields, settings: ServerSettings, plan: ToolPlan | N
         param = "grammar" if grammar_text is not None else schema_param
         raise APIError(400, exc.message, param=param, code="invalid_grammar") from None
     if plan is not None and plan.forced:
-        from ..core.tools import call_grammar
+        from ..core.constrain.tools import call_grammar
 
         try:
             return call_grammar(plan)

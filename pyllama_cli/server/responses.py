@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import __version__
-from ..core.engine import TokenProb
-from ..core.generation import (
+from ..core.serving.engine import TokenProb
+from ..core.generate.generator import (
     STOP_CONTEXT,
     STOP_EOS,
     STOP_GRAMMAR,

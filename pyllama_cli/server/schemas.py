@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..core.settings import INT32_MAX
+from ..core.model.settings import INT32_MAX
 
 
 class _Lenient(BaseModel):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..core.sampling import SamplingSettings
+from ..core.generate.sampling import SamplingSettings
 
 DEFAULT_MAX_BODY_SIZE = 8 * 1024 * 1024
 

@@ -1,0 +1,9 @@
+"""Speed measurement as llama-bench does it, and its output formats.
+
+- `runner`: the tests (pp, tg, pg, depth), their parameters and the timing.
+- `ranges`: llama-bench's multi-valued parameters (`1,2,4`, `1-8+2`).
+- `output`: md, csv, json, jsonl and sql.
+- `compare`, `plot`: `--compare BASELINE.json` and `--plot FILE.png`.
+
+May import: `core.model`, `core.paths`, `core.text`, `pyllama_cli.errors`.
+"""

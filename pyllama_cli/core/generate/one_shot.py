@@ -1,0 +1,184 @@
+"""One-shot completion (`pyllama complete`): prompt text -> tokens -> streamed text, with a prompt cache.
+
+Builds on the shared Generator: this module only decides what the prompt is (raw text or one chat
+turn), makes it fit the context (or says why it does not), and loads/saves `--prompt-cache`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ...errors import ContextOverflow, InputError
+from ..text.chat_template import render_chat
+from .generator import GenerationStats, Generator
+from ..model.native import Context, Model, lib
+from .prompt_cache import CacheLoad, load_prompt_cache, save_prompt_cache
+from .sampling import SamplingSettings, check_logit_bias
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    prompt: str
+    sampling: SamplingSettings
+    n_predict: int = -1
+    stop: tuple[str, ...] = ()
+    chat: bool = False  # wrap the prompt as one user turn with the model's chat template
+    system_prompt: str | None = None
+    chat_template: str | None = None  # NAME|FILE|JINJA override for --chat
+    truncate: bool = False  # keep the end of a prompt longer than the context instead of failing
+    prompt_cache: Path | None = None
+
+
+@dataclass
+class CompletionReport:
+    """Everything `--stats` shows once the run is over."""
+
+    stats: GenerationStats = field(default_factory=GenerationStats)
+    truncated: int = 0  # prompt tokens dropped by --truncate
+    cache: CacheLoad | None = None
+    cache_load_ms: float = 0.0
+    cache_saved: bool = False
+    eval_tps: float = 0.0  # llama.cpp's own count: single-token decodes per second of decode time
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = self.stats.to_dict()
+        data["eval_tps"] = round(self.eval_tps, 3)
+        data["truncated_tokens"] = self.truncated
+        if self.cache is not None:
+            data["prompt_cache"] = {"file_tokens": len(self.cache.saved_tokens), "reused_tokens": self.stats.n_cached,
+                                    "load_ms": round(self.cache_load_ms, 3), "saved": self.cache_saved}
+        return data
+
+
+def prompt_text(model: Model, request: CompletionRequest) -> str:
+    """The text the model sees: the prompt itself, or with --chat, one rendered user turn."""
+    if not request.chat:
+        return request.prompt
+    messages = [{"role": "user", "content": request.prompt}]
+    if request.system_prompt:
+        messages.insert(0, {"role": "system", "content": request.system_prompt})
+    return render_chat(model, messages, template=request.chat_template)
+
+
+def tokenize_prompt(model: Model, text: str) -> list[int]:
+    """Token ids as llama.cpp's tools make them: BOS when the vocab wants it, special tokens parsed."""
+    # surrogateescape: prompt bytes that are not UTF-8 (read that way from a file or stdin) pass through as bytes.
+    raw = text.encode("utf-8", errors="surrogateescape")
+    ids = [int(t) for t in model.tokenize(raw, add_special=True, parse_special=True)]
+    # A chat template that writes BOS itself would otherwise give two.
+    if len(ids) >= 2 and ids[0] == ids[1] == model.bos:
+        ids.pop(0)
+    return ids
+
+
+def fit_prompt(ids: list[int], n_ctx: int, n_predict: int, truncate: bool, bos: int) -> tuple[list[int], int]:
+    """Return the prompt (cut to its end with --truncate) and how many tokens were dropped.
+
+    Raises:
+        ContextOverflow: the prompt does not fit and truncation was not asked for.
+    """
+    if len(ids) < n_ctx:
+        return ids, 0
+    if not truncate:
+        raise ContextOverflow(
+            f"the prompt has {len(ids)} tokens but the context holds {n_ctx}",
+            hint=f"raise the context with -c/--ctx-size (e.g. -c {_room_for(len(ids), n_predict)}), "
+                 "or pass --truncate to keep the end of the prompt",
+        )
+    room = min(n_predict, n_ctx // 2) if n_predict > 0 else n_ctx // 4
+    keep = max(n_ctx - max(room, 1), 1)
+    head = [ids[0]] if ids and ids[0] == bos and keep > 1 else []
+    kept = head + ids[len(ids) - (keep - len(head)):]
+    return kept, len(ids) - len(kept)
+
+
+def _eval_counters(ctx: Context) -> tuple[float, int]:
+    """llama.cpp's running totals for single-token decodes: (milliseconds, count)."""
+    data = lib.llama_perf_context(ctx.handle)
+    return float(data.t_eval_ms), int(data.n_eval)
+
+
+def _room_for(n_prompt: int, n_predict: int) -> int:
+    need = n_prompt + (n_predict if n_predict > 0 else 256)
+    size = 512
+    while size < need:
+        size *= 2
+    return size
+
+
+class Completion:
+    """One completion run over a loaded model and a fresh context."""
+
+    def __init__(self, model: Model, ctx: Context, request: CompletionRequest,
+                 warn: Callable[[str], None] = lambda _: None):
+        self.model = model
+        self.ctx = ctx
+        self.request = request
+        self.warn = warn
+        self.report = CompletionReport()
+        self.generator = Generator(model, ctx)
+        self.text = prompt_text(model, request)
+        ids = tokenize_prompt(model, self.text)
+        self.tokens, self.report.truncated = fit_prompt(ids, ctx.n_ctx, request.n_predict, request.truncate,
+                                                        model.bos)
+        if self.report.truncated:
+            self.text = model.detokenize(self.tokens, remove_special=True, unparse_special=True).decode(
+                "utf-8", errors="replace")
+            warn(f"the prompt has {len(ids)} tokens but the context holds {ctx.n_ctx}: kept its last "
+                 f"{len(self.tokens)} tokens (--truncate)")
+        check_logit_bias(self.request.sampling.logit_bias, self.model.n_vocab)
+        self._eval_start: tuple[float, int] | None = None
+
+    def stream(self, stop_flag: Callable[[], bool] = lambda: False) -> Iterator[str]:
+        """Yield the generated text; `self.report` is complete once the iterator ends or raises."""
+        cache_path = self.request.prompt_cache
+        if cache_path is not None:
+            self._load_cache(cache_path)
+        try:
+            yield from self.generator.stream(
+                self.tokens, self.request.sampling, max_tokens=self.request.n_predict, stop=self.request.stop,
+                stop_flag=stop_flag, after_prefill=self._after_prefill)
+        finally:
+            self.report.stats = self.generator.stats
+            self.report.eval_tps = self._eval_tps()
+
+    def _after_prefill(self) -> None:
+        if self.request.prompt_cache is not None:
+            self._save_cache(self.request.prompt_cache)
+        self._eval_start = _eval_counters(self.ctx)
+
+    def _eval_tps(self) -> float:
+        """Decode-only generation speed as llama.cpp's tools report it (`eval time ... tokens per second`)."""
+        if self._eval_start is None:
+            return 0.0
+        t_start, n_start = self._eval_start
+        t_end, n_end = _eval_counters(self.ctx)
+        return (n_end - n_start) / ((t_end - t_start) / 1000) if t_end > t_start else 0.0
+
+    def close(self) -> None:
+        self.generator.close()
+
+    def _load_cache(self, path: Path) -> None:
+        start = time.perf_counter()
+        load = load_prompt_cache(path, self.model, self.ctx, self.tokens)
+        self.report.cache_load_ms = (time.perf_counter() - start) * 1000
+        self.report.cache = load
+        if load.warning:
+            self.warn(load.warning)
+        if load.reused:
+            # Tell the generator what sequence 0 now holds, so its prefill evaluates only the rest.
+            self.generator.cached = list(self.tokens[:load.reused])
+
+    def _save_cache(self, path: Path) -> None:
+        cache = self.report.cache
+        if cache is not None and cache.saved_tokens == self.tokens:
+            return  # the file already holds exactly this prompt
+        try:
+            save_prompt_cache(path, self.model, self.ctx, self.tokens)
+            self.report.cache_saved = True
+        except InputError as exc:
+            self.warn(exc.message)

@@ -1,0 +1,106 @@
+"""The one owner of a loaded model: resolve, load, make a context, and free them in the right order.
+
+Every command that runs a model opens it with `open_model()` (a context manager) and every server
+engine with `load_session()`; nothing else calls `Model.load`. A `Session` frees its context before
+its model, since a llama.cpp context points into the model's weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .resolve import ModelRequest, ResolvedModel, resolve_model
+from .settings import LoadSettings
+
+if TYPE_CHECKING:  # the bindings load only when a model does
+    from .native import Context, Model
+
+# What a caller passes to draw progress: a tqdm-compatible class for downloads, and a factory of
+# context managers that yield a load-progress callback (0..1) for a label. Either may be None.
+LoadBar = Callable[[str], AbstractContextManager[Callable[[float], None] | None]]
+
+
+@dataclass(frozen=True)
+class Progress:
+    """How the caller shows downloads and loading (core code draws nothing itself)."""
+
+    download: type | None = None
+    load: LoadBar | None = None
+
+
+class Session:
+    """A loaded model, the file it came from, and the context made for it (if one was asked for)."""
+
+    def __init__(self, resolved: ResolvedModel, model: Model, ctx: Context | None = None):
+        self.resolved = resolved
+        self.model = model
+        self.ctx = ctx
+
+    @property
+    def path(self) -> Any:
+        return self.resolved.path
+
+    def close(self) -> None:
+        """Free the context, then the model; safe to call twice."""
+        if self.ctx is not None:
+            self.ctx.close()
+            self.ctx = None
+        self.model.close()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def load_session(
+    resolved: ResolvedModel,
+    settings: LoadSettings,
+    *,
+    vocab_only: bool = False,
+    context: dict[str, Any] | None = None,
+    on_progress: Callable[[float], None] | None = None,
+) -> Session:
+    """Load a resolved GGUF and, when `context` is given (Context keyword arguments), a context for it.
+
+    Raises:
+        ModelLoadError: llama.cpp refused the file, or could not make the context.
+        Interrupted: Ctrl-C during the load.
+    """
+    from .native import Context, Model
+
+    model = Model.load(resolved.path, settings, vocab_only=vocab_only, on_progress=on_progress)
+    try:
+        ctx = Context(model, settings, **context) if context is not None else None
+    except BaseException:
+        model.close()
+        raise
+    return Session(resolved, model, ctx)
+
+
+@contextmanager
+def open_model(
+    request: ModelRequest,
+    settings: LoadSettings,
+    *,
+    vocab_only: bool = False,
+    context: dict[str, Any] | None = None,
+    progress: Progress | None = None,
+    tokenizer: bool = True,
+) -> Iterator[Session]:
+    """Resolve `request` (`-m`/`-hf`), load it, and yield the `Session`; everything is freed on exit.
+
+    `context` holds the Context keyword arguments ({} for the defaults of `settings`); without it
+    the session holds the model alone (commands whose core makes its own contexts: perplexity, bench).
+    """
+    progress = progress or Progress()
+    resolved = resolve_model(request, tqdm_class=progress.download, tokenizer=tokenizer)
+    bar = progress.load(f"Loading {resolved.path.name}") if progress.load is not None else nullcontext(None)
+    with bar as on_progress:
+        session = load_session(resolved, settings, vocab_only=vocab_only, context=context, on_progress=on_progress)
+    with session:
+        yield session

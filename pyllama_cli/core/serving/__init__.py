@@ -1,0 +1,10 @@
+"""Running many requests on one loaded model, for `pyllama serve`.
+
+- `jobs`: the jobs the server submits and the event streams it reads back.
+- `engine`: the `Engine` interface the HTTP layer talks to.
+- `scheduler`: `ParallelEngine`, continuous batching over N slots (generation).
+- `slots`: a slot's state and the step padding trial.
+- `embedding_engine`: `EmbeddingEngine`, one input at a time (`--embeddings`).
+
+May import: `core.generate`, `core.text`, `core.model`, `core.interrupt`, `pyllama_cli.errors`.
+"""

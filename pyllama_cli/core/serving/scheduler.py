@@ -1,0 +1,509 @@
+"""Continuous batching: N slots share one context, and one scheduler thread runs them all.
+
+Each slot owns a sequence id in the context, the tokens its KV cache holds, and the sampler chain
+of its current request. At every step the scheduler builds ONE batch from every active slot — the
+next prompt chunk of slots still evaluating their prompt beside the last sampled token of slots
+that are generating — and calls llama_decode once for it. A request that arrives while others
+generate starts at the next step instead of waiting for them (llama-server's design, `-np N`).
+
+Requests beyond N wait in a FIFO queue. A new request goes to the idle slot whose cached tokens
+share the longest prefix with its prompt, and only the rest of the prompt is evaluated.
+The HTTP layer only submits jobs and reads `JobStream`s; it never touches llama.cpp.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import contextvars
+import statistics
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ...errors import ContextOverflow, InputError
+from .engine import (
+    CLOSED,
+    FAILED,
+    READY,
+    EmbeddingJob,
+    Engine,
+    EngineStats,
+    Event,
+    GenerationJob,
+    JobStream,
+    ModelSummary,
+)
+from ..generate.generator import (
+    STOP_CONTEXT,
+    STOP_EOS,
+    STOP_GRAMMAR,
+    STOP_INTERRUPTED,
+    STOP_LENGTH,
+    STOP_STOP,
+    GenerationStats,
+    StopMatcher,
+    common_prefix,
+)
+from ..generate.sampling import NO_TOKEN
+
+IDLE, PREFILL, GENERATING = "idle", "prefill", "generating"
+# How long a step may wait for a request that reached the server but is not submitted yet.
+ARRIVAL_WAIT_S = 0.003
+
+
+class _Arrival:
+    """A request between reaching the server and its submit (see ParallelEngine.arriving)."""
+
+    __slots__ = ("since",)
+
+    def __init__(self) -> None:
+        self.since = time.perf_counter()
+
+
+_ARRIVING: contextvars.ContextVar[_Arrival | None] = contextvars.ContextVar("pyllama_arriving", default=None)
+
+
+@dataclass
+class Slot:
+    """One sequence of the shared context and the request it is serving."""
+
+    id: int
+    cached: list[int] = field(default_factory=list)  # tokens in this sequence's KV cache
+    state: str = IDLE
+    stream: JobStream | None = None
+    sampler: Any = None
+    pending: list[int] = field(default_factory=list)  # prompt tokens still to evaluate
+    last_token: int = -1  # sampled, not yet evaluated
+    batch_index: int = -1  # where this slot's logits sit in the last batch (-1: none)
+    in_batch: bool = False  # whether the last batch held any of this slot's tokens
+    stats: GenerationStats = field(default_factory=GenerationStats)
+    decoder: Any = None
+    matcher: StopMatcher | None = None
+    started: float = 0.0
+    gen_started: float = 0.0
+    requests_served: int = 0
+
+    @property
+    def job(self) -> GenerationJob:
+        assert self.stream is not None
+        return self.stream.job  # type: ignore[return-value]
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "id": self.id, "state": self.state, "n_cached": len(self.cached),
+            "n_prompt": self.stats.n_prompt if self.state != IDLE else 0,
+            "n_generated": self.stats.n_generated if self.state != IDLE else 0,
+            "requests_served": self.requests_served,
+        }
+
+
+class PaddingTrial:
+    """Whether a step of three tokens should get a fourth, throwaway one: decided by timing both.
+
+    On a CPU, llama.cpp multiplies repacked weights (Q4_0, Q4_K, IQ4_NL, ...) by four tokens at
+    a time and by leftover tokens one at a time, each reading the whole matrix again, so three
+    tokens cost more than four (9.5 ms against 7.7 on the 246M Q4_0 benchmark model). Other
+    weights, and GPUs, scale the other way. So the first steps that could be padded alternate
+    between padded and not, and after TRIALS of each the faster choice is kept for good.
+    """
+
+    TRIALS = 8
+
+    def __init__(self) -> None:
+        self.seconds: dict[bool, list[float]] = {True: [], False: []}
+        self.decision: bool | None = None
+
+    def choose(self) -> bool:
+        if self.decision is not None:
+            return self.decision
+        return len(self.seconds[True]) < len(self.seconds[False])  # alternate, unpadded first
+
+    def record(self, padded: bool, seconds: float) -> None:
+        if self.decision is not None:
+            return
+        self.seconds[padded].append(seconds)
+        if all(len(times) >= self.TRIALS for times in self.seconds.values()):
+            self.decision = statistics.median(self.seconds[True]) < statistics.median(self.seconds[False])
+
+
+class ParallelEngine(Engine):
+    """N slots, one context, one scheduler thread doing continuous batching."""
+
+    def __init__(self, *args: Any, n_slots: int = 1, kv_unified: bool = False, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        if n_slots < 1:
+            raise InputError(f"--parallel must be at least 1, got {n_slots}")
+        self.n_slots = n_slots
+        self.kv_unified = kv_unified
+        self.slots = [Slot(i) for i in range(n_slots)]
+        self._queue: deque[JobStream] = deque()
+        self._cond = threading.Condition()
+        self._stats = EngineStats()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._ctx: Any = None
+        self._batch: Any = None
+        self.n_ctx_slot = 0
+        self._outbox: list[tuple[JobStream, Event]] = []  # events of this step, delivered together
+        self._padding = PaddingTrial()
+        self._arrivals: set[_Arrival] = set()  # requests on their way to submit (guarded by _cond)
+        self._pad: tuple[Slot, int] | None = None  # (idle slot, position) of this step's throwaway token
+        self._timing_padding = False  # whether this step is one of PaddingTrial's
+
+    # ---------------------------------------------------------------- Engine interface
+
+    @property
+    def n_ctx(self) -> int:
+        return self.n_ctx_slot
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="pyllama-scheduler", daemon=True)
+            self._thread.start()
+
+    def submit(self, job: GenerationJob | EmbeddingJob) -> JobStream:
+        if self.state != READY:
+            raise RuntimeError(f"the engine is {self.state}")
+        if isinstance(job, EmbeddingJob):
+            raise InputError("this server generates text; start it with --embeddings to serve embeddings")
+        stream = JobStream(job, asyncio.get_running_loop())
+        with self._cond:
+            self._queue.append(stream)
+            self._stats.queue_depth = len(self._queue)
+            self._arrivals.discard(_ARRIVING.get())  # type: ignore[arg-type]
+            self._cond.notify()
+        return stream
+
+    @contextmanager
+    def arriving(self) -> Iterator[None]:
+        """Requests that reach the server together start in the same step.
+
+        Clients often send requests together (4 streams that end in the same step send their next
+        4 requests at once), but the server parses and tokenizes them one after another. Starting
+        the first alone would put it a step ahead of the others for good, and from then on every
+        step in which one of them ends runs with a slot short. So while a slot is free, a step
+        waits (at most ARRIVAL_WAIT_S per request) for requests already inside this block.
+        """
+        arrival = _Arrival()
+        with self._cond:
+            self._arrivals.add(arrival)
+        token = _ARRIVING.set(arrival)
+        try:
+            yield
+        finally:
+            _ARRIVING.reset(token)
+            with self._cond:
+                if arrival in self._arrivals:  # it ended without a submit (a bad request)
+                    self._arrivals.discard(arrival)
+                    self._cond.notify()
+
+    def stats(self) -> EngineStats:
+        with self._cond:
+            s = replace(self._stats)
+            s.queue_depth = len(self._queue)
+            s.processing = sum(slot.state != IDLE for slot in self.slots)
+            return s
+
+    def slot_states(self) -> list[dict[str, Any]]:
+        with self._cond:
+            return [slot.describe() for slot in self.slots]
+
+    def cancel_all(self) -> None:
+        with self._cond:
+            for stream in [*(slot.stream for slot in self.slots), *self._queue]:
+                if stream is not None:
+                    stream.cancel()
+            self._cond.notify()
+
+    def close(self, timeout: float = 10.0) -> None:
+        if self.state == CLOSED:
+            return
+        with self._cond:
+            self._stopping = True
+            for slot in self.slots:
+                if slot.stream is not None:
+                    slot.stream.cancel()
+            self._cond.notify()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+        if self.state != FAILED:
+            self.state = CLOSED
+
+    # ---------------------------------------------------------------- scheduler thread
+
+    def _load(self) -> None:
+        from ..model.native import Batch, Context, Model
+
+        model = Model.load(self.path, self.settings)
+        try:
+            n_ctx = self.settings.n_ctx or model.n_ctx_train
+            self._ctx = Context(model, self.settings, n_ctx=n_ctx, n_seq_max=self.n_slots,
+                                kv_unified=self.kv_unified)
+            self._batch = Batch(max(self._ctx.n_batch, self.n_slots), n_seq_max=1)
+        except BaseException:
+            model.close()
+            raise
+        self.model = model
+        # Without a unified cache each sequence gets an equal share of the context, as llama-server does.
+        self.n_ctx_slot = self._ctx.n_ctx if self.kv_unified else self._ctx.n_ctx // self.n_slots
+        self.summary = ModelSummary(
+            path=self.path, description=model.description, n_ctx=self.n_ctx_slot, n_ctx_train=model.n_ctx_train,
+            n_vocab=model.n_vocab, n_embd=model.n_embd, n_params=model.n_params, size_bytes=model.size_bytes,
+            embeddings=False, n_batch=self._ctx.n_batch,
+        )
+
+    def _unload(self) -> None:
+        for slot in self.slots:
+            if slot.stream is not None:
+                self._finish(slot, STOP_INTERRUPTED)
+        self._flush()
+        while self._queue:
+            self._queue.popleft().put(Event(error=InputError("the server is shutting down"), done=True))
+        if self._batch is not None:
+            self._batch.close()
+        if self._ctx is not None:
+            self._ctx.close()
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stopping and not self._queue and all(s.state == IDLE for s in self.slots):
+                    self._cond.wait()
+                if self._stopping:
+                    return
+                self._assign_waiting()
+                self._wait_for_arrivals()
+            self._drop_cancelled()
+            if self._build_batch():
+                self._decode_and_sample()
+            self._flush()
+
+    # ---- admission
+
+    def _assign_waiting(self) -> None:
+        """Give queued requests (in arrival order) to idle slots, best prefix match first."""
+        while self._queue:
+            idle = [s for s in self.slots if s.state == IDLE]
+            if not idle:
+                break
+            stream = self._queue.popleft()
+            if stream.cancelled:
+                stream.put(Event(done=True, stats=GenerationStats(stop_reason=STOP_INTERRUPTED)))
+                self._stats.jobs_cancelled += 1
+                continue
+            prompt = list(stream.job.prompt)  # type: ignore[union-attr]
+            slot = max(idle, key=lambda s: (common_prefix(s.cached, prompt), -self._runs_with(s),
+                                            -s.requests_served, -s.id))
+            try:
+                self._start(slot, stream, prompt)
+            except Exception as exc:  # noqa: BLE001 - one bad request must not stop the others
+                self._release(slot)
+                stream.put(Event(error=exc, done=True))
+                self._stats.jobs_failed += 1
+        self._stats.queue_depth = len(self._queue)
+
+    def _runs_with(self, candidate: Slot) -> int:
+        """How many runs of consecutive busy slots there would be with `candidate` busy too: each run
+        is a separate pass over the model at every step (see _build_batch), so between slots that
+        cache the prompt equally well, the one that closes a gap is the better choice."""
+        if self.kv_unified:  # one stream: llama.cpp passes any mix of sequences at once
+            return 1
+        busy = [slot.state != IDLE or slot is candidate for slot in self.slots]
+        return sum(b and (i == 0 or not busy[i - 1]) for i, b in enumerate(busy))
+
+    def _wait_for_arrivals(self) -> None:
+        """Hold this step (with _cond held) while a slot is free for requests still on their way
+        to submit, up to ARRIVAL_WAIT_S after the newest of them reached the server (see arriving)."""
+        while self._arrivals and not self._stopping and any(slot.state == IDLE for slot in self.slots):
+            remaining = max(a.since for a in self._arrivals) + ARRIVAL_WAIT_S - time.perf_counter()
+            if remaining <= 0:
+                return
+            self._cond.wait(remaining)
+            self._assign_waiting()
+
+    def _start(self, slot: Slot, stream: JobStream, prompt: list[int]) -> None:
+        from ..generate.sampling import Sampler
+
+        if len(prompt) >= self.n_ctx_slot:
+            raise ContextOverflow(f"the prompt has {len(prompt)} tokens but a slot's context holds {self.n_ctx_slot}",
+                                  hint="shorten the prompt, or restart with a larger -c/--ctx-size or fewer --parallel")
+        job: GenerationJob = stream.job  # type: ignore[assignment]
+        slot.sampler = Sampler(self.model, job.sampling)
+        reuse = common_prefix(slot.cached, prompt)
+        if reuse == len(prompt):
+            reuse -= 1  # re-evaluate the last token to get fresh logits
+        self._ctx.remove_tokens(slot.id, reuse, -1)
+        slot.cached = prompt[:reuse]
+        slot.pending = prompt[reuse:]
+        slot.stream, slot.state = stream, PREFILL
+        slot.stats = GenerationStats(n_prompt=len(prompt), n_cached=reuse, seed=slot.sampler.settings.seed)
+        slot.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        slot.matcher = StopMatcher(job.stop)
+        slot.started = time.perf_counter()
+        slot.batch_index = -1
+
+    # ---- one step
+
+    def _drop_cancelled(self) -> None:
+        for slot in self.slots:
+            if slot.stream is not None and slot.stream.cancelled:
+                self._finish(slot, STOP_INTERRUPTED)
+
+    def _build_batch(self) -> bool:
+        """Fill the batch in slot order: a generating slot's last token, a prefilling slot's next prompt
+        chunk (what room the generating slots leave of n_batch), and maybe a throwaway token (_pad_candidate).
+
+        The order is what makes a step one pass over the model. With a KV cache per sequence,
+        llama.cpp cuts a batch into ubatches of consecutive, increasing sequence ids, each a full
+        pass: a new request in slot 2 added after slots 0, 1 and 3 (llama-server's order) would
+        make two passes of that step (measured 14.5 ms instead of 8.6 on the 246M benchmark model).
+        """
+        batch = self._batch
+        batch.clear()
+        room = self._ctx.n_batch - sum(slot.state == GENERATING for slot in self.slots)
+        candidate = self._pad_candidate()
+        self._timing_padding = candidate is not None and self._padding.decision is None
+        pad_slot = candidate if candidate is not None and self._padding.choose() else None
+        self._pad = None
+        for slot in self.slots:
+            slot.batch_index, slot.in_batch = -1, False
+            if slot is pad_slot:
+                self._pad = (slot, len(slot.cached))
+                batch.add(0, len(slot.cached), (slot.id,), False)
+            elif slot.state == GENERATING:
+                slot.batch_index, slot.in_batch = batch.n_tokens, True
+                batch.add(slot.last_token, len(slot.cached), (slot.id,), True)
+                slot.cached.append(slot.last_token)
+            elif slot.state == PREFILL and room > 0:
+                chunk, slot.pending = slot.pending[:room], slot.pending[room:]
+                room -= len(chunk)
+                slot.in_batch = True
+                for k, token in enumerate(chunk):
+                    last = not slot.pending and k == len(chunk) - 1
+                    if last:
+                        slot.batch_index = batch.n_tokens
+                    batch.add(token, len(slot.cached), (slot.id,), last)
+                    slot.cached.append(token)
+        return batch.n_tokens > 0
+
+    def _pad_candidate(self) -> Slot | None:
+        """The idle slot that could hold a throwaway token making this step four tokens instead of
+        three (see PaddingTrial), or None. Only for steps of one token per slot in a KV cache per
+        sequence, where the idle slot's own cells have room; its cached tokens stay as they are."""
+        if self.kv_unified or self._padding.decision is False:  # nothing to pad, or to time
+            return None
+        busy = [slot for slot in self.slots if slot.state != IDLE]
+        if len(busy) % 4 != 3 or any(slot.state == PREFILL and len(slot.pending) != 1 for slot in busy):
+            return None
+        idle = [slot for slot in self.slots if slot.state == IDLE and len(slot.cached) < self.n_ctx_slot - 1]
+        return min(idle, key=self._runs_with) if idle else None
+
+    def _unpad(self, slot: Slot, position: int) -> None:
+        """Drop the throwaway token from the idle slot's sequence. A memory that cannot drop a
+        sequence's last token alone (a recurrent model's) forgets the slot's cache instead, and
+        padding stops."""
+        if not self._ctx.remove_tokens(slot.id, position, -1):
+            self._ctx.remove_tokens(slot.id, 0, -1)
+            slot.cached = []
+            self._padding.decision = False
+
+    def _decode_and_sample(self) -> None:
+        started = time.perf_counter()
+        try:
+            self._ctx.decode(self._batch)
+        except Exception as exc:  # noqa: BLE001 - fail the slots in this batch, keep serving
+            for slot in self.slots:
+                if slot.state != IDLE and slot.in_batch:
+                    self._fail(slot, exc)
+            return
+        finally:
+            if self._pad is not None:
+                self._unpad(*self._pad)
+        if self._timing_padding:
+            self._padding.record(self._pad is not None, time.perf_counter() - started)
+        now = time.perf_counter()
+        for slot in self.slots:
+            if slot.batch_index < 0 or slot.stream is None:
+                continue
+            if slot.state == PREFILL:
+                slot.stats.prompt_ms = (now - slot.started) * 1000
+                slot.state, slot.gen_started = GENERATING, now
+            self._sample(slot)
+
+    def _sample(self, slot: Slot) -> None:
+        job, stats = slot.job, slot.stats
+        token = slot.sampler.sample(self._ctx, slot.batch_index)
+        if stats.n_generated == 0:
+            stats.ttft_ms = (time.perf_counter() - slot.started) * 1000
+        if token == NO_TOKEN or (self.model.is_eog(token) and not slot.sampler.settings.ignore_eos):
+            return self._finish(slot, STOP_GRAMMAR if slot.sampler.settings.grammar else STOP_EOS)
+        stats.n_generated += 1
+        stats.tokens.append(token)
+        probs = [self.token_prob(self._ctx.logits(slot.batch_index), token, job.n_probs)] if job.n_probs >= 0 else []
+        text, hit = slot.matcher.feed(slot.decoder.decode(self.model.token_to_piece(token, special=False)))
+        if text or probs:
+            self._post(slot.stream, Event(text=text, probs=probs))
+        if hit:
+            return self._finish(slot, STOP_STOP)
+        if job.max_tokens >= 0 and stats.n_generated >= job.max_tokens:
+            return self._finish(slot, STOP_LENGTH)
+        if len(slot.cached) >= self.n_ctx_slot:  # no position left for this token
+            return self._finish(slot, STOP_CONTEXT)
+        slot.last_token = token
+
+    # ---- ending a request
+
+    def _finish(self, slot: Slot, reason: str) -> None:
+        stats, stream = slot.stats, slot.stream
+        if slot.matcher is not None and reason != STOP_STOP:
+            tail = slot.matcher.flush(slot.decoder.decode(b"", final=True))
+            if tail and stream is not None:
+                self._post(stream, Event(text=tail))
+        stats.stop_reason = reason
+        if slot.gen_started:
+            stats.generation_ms = (time.perf_counter() - slot.gen_started) * 1000
+        with self._cond:
+            s = self._stats
+            s.jobs_done += reason != STOP_INTERRUPTED
+            s.jobs_cancelled += reason == STOP_INTERRUPTED
+            s.prompt_tokens += stats.n_prompt
+            s.prompt_tokens_evaluated += stats.n_evaluated
+            s.prompt_seconds += stats.prompt_ms / 1000
+            s.generated_tokens += stats.n_generated
+            s.generation_seconds += stats.generation_ms / 1000
+            slot.requests_served += 1
+            self._release(slot)
+        # Released first, so a client that sees the end of its stream also sees its slot idle.
+        if stream is not None:
+            self._post(stream, Event(done=True, stats=stats))
+
+    def _post(self, stream: JobStream, event: Event) -> None:
+        self._outbox.append((stream, event))
+
+    def _flush(self) -> None:
+        if self._outbox:
+            JobStream.put_all(self._outbox)
+            self._outbox = []
+
+    def _fail(self, slot: Slot, exc: Exception) -> None:
+        stream = slot.stream
+        # What the failed batch left in this sequence is unknown: forget the slot's cache.
+        self._ctx.remove_tokens(slot.id, 0, -1)
+        slot.cached = []
+        with self._cond:
+            self._stats.jobs_failed += 1
+            self._release(slot)
+        if stream is not None:
+            self._post(stream, Event(error=exc, done=True))
+
+    def _release(self, slot: Slot) -> None:
+        if slot.sampler is not None:
+            slot.sampler.close()
+        slot.sampler, slot.stream, slot.state = None, None, IDLE
+        slot.pending, slot.batch_index, slot.last_token = [], -1, -1
+        slot.matcher, slot.decoder, slot.gen_started = None, None, 0.0

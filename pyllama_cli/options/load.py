@@ -1,0 +1,178 @@
+"""Options shared by every command, declared once so a flag has one name, help and default everywhere.
+
+Flag names follow llama.cpp's (`-m`, `-hf`, `-c`, `-t`, `-ngl`, `-fa`, `-b`, `-ub`, `-s`, `-v`).
+`model_options` adds the model-naming flags (and, with `load=True`, the load flags) to a command
+and hands it a `ModelRequest` (and a `LoadSettings`).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import typing
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from ..core.model.resolve import ModelRequest
+from ..core.model.settings import (
+    DEFAULT_N_BATCH,
+    DEFAULT_N_CTX,
+    DEFAULT_N_GPU_LAYERS,
+    DEFAULT_N_UBATCH,
+    DEFAULT_SEED,
+    FLASH_ATTN_CHOICES,
+    INT32_MAX,
+    MAX_THREADS,
+    UINT32_MAX,
+    LoadSettings,
+)
+from ..errors import UsageError
+
+MODEL_PANEL = "Model"
+LOAD_PANEL = "Loading"
+
+ModelPathOpt = Annotated[str | None, typer.Option(
+    "-m", "--model", help="Local GGUF model file.", rich_help_panel=MODEL_PANEL, show_default=False)]
+HfRepoOpt = Annotated[str | None, typer.Option(
+    "-hf", "--hf-repo", help="Hugging Face repo as user/repo[:quant] (default quant: Q4_K_M, else the first GGUF).",
+    rich_help_panel=MODEL_PANEL, show_default=False)]
+HfFileOpt = Annotated[str | None, typer.Option(
+    "-hff", "--hf-file", help="Exact GGUF file in the -hf repo (overrides the quant tag).",
+    rich_help_panel=MODEL_PANEL, show_default=False)]
+HfTokenOpt = Annotated[str | None, typer.Option(
+    "-hft", "--hf-token", help="Hugging Face token for gated or private repos (default: $HF_TOKEN).",
+    rich_help_panel=MODEL_PANEL, show_default=False)]
+OfflineOpt = Annotated[bool, typer.Option(
+    "--offline", help="Resolve -hf from the local cache only, with no network call (also HF_HUB_OFFLINE=1).",
+    rich_help_panel=MODEL_PANEL)]
+
+CtxSizeOpt = Annotated[int, typer.Option(
+    "-c", "--ctx-size", min=0, help="Context size in tokens (0 = the model's trained context).",
+    rich_help_panel=LOAD_PANEL)]
+ThreadsOpt = Annotated[int, typer.Option(
+    "-t", "--threads", min=-1, max=MAX_THREADS, help="CPU threads (-1 = physical cores).", rich_help_panel=LOAD_PANEL)]
+GpuLayersOpt = Annotated[int, typer.Option(
+    "-ngl", "--n-gpu-layers", "--gpu-layers", min=-1, help="Layers to offload to the GPU (-1 = all).",
+    rich_help_panel=LOAD_PANEL)]
+FlashAttnOpt = Annotated[str, typer.Option(
+    "-fa", "--flash-attn", help="Flash attention: auto, on or off.", rich_help_panel=LOAD_PANEL)]
+BatchOpt = Annotated[int, typer.Option(
+    "-b", "--batch-size", min=1, help="Logical batch size (tokens per llama_decode).", rich_help_panel=LOAD_PANEL)]
+UBatchOpt = Annotated[int, typer.Option(
+    "-ub", "--ubatch-size", min=1, help="Physical batch size.", rich_help_panel=LOAD_PANEL)]
+MlockOpt = Annotated[bool, typer.Option(
+    "--mlock", help="Keep the model in RAM (no swapping).", rich_help_panel=LOAD_PANEL)]
+NoMmapOpt = Annotated[bool, typer.Option(
+    "--no-mmap", help="Read the model into memory instead of mapping it.", rich_help_panel=LOAD_PANEL)]
+SeedOpt = Annotated[int, typer.Option(
+    "-s", "--seed", min=-1, help="Random seed (-1 = random).", rich_help_panel=LOAD_PANEL)]
+VerboseOpt = Annotated[bool, typer.Option(
+    "-v", "--verbose", help="Show llama.cpp's own log on stderr.", rich_help_panel=LOAD_PANEL)]
+LogFileOpt = Annotated[Path | None, typer.Option(
+    "--log-file", help="Append llama.cpp's log to this file.", rich_help_panel=LOAD_PANEL, show_default=False,
+    dir_okay=False)]
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")]
+
+
+def option_param(name: str, annotation: Any, default: Any) -> inspect.Parameter:
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation, default=default)
+
+
+_MODEL_PARAMS = [
+    option_param("model_path", ModelPathOpt, None),
+    option_param("hf_repo", HfRepoOpt, None),
+    option_param("hf_file", HfFileOpt, None),
+    option_param("hf_token", HfTokenOpt, None),
+    option_param("offline", OfflineOpt, False),
+]
+_LOAD_PARAMS = [
+    option_param("ctx_size", CtxSizeOpt, DEFAULT_N_CTX),
+    option_param("threads", ThreadsOpt, -1),
+    option_param("n_gpu_layers", GpuLayersOpt, DEFAULT_N_GPU_LAYERS),
+    option_param("flash_attn", FlashAttnOpt, "auto"),
+    option_param("batch_size", BatchOpt, DEFAULT_N_BATCH),
+    option_param("ubatch_size", UBatchOpt, DEFAULT_N_UBATCH),
+    option_param("mlock", MlockOpt, False),
+    option_param("no_mmap", NoMmapOpt, False),
+    option_param("seed", SeedOpt, DEFAULT_SEED),
+    option_param("verbose", VerboseOpt, False),
+    option_param("log_file", LogFileOpt, None),
+]
+
+
+def model_request(kwargs: dict[str, Any]) -> ModelRequest:
+    """Pop the model-naming flags out of a command's keyword arguments."""
+    return ModelRequest(
+        model=kwargs.pop("model_path"), hf_repo=kwargs.pop("hf_repo"), hf_file=kwargs.pop("hf_file"),
+        hf_token=kwargs.pop("hf_token"), offline=kwargs.pop("offline"),
+    )
+
+
+def load_settings(kwargs: dict[str, Any]) -> LoadSettings:
+    """Pop the load flags out of a command's keyword arguments."""
+    flash = kwargs.pop("flash_attn").lower()
+    if flash not in FLASH_ATTN_CHOICES:
+        raise typer.BadParameter(f"{flash!r} is not one of {', '.join(FLASH_ATTN_CHOICES)}", param_hint="'-fa'")
+    check_fits(ctx_size=("-c", INT32_MAX), n_gpu_layers=("-ngl", INT32_MAX), batch_size=("-b", INT32_MAX),
+               ubatch_size=("-ub", INT32_MAX), seed=("-s", UINT32_MAX), values=kwargs)
+    return LoadSettings(
+        n_ctx=kwargs.pop("ctx_size"), n_threads=kwargs.pop("threads"), n_gpu_layers=kwargs.pop("n_gpu_layers"),
+        flash_attn=flash, n_batch=kwargs.pop("batch_size"), n_ubatch=kwargs.pop("ubatch_size"),
+        mlock=kwargs.pop("mlock"), mmap=not kwargs.pop("no_mmap"), seed=kwargs.pop("seed"),
+        verbose=kwargs.pop("verbose"), log_file=kwargs.pop("log_file"),
+    )
+
+
+def check_fits(*, values: dict[str, Any], **limits: tuple[str, int]) -> None:
+    """Refuse a count too big for the C field llama.cpp keeps it in, where it would silently wrap
+    (`-c 4294967300` became a 4-token context). `limits` maps a parameter name to (flag, largest value)."""
+    for name, (flag, limit) in limits.items():
+        if values[name] > limit:
+            raise UsageError(f"{flag} {values[name]} is too large", hint=f"llama.cpp takes at most {limit}")
+
+
+def model_options(load: bool = True) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Give a command the shared model flags (and load flags when `load`).
+
+    The command declares `model: ModelRequest` (and `load: LoadSettings`) parameters; the wrapper
+    replaces them with the individual flags in `--help` and builds the objects from them.
+    """
+
+    def build(kwargs: dict[str, Any]) -> None:
+        kwargs["model"] = model_request(kwargs)
+        if load:
+            kwargs["load"] = load_settings(kwargs)
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        return replace_params(fn, ("model", "load"), _MODEL_PARAMS + (_LOAD_PARAMS if load else []), build)
+
+    return decorate
+
+
+def replace_params(fn: Callable[..., Any], replaced: tuple[str, ...], added: list[inspect.Parameter],
+                   build: Callable[[dict[str, Any]], None]) -> Callable[..., Any]:
+    """Wrap a command so its signature shows the `added` flags instead of the `replaced` parameters.
+
+    Before the command runs, `build(kwargs)` pops the added flags' values and sets the replaced
+    parameters (e.g. a LoadSettings made of the load flags).
+    """
+    sig = inspect.signature(fn)
+    # Resolve string annotations (PEP 563) in the command's own module, where its names live.
+    hints = typing.get_type_hints(fn, include_extras=True)
+    own = [p.replace(annotation=hints.get(name, p.annotation))
+           for name, p in sig.parameters.items() if name not in replaced]
+    params = own + list(added)
+
+    @functools.wraps(fn)
+    def wrapper(**kwargs: Any) -> Any:
+        build(kwargs)
+        return fn(**kwargs)
+
+    wrapper.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {p.name: p.annotation for p in params}
+    del wrapper.__wrapped__  # typer (and outer decorators) must read the new signature, not the original's
+    return wrapper

@@ -1,0 +1,198 @@
+"""Run prepared jobs on the engine and answer in OpenAI's shape: whole bodies, or SSE streams.
+
+A client that goes away stops its job at once: streams through `EventStream`'s disconnect watch,
+whole-body requests through a watcher that polls the connection while the job runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.requests import Request
+
+from ..core.serving.engine import Engine, GenerationJob, JobStream
+from ..core.constrain.tools import ToolPlan, may_be_call, parse_tool_calls
+from . import responses as r
+from .errors import to_api_error
+from .prepare import PreparedChat
+from .sse import DONE, EventStream, TextEvents, event
+
+DISCONNECT_POLL_S = 0.25
+
+
+class Running:
+    """The job a response is waiting on, so a disconnect can cancel it (and any that would follow)."""
+
+    def __init__(self) -> None:
+        self.stream: JobStream | None = None
+        self.cancelled = False
+
+    def start(self, engine: Engine, job: GenerationJob) -> JobStream:
+        self.stream = engine.submit(job)
+        if self.cancelled:
+            self.stream.cancel()
+        return self.stream
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        if self.stream is not None:
+            self.stream.cancel()
+
+
+async def collect(stream: JobStream) -> r.Answer:
+    """Read a job's events to the end."""
+    answer = r.Answer()
+    parts: list[str] = []
+    async for ev in stream:
+        parts.append(ev.text)
+        answer.probs.extend(ev.probs)
+        if ev.done and ev.stats is not None:
+            answer.stats = ev.stats
+    answer.text = "".join(parts)
+    return answer
+
+
+async def collect_all(engine: Engine, jobs: list[GenerationJob], request: Request) -> list[r.Answer]:
+    """Run jobs one after another, stopping them if the client disconnects meanwhile."""
+    running = Running()
+    watcher = asyncio.create_task(_watch_disconnect(request, running))
+    try:
+        return [await collect(running.start(engine, job)) for job in jobs]
+    finally:
+        watcher.cancel()
+
+
+async def _watch_disconnect(request: Request, running: Running) -> None:
+    while not await request.is_disconnected():
+        await asyncio.sleep(DISCONNECT_POLL_S)
+    running.cancel()
+
+
+# ---------------------------------------------------------------- chat
+
+
+async def chat_body(engine: Engine, prep: PreparedChat, model: str, request: Request) -> dict[str, Any]:
+    [answer] = await collect_all(engine, [prep.job], request)
+    calls = parse_tool_calls(answer.text, prep.tools) if prep.tools is not None else None
+    return r.chat_completion(r.Header.new("chatcmpl", model), answer, calls, prep.logprobs)
+
+
+def chat_stream(engine: Engine, prep: PreparedChat, model: str, include_usage: bool) -> EventStream:
+    running = Running()
+    stream = running.start(engine, prep.job)
+    return EventStream(_chat_events(stream, prep, r.Header.new("chatcmpl", model), include_usage),
+                       on_disconnect=running.cancel)
+
+
+async def _chat_events(stream: JobStream, prep: PreparedChat, header: r.Header,
+                       include_usage: bool) -> AsyncIterator[bytes]:
+    answer = r.Answer()
+    held = _HeldForTools(prep.tools)
+    try:
+        yield event(r.chat_chunk(header, {"role": "assistant", "content": ""}))
+        content = TextEvents(r.chat_chunk(header, {"content": TextEvents.MARK}))
+        async for ev in stream:
+            answer.probs.extend(ev.probs)
+            if ev.done and ev.stats is not None:
+                answer.stats = ev.stats
+            for text, probs in held.feed(ev.text, ev.probs):
+                yield event(r.chat_chunk(header, {"content": text}, logprobs=r.chat_logprobs(probs))) \
+                    if prep.logprobs else content.event(text)
+        calls, rest = held.finish()
+        if rest is not None:
+            text, probs = rest
+            yield event(r.chat_chunk(header, {"content": text},
+                                     logprobs=r.chat_logprobs(probs) if prep.logprobs else None))
+        for delta in r.tool_call_deltas(calls or []):
+            yield event(r.chat_chunk(header, delta))
+        yield event(r.chat_chunk(header, {}, finish="tool_calls" if calls else r.finish_reason(answer.stats)))
+        if include_usage:
+            yield event(r.usage_chunk(header, "chat.completion.chunk", [answer]))
+    except Exception as exc:  # noqa: BLE001 - the status line is gone; report in the stream, as OpenAI does
+        yield event(to_api_error(exc).body())
+    finally:
+        stream.cancel()  # a no-op once the job is done; stops it when this stream is torn down early
+    yield DONE
+
+
+class _HeldForTools:
+    """Decides what streamed text is content, holding back text that may be a tool call.
+
+    Without tools everything passes through. With a forced call everything is held and read as a
+    call at the end; with tool_choice "auto" text is held only while it could still be one.
+    """
+
+    def __init__(self, plan: ToolPlan | None):
+        self.plan = plan
+        self.holding = plan is not None
+        self.text = ""
+        self.probs: list[Any] = []
+
+    def feed(self, text: str, probs: list[Any]) -> list[tuple[str, list[Any]]]:
+        if not self.holding:
+            return [(text, probs)] if text or probs else []
+        self.text += text
+        self.probs += probs
+        if self.plan is not None and not self.plan.forced and not may_be_call(self.text):
+            self.holding = False
+            out, self.text, self.probs = [(self.text, self.probs)], "", []
+            return out
+        return []
+
+    def finish(self) -> tuple[list[dict[str, Any]] | None, tuple[str, list[Any]] | None]:
+        """(tool calls, or None; held text to send as content, or None)."""
+        if not self.holding or self.plan is None:
+            return None, None
+        calls = parse_tool_calls(self.text, self.plan)
+        if calls:
+            return calls, None
+        return None, (self.text, self.probs) if self.text or self.probs else None
+
+
+# ---------------------------------------------------------------- text completions
+
+
+async def completion_body(engine: Engine, jobs: list[GenerationJob], model: str, request: Request) -> dict[str, Any]:
+    answers = await collect_all(engine, jobs, request)
+    logprobs = jobs[0].n_probs >= 0
+    return r.text_completion(r.Header.new("cmpl", model), answers, logprobs)
+
+
+def completion_stream(engine: Engine, jobs: list[GenerationJob], model: str, include_usage: bool) -> EventStream:
+    running = Running()
+    first = running.start(engine, jobs[0])
+    return EventStream(_completion_events(engine, jobs, first, running, r.Header.new("cmpl", model), include_usage),
+                       on_disconnect=running.cancel)
+
+
+async def _completion_events(engine: Engine, jobs: list[GenerationJob], first: JobStream, running: Running,
+                             header: r.Header, include_usage: bool) -> AsyncIterator[bytes]:
+    answers = []
+    logprobs = jobs[0].n_probs >= 0
+    try:
+        stream = first
+        for index, job in enumerate(jobs):
+            if index:
+                stream = running.start(engine, job)
+            answer, offset = r.Answer(), 0
+            texts = TextEvents(r.text_chunk(header, index, TextEvents.MARK))
+            async for ev in stream:
+                if ev.done and ev.stats is not None:
+                    answer.stats = ev.stats
+                if logprobs and (ev.text or ev.probs):
+                    lp = r.completion_logprobs(ev.probs, offset)
+                    offset += len(ev.text)
+                    yield event(r.text_chunk(header, index, ev.text, logprobs=lp))
+                elif ev.text:
+                    yield texts.event(ev.text)
+            answers.append(answer)
+            yield event(r.text_chunk(header, index, "", finish=r.finish_reason(answer.stats)))
+        if include_usage:
+            yield event(r.usage_chunk(header, "text_completion", answers))
+    except Exception as exc:  # noqa: BLE001 - the status line is gone; report in the stream, as OpenAI does
+        yield event(to_api_error(exc).body())
+    finally:
+        running.cancel()
+    yield DONE
