@@ -168,13 +168,13 @@ def test_health_is_200_once_loaded(server: Server) -> None:
 def test_health_is_503_while_the_model_loads(tiny_model: Path) -> None:
     from fastapi.testclient import TestClient
 
-    from pyllama_cli.core.serving.engine import SingleSlotEngine
+    from pyllama_cli.core.serving.scheduler import ParallelEngine
     from pyllama_cli.core.model.settings import LoadSettings
     from pyllama_cli.server.app import create_app
     from pyllama_cli.server.settings import ServerSettings
 
     # Without the lifespan (no `with`), the engine never starts loading: the state while loading.
-    client = TestClient(create_app(SingleSlotEngine(tiny_model, LoadSettings()), ServerSettings(alias="tiny")))
+    client = TestClient(create_app(ParallelEngine(tiny_model, LoadSettings()), ServerSettings(alias="tiny")))
     response = client.get("/health")
     assert _error(response, 503) == {"message": "Loading model", "type": "unavailable_error", "param": None,
                                      "code": "model_loading"}

@@ -12,8 +12,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from pyllama_cli.core.serving.engine import READY, GenerationJob, JobStream
-from pyllama_cli.core.serving.scheduler import ARRIVAL_WAIT_S, GENERATING, PREFILL, PaddingTrial, ParallelEngine
+from pyllama_cli.core.serving.engine import READY
+from pyllama_cli.core.serving.jobs import GenerationJob, JobStream
+from pyllama_cli.core.serving.scheduler import ARRIVAL_WAIT_S, ParallelEngine
+from pyllama_cli.core.serving.slots import GENERATING, PREFILL, PaddingTrial
 from pyllama_cli.core.generate.sampling import SamplingSettings
 from pyllama_cli.core.model.settings import LoadSettings
 from tests.test_serve import Server, _start

@@ -15,7 +15,7 @@ from typing import Any
 from .ui import ChatUI, copy_to_clipboard, stats_line
 from ..core.generate.conversation import ChatEngine, Conversation, fit_context
 from ..core.model.settings import INT32_MAX, UINT32_MAX
-from ..core.generate.generator import STOP_CONTEXT, STOP_INTERRUPTED
+from ..core.generate.decide import STOP_CONTEXT, STOP_INTERRUPTED
 from ..core.interrupt import StopFlag, catch_sigint
 from ..core.generate.sampling import SamplingSettings, check_logit_bias
 from ..errors import InputError, Interrupted, PyllamaError

@@ -113,7 +113,7 @@ def _warn_if_cut(stats: Any, n_ctx: int, *, constrained: bool) -> None:
     """Say on stderr when the text may be cut short: otherwise it just ends, and nothing tells a reader
     of stdout (llama.cpp warns of a full context too). Output that follows a grammar or schema and
     stops at -n is likely unfinished (JSON without its closing brace)."""
-    from ..core.generate.generator import STOP_CONTEXT, STOP_LENGTH
+    from ..core.generate.decide import STOP_CONTEXT, STOP_LENGTH
 
     if stats.stop_reason == STOP_CONTEXT:
         sys.stdout.flush()

@@ -101,9 +101,9 @@ def _make_engine(path: Path, load: LoadSettings, embeddings: bool, parallel: int
                  **callbacks: Any) -> Any:
     """Embeddings run one input at a time; generation runs on the continuous-batching slots."""
     if embeddings:
-        from ..core.serving.engine import SingleSlotEngine
+        from ..core.serving.embedding_engine import EmbeddingEngine
 
-        return SingleSlotEngine(path, load, embeddings=True, **callbacks)
+        return EmbeddingEngine(path, load, **callbacks)
     from ..core.serving.scheduler import ParallelEngine
 
     return ParallelEngine(path, load, n_slots=parallel, kv_unified=kv_unified, **callbacks)

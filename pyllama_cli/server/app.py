@@ -2,7 +2,7 @@
 
 `create_app(engine, settings)` holds everything a request needs in `app.state`; there is no module
 state, so several apps (tests, several models) can live in one process. Routes only translate:
-prepare.py turns requests into engine jobs, completions.py answers with what the engine yields.
+prepare.py turns requests into engine jobs, openai_answers.py answers with what the engine yields.
 """
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ from starlette.concurrency import run_in_threadpool
 from starlette.middleware.cors import CORSMiddleware
 
 from .. import __version__
-from ..core.serving.engine import EmbeddingJob, Engine
+from ..core.serving.engine import Engine
+from ..core.serving.jobs import EmbeddingJob
 from ..errors import InputError
-from . import openai_answers as completions
+from . import openai_answers
 from .auth import ApiKeyMiddleware
 from .errors import ERROR_TYPES, APIError, install_error_handlers, loading_error
 from .metrics import CONTENT_TYPE, Metrics, MetricsMiddleware
@@ -125,14 +126,14 @@ def _add_openai_routes(app: FastAPI, engine: Engine, settings: ServerSettings) -
     @app.post("/chat/completions", include_in_schema=False)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
         """Answer a conversation; `stream: true` sends server-sent events ending with `data: [DONE]`."""
-        return await _generate(engine, settings, body, request, prepare_chat, completions.chat_stream,
-                               completions.chat_body)
+        return await _generate(engine, settings, body, request, prepare_chat, openai_answers.chat_stream,
+                               openai_answers.chat_body)
 
     @app.post("/v1/completions", response_model=Completion, responses=ERRORS, tags=["OpenAI"])
     async def text_completions(body: CompletionRequest, request: Request) -> Any:
         """Continue a prompt (a string, a list of strings, or token ids)."""
-        return await _generate(engine, settings, body, request, prepare_completion, completions.completion_stream,
-                               completions.completion_body)
+        return await _generate(engine, settings, body, request, prepare_completion, openai_answers.completion_stream,
+                               openai_answers.completion_body)
 
     @app.post("/v1/embeddings", response_model=EmbeddingList, responses=ERRORS, tags=["OpenAI"])
     @app.post("/embeddings", include_in_schema=False)

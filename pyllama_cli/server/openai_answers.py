@@ -12,7 +12,8 @@ from typing import Any
 
 from starlette.requests import Request
 
-from ..core.serving.engine import Engine, GenerationJob, JobStream
+from ..core.serving.engine import Engine
+from ..core.serving.jobs import GenerationJob, JobStream
 from ..core.constrain.tools import ToolPlan, may_be_call, parse_tool_calls
 from . import responses as r
 from .errors import to_api_error

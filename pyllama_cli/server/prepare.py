@@ -12,7 +12,8 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..core.serving.engine import Engine, GenerationJob
+from ..core.serving.engine import Engine
+from ..core.serving.jobs import GenerationJob
 from ..core.generate.sampling import SamplingSettings
 from ..core.constrain.tools import ToolPlan, ToolsError, plan_tools, render_with_tools
 from ..errors import ContextOverflow, InputError

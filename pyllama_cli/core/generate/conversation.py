@@ -19,7 +19,9 @@ from typing import Any
 from ...errors import ContextOverflow, InputError
 from ..text import json_text
 from ..text.chat_template import TURN_END_MARKERS, render_template, validate_messages
-from .generator import STOP_EOS, STOP_LENGTH, GenerationStats, Generator
+from .decide import STOP_EOS, STOP_LENGTH
+from .generator import Generator
+from .stats import GenerationStats
 from ..paths import atomic_write
 from .sampling import SamplingSettings
 

@@ -14,7 +14,8 @@ from typing import Any
 
 from ...errors import ContextOverflow, InputError
 from ..text.chat_template import render_chat
-from .generator import GenerationStats, Generator
+from .generator import Generator
+from .stats import GenerationStats
 from ..model.native import Context, Model, lib
 from .prompt_cache import CacheLoad, load_prompt_cache, save_prompt_cache
 from .sampling import SamplingSettings, check_logit_bias

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import InputError
-from .generator import common_prefix
+from .decide import common_prefix
 from ..model.native import Context, Model, lib
 from ..paths import atomic_write, output_target
 

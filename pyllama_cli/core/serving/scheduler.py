@@ -14,44 +14,21 @@ The HTTP layer only submits jobs and reads `JobStream`s; it never touches llama.
 from __future__ import annotations
 
 import asyncio
-import codecs
 import contextvars
-import statistics
 import threading
 import time
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from ...errors import ContextOverflow, InputError
-from .engine import (
-    CLOSED,
-    FAILED,
-    READY,
-    EmbeddingJob,
-    Engine,
-    EngineStats,
-    Event,
-    GenerationJob,
-    JobStream,
-    ModelSummary,
-)
-from ..generate.generator import (
-    STOP_CONTEXT,
-    STOP_EOS,
-    STOP_GRAMMAR,
-    STOP_INTERRUPTED,
-    STOP_LENGTH,
-    STOP_STOP,
-    GenerationStats,
-    StopMatcher,
-    common_prefix,
-)
-from ..generate.sampling import NO_TOKEN
-
-IDLE, PREFILL, GENERATING = "idle", "prefill", "generating"
+from ..generate.decide import STOP_INTERRUPTED, Turn, common_prefix, reusable_prefix
+from ..generate.stats import GenerationStats
+from .engine import CLOSED, FAILED, READY, Engine
+from .jobs import EmbeddingJob, EngineStats, Event, GenerationJob, JobStream, ModelSummary
+from .slots import GENERATING, IDLE, PREFILL, PaddingTrial, Slot
 # How long a step may wait for a request that reached the server but is not submitted yet.
 ARRIVAL_WAIT_S = 0.003
 
@@ -66,69 +43,6 @@ class _Arrival:
 
 
 _ARRIVING: contextvars.ContextVar[_Arrival | None] = contextvars.ContextVar("pyllama_arriving", default=None)
-
-
-@dataclass
-class Slot:
-    """One sequence of the shared context and the request it is serving."""
-
-    id: int
-    cached: list[int] = field(default_factory=list)  # tokens in this sequence's KV cache
-    state: str = IDLE
-    stream: JobStream | None = None
-    sampler: Any = None
-    pending: list[int] = field(default_factory=list)  # prompt tokens still to evaluate
-    last_token: int = -1  # sampled, not yet evaluated
-    batch_index: int = -1  # where this slot's logits sit in the last batch (-1: none)
-    in_batch: bool = False  # whether the last batch held any of this slot's tokens
-    stats: GenerationStats = field(default_factory=GenerationStats)
-    decoder: Any = None
-    matcher: StopMatcher | None = None
-    started: float = 0.0
-    gen_started: float = 0.0
-    requests_served: int = 0
-
-    @property
-    def job(self) -> GenerationJob:
-        assert self.stream is not None
-        return self.stream.job  # type: ignore[return-value]
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "id": self.id, "state": self.state, "n_cached": len(self.cached),
-            "n_prompt": self.stats.n_prompt if self.state != IDLE else 0,
-            "n_generated": self.stats.n_generated if self.state != IDLE else 0,
-            "requests_served": self.requests_served,
-        }
-
-
-class PaddingTrial:
-    """Whether a step of three tokens should get a fourth, throwaway one: decided by timing both.
-
-    On a CPU, llama.cpp multiplies repacked weights (Q4_0, Q4_K, IQ4_NL, ...) by four tokens at
-    a time and by leftover tokens one at a time, each reading the whole matrix again, so three
-    tokens cost more than four (9.5 ms against 7.7 on the 246M Q4_0 benchmark model). Other
-    weights, and GPUs, scale the other way. So the first steps that could be padded alternate
-    between padded and not, and after TRIALS of each the faster choice is kept for good.
-    """
-
-    TRIALS = 8
-
-    def __init__(self) -> None:
-        self.seconds: dict[bool, list[float]] = {True: [], False: []}
-        self.decision: bool | None = None
-
-    def choose(self) -> bool:
-        if self.decision is not None:
-            return self.decision
-        return len(self.seconds[True]) < len(self.seconds[False])  # alternate, unpadded first
-
-    def record(self, padded: bool, seconds: float) -> None:
-        if self.decision is not None:
-            return
-        self.seconds[padded].append(seconds)
-        if all(len(times) >= self.TRIALS for times in self.seconds.values()):
-            self.decision = statistics.median(self.seconds[True]) < statistics.median(self.seconds[False])
 
 
 class ParallelEngine(Engine):
@@ -233,29 +147,24 @@ class ParallelEngine(Engine):
             self._thread.join(timeout)
         if self.state != FAILED:
             self.state = CLOSED
+        self._free_session(self._thread)
 
     # ---------------------------------------------------------------- scheduler thread
 
     def _load(self) -> None:
-        from ..model.native import Batch, Context, Model
+        from ..model.native import Batch
 
-        model = Model.load(self.path, self.settings)
+        # -c (or the model's training context) is shared by the slots.
+        session = self._open_session({"n_seq_max": self.n_slots, "kv_unified": self.kv_unified})
         try:
-            n_ctx = self.settings.n_ctx or model.n_ctx_train
-            self._ctx = Context(model, self.settings, n_ctx=n_ctx, n_seq_max=self.n_slots,
-                                kv_unified=self.kv_unified)
-            self._batch = Batch(max(self._ctx.n_batch, self.n_slots), n_seq_max=1)
+            self._batch = Batch(max(session.ctx.n_batch, self.n_slots), n_seq_max=1)
         except BaseException:
-            model.close()
+            session.close()
             raise
-        self.model = model
+        self.session, self._ctx = session, session.ctx
         # Without a unified cache each sequence gets an equal share of the context, as llama-server does.
         self.n_ctx_slot = self._ctx.n_ctx if self.kv_unified else self._ctx.n_ctx // self.n_slots
-        self.summary = ModelSummary(
-            path=self.path, description=model.description, n_ctx=self.n_ctx_slot, n_ctx_train=model.n_ctx_train,
-            n_vocab=model.n_vocab, n_embd=model.n_embd, n_params=model.n_params, size_bytes=model.size_bytes,
-            embeddings=False, n_batch=self._ctx.n_batch,
-        )
+        self.summary = ModelSummary.of(self.path, session.model, self._ctx, n_ctx=self.n_ctx_slot, embeddings=False)
 
     def _unload(self) -> None:
         for slot in self.slots:
@@ -266,8 +175,7 @@ class ParallelEngine(Engine):
             self._queue.popleft().put(Event(error=InputError("the server is shutting down"), done=True))
         if self._batch is not None:
             self._batch.close()
-        if self._ctx is not None:
-            self._ctx.close()
+        # The session (context and model) is freed by close(): vocabulary helpers may still be in use.
 
     def _work(self) -> None:
         while True:
@@ -334,17 +242,15 @@ class ParallelEngine(Engine):
                                   hint="shorten the prompt, or restart with a larger -c/--ctx-size or fewer --parallel")
         job: GenerationJob = stream.job  # type: ignore[assignment]
         slot.sampler = Sampler(self.model, job.sampling)
-        reuse = common_prefix(slot.cached, prompt)
-        if reuse == len(prompt):
-            reuse -= 1  # re-evaluate the last token to get fresh logits
+        reuse = reusable_prefix(slot.cached, prompt)
         self._ctx.remove_tokens(slot.id, reuse, -1)
         slot.cached = prompt[:reuse]
         slot.pending = prompt[reuse:]
         slot.stream, slot.state = stream, PREFILL
         slot.stats = GenerationStats(n_prompt=len(prompt), n_cached=reuse, seed=slot.sampler.settings.seed)
-        slot.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        slot.matcher = StopMatcher(job.stop)
-        slot.started = time.perf_counter()
+        settings = slot.sampler.settings
+        slot.turn = Turn(self.model, max_tokens=job.max_tokens, stop=job.stop, n_ctx=self.n_ctx_slot,
+                         ignore_eos=settings.ignore_eos, grammar=bool(settings.grammar), stats=slot.stats)
         slot.batch_index = -1
 
     # ---- one step
@@ -426,56 +332,42 @@ class ParallelEngine(Engine):
                 self._unpad(*self._pad)
         if self._timing_padding:
             self._padding.record(self._pad is not None, time.perf_counter() - started)
-        now = time.perf_counter()
         for slot in self.slots:
             if slot.batch_index < 0 or slot.stream is None:
                 continue
             if slot.state == PREFILL:
-                slot.stats.prompt_ms = (now - slot.started) * 1000
-                slot.state, slot.gen_started = GENERATING, now
+                slot.turn.prefilled()
+                slot.state = GENERATING
             self._sample(slot)
 
     def _sample(self, slot: Slot) -> None:
-        job, stats = slot.job, slot.stats
+        job, turn = slot.job, slot.turn
+        if (reason := turn.stop_before_sampling(slot.stream.cancelled)) is not None:
+            return self._finish(slot, reason)
         token = slot.sampler.sample(self._ctx, slot.batch_index)
-        if stats.n_generated == 0:
-            stats.ttft_ms = (time.perf_counter() - slot.started) * 1000
-        if token == NO_TOKEN or (self.model.is_eog(token) and not slot.sampler.settings.ignore_eos):
-            return self._finish(slot, STOP_GRAMMAR if slot.sampler.settings.grammar else STOP_EOS)
-        stats.n_generated += 1
-        stats.tokens.append(token)
-        probs = [self.token_prob(self._ctx.logits(slot.batch_index), token, job.n_probs)] if job.n_probs >= 0 else []
-        text, hit = slot.matcher.feed(slot.decoder.decode(self.model.token_to_piece(token, special=False)))
-        if text or probs:
-            self._post(slot.stream, Event(text=text, probs=probs))
-        if hit:
-            return self._finish(slot, STOP_STOP)
-        if job.max_tokens >= 0 and stats.n_generated >= job.max_tokens:
-            return self._finish(slot, STOP_LENGTH)
-        if len(slot.cached) >= self.n_ctx_slot:  # no position left for this token
-            return self._finish(slot, STOP_CONTEXT)
+        accepted = turn.accept(token, len(slot.cached))
+        probs = []
+        if accepted.counted and job.n_probs >= 0:
+            probs = [self.token_prob(self._ctx.logits(slot.batch_index), token, job.n_probs)]
+        if accepted.text or probs:
+            self._post(slot.stream, Event(text=accepted.text, probs=probs))
+        if accepted.stop is not None:
+            return self._finish(slot, accepted.stop)
         slot.last_token = token
 
     # ---- ending a request
 
     def _finish(self, slot: Slot, reason: str) -> None:
         stats, stream = slot.stats, slot.stream
-        if slot.matcher is not None and reason != STOP_STOP:
-            tail = slot.matcher.flush(slot.decoder.decode(b"", final=True))
+        if slot.turn is not None:
+            tail = slot.turn.finish(reason)
             if tail and stream is not None:
                 self._post(stream, Event(text=tail))
         stats.stop_reason = reason
-        if slot.gen_started:
-            stats.generation_ms = (time.perf_counter() - slot.gen_started) * 1000
         with self._cond:
-            s = self._stats
-            s.jobs_done += reason != STOP_INTERRUPTED
-            s.jobs_cancelled += reason == STOP_INTERRUPTED
-            s.prompt_tokens += stats.n_prompt
-            s.prompt_tokens_evaluated += stats.n_evaluated
-            s.prompt_seconds += stats.prompt_ms / 1000
-            s.generated_tokens += stats.n_generated
-            s.generation_seconds += stats.generation_ms / 1000
+            self._stats.jobs_done += reason != STOP_INTERRUPTED
+            self._stats.jobs_cancelled += reason == STOP_INTERRUPTED
+            self._stats.add_generation(stats)
             slot.requests_served += 1
             self._release(slot)
         # Released first, so a client that sees the end of its stream also sees its slot idle.
@@ -506,4 +398,4 @@ class ParallelEngine(Engine):
             slot.sampler.close()
         slot.sampler, slot.stream, slot.state = None, None, IDLE
         slot.pending, slot.batch_index, slot.last_token = [], -1, -1
-        slot.matcher, slot.decoder, slot.gen_started = None, None, 0.0
+        slot.turn = None

@@ -1,0 +1,164 @@
+"""`EmbeddingEngine`: `serve --embeddings`, one input at a time on one worker thread fed by a queue."""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from ...errors import InputError, Interrupted
+from ..generate.decide import STOP_INTERRUPTED
+from ..generate.stats import GenerationStats
+from ..model.settings import LoadSettings
+from .engine import CLOSED, FAILED, READY, Engine
+from .jobs import EmbeddingJob, EngineStats, Event, GenerationJob, JobStream, ModelSummary
+
+
+class EmbeddingEngine(Engine):
+    """One worker thread owns the model and its embedding context and runs queued jobs in order."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        kwargs["embeddings"] = True
+        super().__init__(*args, **kwargs)
+        self._jobs: queue.Queue[JobStream | None] = queue.Queue()
+        self._lock = threading.Lock()
+        self._stats = EngineStats()
+        self._current: JobStream | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="pyllama-embeddings", daemon=True)
+            self._thread.start()
+
+    def submit(self, job: GenerationJob | EmbeddingJob) -> JobStream:
+        if self.state != READY:
+            raise RuntimeError(f"the engine is {self.state}")
+        if not isinstance(job, EmbeddingJob):
+            raise InputError("this server serves embeddings; start it without --embeddings to generate text")
+        stream = JobStream(job, asyncio.get_running_loop())
+        with self._lock:
+            self._stats.queue_depth += 1
+        self._jobs.put(stream)
+        return stream
+
+    def stats(self) -> EngineStats:
+        with self._lock:
+            return replace(self._stats)
+
+    def cancel_all(self) -> None:
+        with self._jobs.mutex:
+            waiting = [s for s in self._jobs.queue if s is not None]
+        for stream in [self._current, *waiting]:
+            if stream is not None:
+                stream.cancel()
+
+    def close(self, timeout: float = 10.0) -> None:
+        if self.state == CLOSED:
+            return
+        current = self._current
+        if current is not None:
+            current.cancel()
+        self._jobs.put(None)
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+        if self.state != FAILED:
+            self.state = CLOSED
+        self._free_session(self._thread)
+
+    # ---- worker thread
+
+    def _load(self) -> None:
+        session = self._open_session(None)
+        try:
+            # Pooling needs a whole input in one micro-batch.
+            session.ctx = _embedding_context(session.model, replace(self.settings, n_ubatch=self.settings.n_batch))
+        except BaseException:
+            session.close()
+            raise
+        self.session = session
+        self.summary = ModelSummary.of(self.path, session.model, session.ctx, n_ctx=session.ctx.n_ctx,
+                                       embeddings=True)
+
+    def _unload(self) -> None:
+        pass  # the session is freed by close(): until then, vocabulary helpers may still be in use
+
+    def _work(self) -> None:
+        while True:
+            stream = self._jobs.get()
+            if stream is None:
+                break
+            with self._lock:
+                self._stats.queue_depth -= 1
+                self._stats.processing += 1
+            self._current = stream
+            try:
+                self._process(stream)
+            finally:
+                self._current = None
+                with self._lock:
+                    self._stats.processing -= 1
+        # Jobs still queued at shutdown get an answer instead of waiting forever.
+        while not self._jobs.empty():
+            stream = self._jobs.get_nowait()
+            if stream is not None:
+                stream.put(Event(error=InputError("the server is shutting down"), done=True))
+
+    def _process(self, stream: JobStream) -> None:
+        job = stream.job
+        assert isinstance(job, EmbeddingJob)
+        outcome = "cancelled"
+        try:
+            if stream.cancelled:
+                raise Interrupted("cancelled before it started")
+            stream.put(Event(done=True, embeddings=self._embed(job, stream)))
+            outcome = "done"
+        except Interrupted:
+            stream.put(Event(done=True, stats=GenerationStats(stop_reason=STOP_INTERRUPTED)))
+        except BaseException as exc:  # noqa: BLE001 - a bad job must never take the worker down
+            outcome = "failed"
+            stream.put(Event(error=exc if isinstance(exc, Exception) else RuntimeError(str(exc)), done=True))
+        with self._lock:
+            s = self._stats
+            s.jobs_done += outcome == "done"
+            s.jobs_cancelled += outcome == "cancelled"
+            s.jobs_failed += outcome == "failed"
+            s.embedding_inputs += len(job.inputs) if outcome == "done" else 0
+
+    def _embed(self, job: EmbeddingJob, stream: JobStream) -> list[np.ndarray]:
+        from ..model.native import Batch, lib
+
+        ctx = self.session.ctx
+        vectors = []
+        with Batch(ctx.n_batch) as batch:
+            for ids in job.inputs:
+                if len(ids) > ctx.n_batch:
+                    raise InputError(f"an input has {len(ids)} tokens but at most {ctx.n_batch} fit in one batch",
+                                     hint="restart the server with a larger -b/--batch-size")
+                if stream.cancelled:
+                    raise Interrupted("embedding cancelled")
+                ctx.clear_memory()
+                batch.clear()
+                for pos, token in enumerate(ids):
+                    batch.add(token, pos, (0,), True)
+                ctx.decode(batch)
+                ptr = lib.llama_get_embeddings_seq(ctx.handle, 0)
+                vector = np.ctypeslib.as_array(ptr, shape=(self.model.n_embd,)).astype(np.float32)
+                norm = float(np.linalg.norm(vector))
+                vectors.append(vector / norm if norm > 0 else vector)
+        return vectors
+
+
+def _embedding_context(model: Any, settings: LoadSettings) -> Any:
+    """A context that returns pooled embeddings; mean pooling when the model declares none."""
+    from ..model.native import Context, lib
+
+    ctx = Context(model, settings, embeddings=True)
+    if lib.llama_pooling_type(ctx.handle) == lib.LLAMA_POOLING_TYPE_NONE:
+        ctx.close()
+        ctx = Context(model, settings, embeddings=True, pooling_type=lib.LLAMA_POOLING_TYPE_MEAN)
+    return ctx

@@ -1,0 +1,175 @@
+"""What the server hands an engine and what it gets back: jobs in, streams of events out.
+
+The server submits a job (a generation or an embedding) from its event loop and reads the answer
+as a `JobStream` of `Event`s; `JobStream.cancel()` stops the job at the next token (or mid prompt
+evaluation). `EngineStats` and `ModelSummary` are what /metrics, /props and /v1/models report.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..generate.sampling import SamplingSettings
+from ..generate.stats import GenerationStats
+from ..interrupt import StopFlag
+
+
+# ---------------------------------------------------------------- jobs and events
+
+
+@dataclass(frozen=True)
+class GenerationJob:
+    """Generate from `prompt` (token ids); `n_probs` -1 = no logprobs, k >= 0 = the chosen token's and k others."""
+
+    prompt: tuple[int, ...]
+    sampling: SamplingSettings
+    max_tokens: int
+    stop: tuple[str, ...] = ()
+    n_probs: int = -1
+
+
+@dataclass(frozen=True)
+class EmbeddingJob:
+    """One pooled, L2-normalised embedding per input (token ids)."""
+
+    inputs: tuple[tuple[int, ...], ...]
+
+
+@dataclass(frozen=True)
+class TokenProb:
+    """A generated token with its log-probability and the `top` most likely alternatives (id, piece, logprob)."""
+
+    token: int
+    piece: bytes
+    logprob: float
+    top: tuple[tuple[int, bytes, float], ...] = ()
+
+
+@dataclass
+class Event:
+    """A piece of a job's answer. The last event of a job has `done` set (and `stats` or `embeddings`)."""
+
+    text: str = ""
+    probs: list[TokenProb] = field(default_factory=list)
+    done: bool = False
+    stats: GenerationStats | None = None
+    embeddings: list[np.ndarray] | None = None
+    error: BaseException | None = None
+
+
+class JobStream:
+    """The events of one job, read with `async for` on the event loop that submitted it.
+
+    The worker side calls `put()` from its own thread; an error event is raised by the iterator.
+    """
+
+    def __init__(self, job: GenerationJob | EmbeddingJob, loop: asyncio.AbstractEventLoop):
+        self.job = job
+        self.stop_flag = StopFlag()
+        self._loop = loop
+        self._queue: asyncio.Queue[Event] = asyncio.Queue()
+        self._finished = False
+
+    # ---- worker side
+
+    def put(self, event: Event) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
+        except RuntimeError:  # the event loop is gone (server shut down): nobody is listening
+            self.stop_flag.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return bool(self.stop_flag)
+
+    @staticmethod
+    def put_all(items: list[tuple[JobStream, Event]]) -> None:
+        """Deliver many streams' events with one wake-up per event loop (one per step of the batch
+        scheduler, instead of one per token per client)."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[JobStream, Event]]] = {}
+        for stream, event in items:
+            by_loop.setdefault(stream._loop, []).append((stream, event))
+        for loop, batch in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_deliver, batch)
+            except RuntimeError:  # the event loop is gone (server shut down): nobody is listening
+                for stream, _ in batch:
+                    stream.stop_flag.set()
+
+    # ---- consumer side
+
+    def cancel(self) -> None:
+        """Stop the job as soon as possible (it may still be queued)."""
+        self.stop_flag.set()
+
+    def __aiter__(self) -> AsyncIterator[Event]:
+        return self
+
+    async def __anext__(self) -> Event:
+        if self._finished:
+            raise StopAsyncIteration
+        event = await self._queue.get()
+        if event.error is not None:
+            self._finished = True
+            raise event.error
+        self._finished = event.done
+        return event
+
+
+def _deliver(batch: list[tuple[JobStream, Event]]) -> None:
+    for stream, event in batch:
+        stream._queue.put_nowait(event)
+
+
+@dataclass
+class EngineStats:
+    """Totals since the engine started, and what it is doing now."""
+
+    jobs_done: int = 0
+    jobs_cancelled: int = 0
+    jobs_failed: int = 0
+    prompt_tokens: int = 0  # prompt tokens of finished generations (cached ones included)
+    prompt_tokens_evaluated: int = 0
+    prompt_seconds: float = 0.0
+    generated_tokens: int = 0
+    generation_seconds: float = 0.0
+    embedding_inputs: int = 0
+    queue_depth: int = 0  # jobs waiting for the worker
+    processing: int = 0  # jobs being worked on
+
+    def add_generation(self, gen: GenerationStats) -> None:
+        """Count a finished (or cancelled) generation's tokens and times into the totals."""
+        self.prompt_tokens += gen.n_prompt
+        self.prompt_tokens_evaluated += gen.n_evaluated
+        self.prompt_seconds += gen.prompt_ms / 1000
+        self.generated_tokens += gen.n_generated
+        self.generation_seconds += gen.generation_ms / 1000
+
+
+@dataclass(frozen=True)
+class ModelSummary:
+    """What clients may want to know about the served model."""
+
+    path: Path
+    description: str
+    n_ctx: int
+    n_ctx_train: int
+    n_vocab: int
+    n_embd: int
+    n_params: int
+    size_bytes: int
+    embeddings: bool
+    n_batch: int
+
+    @classmethod
+    def of(cls, path: Path, model: Any, ctx: Any, *, n_ctx: int, embeddings: bool) -> ModelSummary:
+        """The summary of a loaded model and its context; `n_ctx` is what one request may use."""
+        return cls(path=path, description=model.description, n_ctx=n_ctx, n_ctx_train=model.n_ctx_train,
+                   n_vocab=model.n_vocab, n_embd=model.n_embd, n_params=model.n_params,
+                   size_bytes=model.size_bytes, embeddings=embeddings, n_batch=ctx.n_batch)
