@@ -11,9 +11,6 @@ from collections.abc import Callable
 from typing import Any
 
 import typer
-# typer (pinned to 0.28) carries its own click.
-from typer._click.exceptions import ClickException, NoArgsIsHelpError
-from typer._click.exceptions import UsageError as ClickUsageError
 
 from .errors import InputError, Interrupted, OutputClosed, PyllamaError, UsageError
 
@@ -123,14 +120,6 @@ def run(argv: list[str] | None = None) -> int:
         return code if isinstance(code, int) else 0  # an int is a typer.Exit's code; commands return None
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    except NoArgsIsHelpError as exc:  # the help is already shown
-        return exc.exit_code
-    except ClickException as exc:
-        from .console import print_error
-
-        _flush_stdout()
-        print_error(" ".join(exc.format_message().split()), _click_hint(exc, only))  # click wraps choice lists
-        return exc.exit_code
     except typer.Abort:  # end of input at one of click's own prompts
         return 1
     except OutputClosed as exc:
@@ -156,14 +145,43 @@ def run(argv: list[str] | None = None) -> int:
         if os.environ.get("PYLLAMA_DEBUG"):
             raise
         return _report_os_error(exc)
+    except Exception as exc:
+        if not _is_click_error(exc):
+            raise
+        if _is_no_args_help(exc):  # the help is already shown
+            return exc.exit_code
+        from .console import print_error
+
+        _flush_stdout()
+        print_error(" ".join(exc.format_message().split()), _click_hint(exc, only))  # click wraps choice lists
+        return exc.exit_code
     return 0
 
 
-def _click_hint(exc: ClickException, command: str | None) -> str | None:
+# Click's errors are recognised by what they carry, not by class: typer ships click privately
+# (`typer._click` since 0.26), and a private module may move in any release.
+
+
+def _is_click_error(exc: BaseException) -> bool:
+    """Whether `exc` is one of click's errors (a ClickException): an int exit code and a message to show."""
+    return isinstance(getattr(exc, "exit_code", None), int) and callable(getattr(exc, "format_message", None))
+
+
+def _is_usage_error(exc: BaseException) -> bool:
+    """A click UsageError (a flag, argument or command click could not read), which carries its context."""
+    return _is_click_error(exc) and hasattr(exc, "ctx")
+
+
+def _is_no_args_help(exc: BaseException) -> bool:
+    """Click's NoArgsIsHelpError: a group run without a command, whose help typer has already printed."""
+    return _is_usage_error(exc) and any(cls.__name__ == "NoArgsIsHelpError" for cls in type(exc).__mro__)
+
+
+def _click_hint(exc: Any, command: str | None) -> str | None:
     """For a flag or argument click could not read: where the command's options are listed."""
-    if not isinstance(exc, ClickUsageError):
+    if not _is_usage_error(exc):
         return None
-    ctx = getattr(exc, "ctx", None)
+    ctx = exc.ctx
     if ctx is None:  # click's option parser raises some (a flag missing its value) without one
         return _fallback_hint(UsageError(""), command)
     return f"{ctx.command_path} --help lists the " + ("options" if ctx.parent is not None else "commands")

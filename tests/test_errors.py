@@ -115,6 +115,14 @@ def test_flags_click_cannot_read_are_one_error_line(tmp_path: Path, args: tuple[
     assert result.stderr.splitlines() == [line.format(tmp=tmp_path) for line in lines]
 
 
+@pytest.mark.parametrize("args", [(), ("completion",)])
+def test_a_group_without_a_command_shows_its_help_and_exits_2(args: tuple[str, ...]) -> None:
+    # click's NoArgsIsHelpError: typer has printed the help already; no error line follows it.
+    result = run_cli(*args)
+    assert (result.exit_code, result.stderr) == (2, "")
+    assert result.stdout.splitlines()[1].split() == ["Usage:", "pyllama", *args, "[OPTIONS]", "COMMAND", "[ARGS]..."]
+
+
 def test_a_context_bigger_than_the_machine_s_memory_is_refused_before_llama_cpp_tries(tiny_model: Path) -> None:
     # llama.cpp's buffers were granted by overcommit, then filled until the kernel killed the process (137).
     result = run_process("complete", "-m", str(tiny_model), "-p", "hi", "-n", "1", "-c", "2000000000", timeout=60)
