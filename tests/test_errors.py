@@ -157,13 +157,13 @@ def _main_in_a_process(setup: str, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
 
 
-def test_the_quick_exit_still_runs_atexit_handlers_and_flushes_output() -> None:
+def test_the_exit_runs_atexit_handlers_and_flushes_output() -> None:
     proc = _main_in_a_process("import atexit; atexit.register(lambda: print('atexit ran', file=sys.stderr))",
                               "--version")
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, f"pyllama {__version__}\n", "atexit ran\n")
 
 
-def test_the_exit_code_survives_the_quick_exit(tmp_path: Path) -> None:
+def test_the_exit_code_survives_the_exit(tmp_path: Path) -> None:
     proc = _main_in_a_process("", "info", "-m", str(tmp_path / "none.gguf"))
     assert proc.returncode == 1
     assert proc.stderr.startswith(f"Error: model file not found: {tmp_path / 'none.gguf'}\n")
