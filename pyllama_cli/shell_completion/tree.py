@@ -9,10 +9,8 @@ Output is deterministic (no timestamps, no machine paths) because the scripts ar
 from __future__ import annotations
 
 import re
-import typing
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import PurePath
 from typing import Any
 
 SHELLS = ("bash", "zsh", "fish")
@@ -218,22 +216,13 @@ def _choices(param: Any, ctx: Any) -> tuple[str, ...]:
 
 
 def _is_path(param: Any) -> bool:
-    click_type = getattr(param, "type", None)  # a Click parameter: click.Path names itself by what it accepts
-    if click_type is not None:
-        return getattr(click_type, "name", "") in ("path", "file", "directory")
-    annotation = getattr(getattr(param, "type_descriptor", None), "annotation", None)  # Typer's own metadata
-    return _mentions_path(annotation)
-
-
-def _mentions_path(annotation: Any) -> bool:
-    if isinstance(annotation, type):
-        return issubclass(annotation, PurePath)
-    return any(_mentions_path(arg) for arg in typing.get_args(annotation))
+    # click.Path names itself by what it accepts: "path", "file" or "directory".
+    return getattr(getattr(param, "type", None), "name", "") in ("path", "file", "directory")
 
 
 def _dir_only(param: Any) -> bool:
-    info = getattr(getattr(param, "type_descriptor", None), "parameter_info", None) or getattr(param, "type", None)
-    return bool(getattr(info, "dir_okay", False)) and not getattr(info, "file_okay", True)
+    path_type = getattr(param, "type", None)  # click.Path's dir_okay and file_okay
+    return bool(getattr(path_type, "dir_okay", False)) and not getattr(path_type, "file_okay", True)
 
 
 def _first_sentence(text: str) -> str:
