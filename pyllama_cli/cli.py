@@ -29,6 +29,8 @@ COMMANDS = [
     ("completion", "shell_completion", "app"),
 ]
 COMMAND_NAMES = frozenset(name for name, _, _ in COMMANDS)
+# Commands that read the whole command tree from the app they run in (the completion scripts).
+NEEDS_EVERY_COMMAND = frozenset({"completion"})
 
 
 def build_app(only: str | None = None) -> typer.Typer:
@@ -113,7 +115,8 @@ def __getattr__(name: str) -> typer.Typer:
 def run(argv: list[str] | None = None) -> int:
     """Run the CLI and return its exit code; the single place where errors become output."""
     args = sys.argv[1:] if argv is None else list(argv)
-    only = args[0] if args and args[0] in COMMAND_NAMES else None
+    command = args[0] if args and args[0] in COMMAND_NAMES else None
+    only = None if command in NEEDS_EVERY_COMMAND else command
     try:
         # Not standalone: click's own errors come back here to be shown as ours are, in one line.
         code = build_app(only)(args=args, prog_name="pyllama", standalone_mode=False)
@@ -137,7 +140,7 @@ def run(argv: list[str] | None = None) -> int:
         from .console import print_error
 
         _flush_stdout()
-        print_error(exc.message, exc.hint or _fallback_hint(exc, only))
+        print_error(exc.message, exc.hint or _fallback_hint(exc, command))
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
@@ -153,7 +156,7 @@ def run(argv: list[str] | None = None) -> int:
         from .console import print_error
 
         _flush_stdout()
-        print_error(" ".join(exc.format_message().split()), _click_hint(exc, only))  # click wraps choice lists
+        print_error(" ".join(exc.format_message().split()), _click_hint(exc, command))  # click wraps choice lists
         return exc.exit_code
     return 0
 
