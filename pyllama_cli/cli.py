@@ -161,8 +161,8 @@ def run(argv: list[str] | None = None) -> int:
     return 0
 
 
-# Click's errors are recognised by what they carry, not by class: typer ships click privately
-# (`typer._click` since 0.26), and a private module may move in any release.
+# Click's errors are recognised by what they carry, not by class: since 0.26 typer ships click as a
+# private sub-package, whose classes cannot be imported safely (it may move in any release).
 
 
 def _is_click_error(exc: BaseException) -> bool:
@@ -246,8 +246,8 @@ def main() -> None:
         code = code or OutputClosed.exit_code
     except OSError as exc:  # the last buffered output could not be written (a full disk)
         code = _report_os_error(exc)
-    # The interpreter's normal shutdown: it runs every atexit handler (logging's flush, huggingface_hub's,
-    # tqdm's). Skipping the teardown with os._exit saved ~3-5 ms of a `quantize` run but needed CPython's
-    # private atexit._run_exitfuncs to keep those handlers.
+    # The interpreter's normal shutdown, which runs every atexit handler (logging's flush, huggingface_hub's,
+    # tqdm's). Skipping its teardown with os._exit saved a few ms of a `quantize` run (within run-to-run
+    # noise), but only a private function of CPython's atexit module runs the handlers first.
     sys.exit(code)
 
