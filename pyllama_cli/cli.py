@@ -11,9 +11,6 @@ from collections.abc import Callable
 from typing import Any
 
 import typer
-# typer (pinned to 0.28) carries its own click.
-from typer._click.exceptions import ClickException, NoArgsIsHelpError
-from typer._click.exceptions import UsageError as ClickUsageError
 
 from .errors import InputError, Interrupted, OutputClosed, PyllamaError, UsageError
 
@@ -32,6 +29,8 @@ COMMANDS = [
     ("completion", "shell_completion", "app"),
 ]
 COMMAND_NAMES = frozenset(name for name, _, _ in COMMANDS)
+# Commands that read the whole command tree from the app they run in (the completion scripts).
+NEEDS_EVERY_COMMAND = frozenset({"completion"})
 
 
 def build_app(only: str | None = None) -> typer.Typer:
@@ -116,21 +115,14 @@ def __getattr__(name: str) -> typer.Typer:
 def run(argv: list[str] | None = None) -> int:
     """Run the CLI and return its exit code; the single place where errors become output."""
     args = sys.argv[1:] if argv is None else list(argv)
-    only = args[0] if args and args[0] in COMMAND_NAMES else None
+    command = args[0] if args and args[0] in COMMAND_NAMES else None
+    only = None if command in NEEDS_EVERY_COMMAND else command
     try:
         # Not standalone: click's own errors come back here to be shown as ours are, in one line.
         code = build_app(only)(args=args, prog_name="pyllama", standalone_mode=False)
         return code if isinstance(code, int) else 0  # an int is a typer.Exit's code; commands return None
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    except NoArgsIsHelpError as exc:  # the help is already shown
-        return exc.exit_code
-    except ClickException as exc:
-        from .console import print_error
-
-        _flush_stdout()
-        print_error(" ".join(exc.format_message().split()), _click_hint(exc, only))  # click wraps choice lists
-        return exc.exit_code
     except typer.Abort:  # end of input at one of click's own prompts
         return 1
     except OutputClosed as exc:
@@ -148,7 +140,7 @@ def run(argv: list[str] | None = None) -> int:
         from .console import print_error
 
         _flush_stdout()
-        print_error(exc.message, exc.hint or _fallback_hint(exc, only))
+        print_error(exc.message, exc.hint or _fallback_hint(exc, command))
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
@@ -156,14 +148,43 @@ def run(argv: list[str] | None = None) -> int:
         if os.environ.get("PYLLAMA_DEBUG"):
             raise
         return _report_os_error(exc)
+    except Exception as exc:
+        if not _is_click_error(exc):
+            raise
+        if _is_no_args_help(exc):  # the help is already shown
+            return exc.exit_code
+        from .console import print_error
+
+        _flush_stdout()
+        print_error(" ".join(exc.format_message().split()), _click_hint(exc, command))  # click wraps choice lists
+        return exc.exit_code
     return 0
 
 
-def _click_hint(exc: ClickException, command: str | None) -> str | None:
+# Click's errors are recognised by what they carry, not by class: since 0.26 typer ships click as a
+# private sub-package, whose classes cannot be imported safely (it may move in any release).
+
+
+def _is_click_error(exc: BaseException) -> bool:
+    """Whether `exc` is one of click's errors (a ClickException): an int exit code and a message to show."""
+    return isinstance(getattr(exc, "exit_code", None), int) and callable(getattr(exc, "format_message", None))
+
+
+def _is_usage_error(exc: BaseException) -> bool:
+    """A click UsageError (a flag, argument or command click could not read), which carries its context."""
+    return _is_click_error(exc) and hasattr(exc, "ctx")
+
+
+def _is_no_args_help(exc: BaseException) -> bool:
+    """Click's NoArgsIsHelpError: a group run without a command, whose help typer has already printed."""
+    return _is_usage_error(exc) and any(cls.__name__ == "NoArgsIsHelpError" for cls in type(exc).__mro__)
+
+
+def _click_hint(exc: Any, command: str | None) -> str | None:
     """For a flag or argument click could not read: where the command's options are listed."""
-    if not isinstance(exc, ClickUsageError):
+    if not _is_usage_error(exc):
         return None
-    ctx = getattr(exc, "ctx", None)
+    ctx = exc.ctx
     if ctx is None:  # click's option parser raises some (a flag missing its value) without one
         return _fallback_hint(UsageError(""), command)
     return f"{ctx.command_path} --help lists the " + ("options" if ctx.parent is not None else "commands")
@@ -225,27 +246,8 @@ def main() -> None:
         code = code or OutputClosed.exit_code
     except OSError as exc:  # the last buffered output could not be written (a full disk)
         code = _report_os_error(exc)
-    _exit(code)
+    # The interpreter's normal shutdown, which runs every atexit handler (logging's flush, huggingface_hub's,
+    # tqdm's). Skipping its teardown with os._exit saved ~4 ms of a 120 ms tiny-model `quantize`, but only
+    # a private function of CPython's atexit module could run the handlers first.
+    sys.exit(code)
 
-
-def _exit(code: int) -> None:
-    """Exit without the interpreter's teardown once nothing can be lost by skipping it.
-
-    Tearing down frees every module and object one by one (13 ms after a `quantize`, a tenth of a
-    small model's whole run) only for the OS to reclaim the memory anyway. Skipped only when the
-    atexit handlers have run, both streams are flushed and no other non-daemon thread is still
-    working; under a profiler or tracer the normal exit runs, so their reports still get written.
-    """
-    import atexit
-    import threading
-
-    busy = any(t is not threading.main_thread() and not t.daemon and t.is_alive() for t in threading.enumerate())
-    if busy or sys.getprofile() is not None or sys.gettrace() is not None:
-        sys.exit(code)
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(code)

@@ -25,7 +25,9 @@ os.environ["COLUMNS"] = os.environ["TERMINAL_WIDTH"] = WIDTH
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pyllama_cli.shell_completion.tree import PROG, SCRIPT_NAMES, SHELLS, Command, command_tree, render  # noqa: E402 - needs the environment set above
+# Only now: these import Typer and rich, which read the environment set above.
+from pyllama_cli.shell_completion.scripts import SCRIPT_NAMES, SHELLS, render  # noqa: E402
+from pyllama_cli.shell_completion.tree import PROG, Command, command_tree  # noqa: E402
 
 DOCS = ROOT / "docs" / "cli.md"
 

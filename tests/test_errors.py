@@ -115,6 +115,14 @@ def test_flags_click_cannot_read_are_one_error_line(tmp_path: Path, args: tuple[
     assert result.stderr.splitlines() == [line.format(tmp=tmp_path) for line in lines]
 
 
+@pytest.mark.parametrize("args", [(), ("completion",)])
+def test_a_group_without_a_command_shows_its_help_and_exits_2(args: tuple[str, ...]) -> None:
+    # click's NoArgsIsHelpError: typer has printed the help already; no error line follows it.
+    result = run_cli(*args)
+    assert (result.exit_code, result.stderr) == (2, "")
+    assert result.stdout.splitlines()[1].split() == ["Usage:", "pyllama", *args, "[OPTIONS]", "COMMAND", "[ARGS]..."]
+
+
 def test_a_context_bigger_than_the_machine_s_memory_is_refused_before_llama_cpp_tries(tiny_model: Path) -> None:
     # llama.cpp's buffers were granted by overcommit, then filled until the kernel killed the process (137).
     result = run_process("complete", "-m", str(tiny_model), "-p", "hi", "-n", "1", "-c", "2000000000", timeout=60)
@@ -149,13 +157,13 @@ def _main_in_a_process(setup: str, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
 
 
-def test_the_quick_exit_still_runs_atexit_handlers_and_flushes_output() -> None:
+def test_the_exit_runs_atexit_handlers_and_flushes_output() -> None:
     proc = _main_in_a_process("import atexit; atexit.register(lambda: print('atexit ran', file=sys.stderr))",
                               "--version")
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, f"pyllama {__version__}\n", "atexit ran\n")
 
 
-def test_the_exit_code_survives_the_quick_exit(tmp_path: Path) -> None:
+def test_the_exit_code_survives_the_exit(tmp_path: Path) -> None:
     proc = _main_in_a_process("", "info", "-m", str(tmp_path / "none.gguf"))
     assert proc.returncode == 1
     assert proc.stderr.startswith(f"Error: model file not found: {tmp_path / 'none.gguf'}\n")
