@@ -23,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ...errors import ModelLoadError, PyllamaError
-from ..model import native
+from ...errors import ModelLoadError
+from ..model import library
 from ..model.native import Context, Model, lib
 from ..model.settings import LoadSettings
 
@@ -250,7 +250,7 @@ def run_benchmark(spec: BenchSpec, on_step: Progress | None = None) -> Iterator[
 
 def load_bench_model(inst: Instance, verbose: bool = False) -> Model:
     """Load a model with llama-bench's model parameters (GPU layers and load mode as given)."""
-    native.configure_logging(verbose)
+    library.configure_logging(verbose)
     params = lib.llama_model_default_params()
     params.n_gpu_layers = inst.n_gpu_layers
     params.load_mode = LOAD_MODES[inst.load_mode]
@@ -268,7 +268,7 @@ def measure(model: Model, inst: Instance, spec: BenchSpec, depth_cache: dict[tup
     reasons: list[str] = []
     reset_peak_rss()
     try:
-        with native.log_listener(lambda level, text: reasons.append(text) if level == _LOG_ERROR else None), \
+        with library.log_listener(lambda level, text: reasons.append(text) if level == _LOG_ERROR else None), \
                 _bench_context(model, inst) as ctx:
             result.test_time = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
             _Runner(ctx, inst, spec, depth_cache, progress).run(result)
@@ -427,36 +427,14 @@ def peak_rss_bytes() -> int | None:
 
 def build_info() -> BuildInfo:
     """llama-bench's build_commit/number, cpu_info, gpu_info and backends, for this libllama."""
-    native.configure_logging(False)
-    ggml = _ggml()
-    devices = [ggml.ggml_backend_dev_get(i) for i in range(ggml.ggml_backend_dev_count())]
-    kinds = [(ggml.ggml_backend_dev_type(d), ggml.ggml_backend_dev_description(d).decode()) for d in devices]
-    cpu = ", ".join(desc for kind, desc in kinds if kind in (0, 3))  # CPU, ACCEL
-    gpu = ", ".join(desc for kind, desc in kinds if kind in (1, 2))  # GPU, IGPU
-    regs = [ggml.ggml_backend_reg_name(ggml.ggml_backend_reg_get(i)).decode()
-            for i in range(ggml.ggml_backend_reg_count())]
+    library.configure_logging(False)
+    kinds = library.devices()
+    cpu = ", ".join(desc for kind, desc in kinds if kind in library.CPU_DEVICE_TYPES)
+    gpu = ", ".join(desc for kind, desc in kinds if kind in library.GPU_DEVICE_TYPES)
+    regs = library.backend_names()
     backends = [r for r in regs if r != "CPU" and not r.startswith("RPC")]
     if any(r.startswith("RPC") for r in regs):
         backends.append("RPC")
     version = getattr(lib, "__version__", "unknown")
     return BuildInfo(f"llama-cpp-python {version}", 0, cpu, gpu, ",".join(backends) or "CPU")
 
-
-def _ggml() -> ctypes.CDLL:
-    """libggml (already loaded by llama_cpp) with the device-registry calls llama_cpp does not bind."""
-    # Beside the libllama actually loaded (LLAMA_CPP_LIB_PATH can point llama_cpp at another build).
-    loaded = getattr(getattr(lib, "llama_cpp", None), "_lib", None)
-    lib_dir = Path(loaded._name).parent if loaded is not None else Path(lib.__file__).parent / "lib"
-    names = sorted(lib_dir.glob("libggml.*")) or sorted(lib_dir.glob("ggml.*"))
-    if not names:
-        raise PyllamaError(f"libggml not found in {lib_dir}", hint="reinstall llama-cpp-python")
-    ggml = ctypes.CDLL(str(names[0]))
-    vp, size = ctypes.c_void_p, ctypes.c_size_t
-    for name, args, res in (("ggml_backend_dev_count", [], size), ("ggml_backend_dev_get", [size], vp),
-                            ("ggml_backend_dev_type", [vp], ctypes.c_int),
-                            ("ggml_backend_dev_description", [vp], ctypes.c_char_p),
-                            ("ggml_backend_reg_count", [], size), ("ggml_backend_reg_get", [size], vp),
-                            ("ggml_backend_reg_name", [vp], ctypes.c_char_p)):
-        fn = getattr(ggml, name)
-        fn.argtypes, fn.restype = args, res
-    return ggml

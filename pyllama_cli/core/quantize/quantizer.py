@@ -288,7 +288,7 @@ def _load_imatrix(req: QuantizeRequest) -> ImatrixData:
 
 def _run_worker(req: QuantizeRequest, imatrix: ImatrixData | None, staging: _Staging, parser: _LogParser,
                 on_progress: Callable[[TensorProgress], None] | None) -> int:
-    from ..model.native import configure_logging, lib, log_listener
+    from ..model.library import configure_logging, lib, log_listener
 
     configure_logging(req.verbose, req.log_file)
     params, keepalive = build_params(req, imatrix)
