@@ -165,6 +165,20 @@ def backend_names() -> list[str]:
             for i in range(ggml.ggml_backend_reg_count())]
 
 
+def gpu_device_present() -> bool:
+    """Whether ggml has a GPU-type device to offload to right now.
+
+    llama_supports_gpu_offload() cannot tell: it is true in any build with a GPU-capable backend
+    compiled in (the RPC backend is one) even when no device exists. Only where libggml's registry
+    cannot be read is its answer used instead.
+    """
+    try:
+        kinds = [kind for kind, _ in devices()]
+    except (PyllamaError, OSError, AttributeError):
+        return supports_gpu_offload()
+    return any(kind in GPU_DEVICE_TYPES for kind in kinds)
+
+
 @functools.cache
 def _ggml() -> ctypes.CDLL:
     """libggml (already loaded by llama_cpp) with the device-registry calls llama_cpp does not bind."""

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...errors import ModelLoadError
-from .library import lib, supports_gpu_offload
+from .library import gpu_device_present, lib
 from .settings import LoadSettings
 
 if TYPE_CHECKING:
@@ -21,8 +21,10 @@ def check_kv_cache_fits(model: Model, params: Any, settings: LoadSettings) -> No
     kernel kills the process (no message, exit 137) once RAM runs out. Only a cache in system memory
     is checked (a GPU's allocation fails cleanly), and only one that is surely that big: models with a
     sliding window or a recurrent state keep less per token than this estimate, so they are left alone.
+    The cache is on a GPU only when a GPU device exists: a build with the RPC backend compiled in
+    reports GPU offload support without any device to offload to.
     """
-    on_gpu = settings.n_gpu_layers != 0 and params.offload_kqv and supports_gpu_offload()
+    on_gpu = settings.n_gpu_layers != 0 and params.offload_kqv and gpu_device_present()
     handle = model.handle
     if on_gpu or lib.llama_model_n_swa(handle) > 0 or lib.llama_model_is_recurrent(handle) \
             or lib.llama_model_is_hybrid(handle):
