@@ -15,7 +15,8 @@ from pathlib import Path
 from ...errors import InputError, UsageError
 from ..text import json_text
 from .grammar_check import TOKEN_ID, GrammarSyntaxError, check_syntax
-from .json_schema import MAX_SCHEMA_COUNT, prepare_schema
+from .json_schema import prepare_schema
+from .schema_check import MAX_SCHEMA_COUNT
 from .schema_splice import splice_markers
 
 _SHIPPED_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
