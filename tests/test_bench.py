@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from pyllama_cli.core.bench.runner import BenchModel, BenchResult, BenchSpec, BuildInfo, Instance, stdev, stdev_int
+from pyllama_cli.core.bench.spec import BenchModel, BenchResult, BenchSpec, BuildInfo, Instance, stdev, stdev_int
 from pyllama_cli.core.bench.output import FIELDS, Extras, MarkdownPrinter, md_columns
 from pyllama_cli.core.bench.ranges import (
     parse_bool_values,
@@ -163,7 +163,8 @@ def test_md_header_matches_llama_bench_widths_for_a_sweep() -> None:
 def _markdown_for_this_build() -> tuple[str, str, list[str]]:
     """The header, rule and leading row cells llama-bench prints for this build's backends: a build
     with any backend besides the CPU (RPC, as the README's install builds it; CUDA) also shows ngl."""
-    from pyllama_cli.core.bench.runner import DEFAULT_N_GPU_LAYERS, build_info
+    from pyllama_cli.core.bench.runner import build_info
+    from pyllama_cli.core.bench.spec import DEFAULT_N_GPU_LAYERS
 
     backend = build_info().backends
     if backend == "CPU":

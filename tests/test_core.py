@@ -68,6 +68,25 @@ def test_end_of_generation_tokens_and_pieces(tiny_model: Path) -> None:
         assert model.token_to_piece(263) == b" hello"  # the second call comes from the cache
 
 
+@pytest.mark.parametrize(("found", "gpu"), [([(0, "CPU")], False), ([(0, "CPU"), (1, "RPC[127.0.0.1:50052]")], True),
+                                             ([(0, "CPU"), (2, "Intel iGPU")], True), ([(0, "CPU"), (3, "BLAS")], False)])
+def test_only_a_gpu_type_device_counts_as_a_gpu(found: list[tuple[int, str]], gpu: bool,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    # A build with the RPC backend says it supports GPU offload with no device at all; the device list decides.
+    from pyllama_cli.core.model import library
+
+    monkeypatch.setattr(library, "devices", lambda: found)
+    assert library.gpu_device_present() is gpu
+
+
+def test_the_device_registry_lists_the_cpu_and_decides_the_gpu_question() -> None:
+    from pyllama_cli.core.model import library
+
+    kinds = [kind for kind, _ in library.devices()]
+    assert library.gpu_device_present() is any(kind in (1, 2) for kind in kinds)
+    assert 0 in kinds  # the CPU device is always there
+
+
 def test_ctrl_c_exits_130_without_traceback() -> None:
     script = textwrap.dedent("""
         import typer

@@ -167,7 +167,7 @@ def test_hf_repo_as_input_writes_into_the_current_folder(f32_model: Path, tmp_pa
 
 
 def test_positionals_follow_llama_quantize() -> None:
-    from pyllama_cli.core.quantize.quantizer import parse_positionals
+    from pyllama_cli.core.quantize.arguments import parse_positionals
 
     p = parse_positionals(["in.gguf", "q4_k_m"], input_named=False)
     assert (p.input, p.output, p.quant.name, p.nthreads) == ("in.gguf", None, "Q4_K_M", None)
@@ -184,7 +184,7 @@ def test_positionals_follow_llama_quantize() -> None:
     (["in.gguf", "\u0661\u0665"], "unknown quantization type '\u0661\u0665'"),  # Arabic-Indic 15
 ])
 def test_positionals_that_are_not_llama_quantize_s_are_refused(args: list[str], message: str) -> None:
-    from pyllama_cli.core.quantize.quantizer import parse_positionals
+    from pyllama_cli.core.quantize.arguments import parse_positionals
 
     with pytest.raises(UsageError) as caught:
         parse_positionals(args, input_named=False)
@@ -193,7 +193,7 @@ def test_positionals_that_are_not_llama_quantize_s_are_refused(args: list[str], 
 
 def test_default_output_replaces_a_type_suffix(tmp_path: Path) -> None:
     from pyllama_cli.core.gguf.ftypes import parse_type
-    from pyllama_cli.core.quantize.quantizer import default_output
+    from pyllama_cli.core.quantize.arguments import default_output
 
     q = parse_type("iq4_xs")
     assert default_output(tmp_path / "m-F16.gguf", q, from_hub=False) == tmp_path / "m-IQ4_XS.gguf"

@@ -126,7 +126,7 @@ def bench(
 
 def _make_spec(args: dict[str, Any]) -> Any:
     """Parse every sweep flag (ranges, lists, choices) into a BenchSpec without models yet."""
-    from ..core.bench import runner as core
+    from ..core.bench import spec as core
     from ..core.bench import ranges
     from ..core.model.settings import INT32_MAX, MAX_THREADS, default_threads
 
@@ -168,7 +168,7 @@ def _make_spec(args: dict[str, Any]) -> Any:
 def _resolve_models(paths: list[str] | None, repos: list[str] | None, files: list[str] | None,
                     token: str | None, offline: bool) -> tuple[Any, ...]:
     """Resolve every -m (split on commas, as llama-bench does, unless the path exists) and -hf."""
-    from ..core.bench.runner import BenchModel
+    from ..core.bench.spec import BenchModel
 
     names = [p for raw in paths or [] for p in ([raw] if Path(raw).exists() else [s for s in raw.split(",") if s])]
     if len(files or []) > len(repos or []):

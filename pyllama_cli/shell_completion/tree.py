@@ -100,7 +100,7 @@ def _bench_formats() -> list[str]:
 
 
 def _kv_cache_types() -> list[str]:
-    from ..core.bench.runner import KV_CACHE_TYPES
+    from ..core.bench.spec import KV_CACHE_TYPES
 
     return list(KV_CACHE_TYPES)
 

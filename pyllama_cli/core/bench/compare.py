@@ -12,7 +12,7 @@ from typing import Any
 
 from ...errors import InputError
 from ..text import json_text
-from .runner import BenchResult, BuildInfo
+from .spec import BenchResult, BuildInfo
 from .output import field_values
 
 # The fields that say which test a row measured (not when, where or how fast).

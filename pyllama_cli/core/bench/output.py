@@ -11,7 +11,7 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .runner import (
+from .spec import (
     DEFAULT_CACHE_TYPE,
     DEFAULT_FLASH_ATTN,
     DEFAULT_LOAD_MODE,

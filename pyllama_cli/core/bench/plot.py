@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import UsageError
-from .runner import BenchResult
+from .spec import BenchResult
 from ..paths import atomic_write
 
 PLOT_HINT = "install it with: pip install 'pyllama-cli[plot]' (or pip install matplotlib)"

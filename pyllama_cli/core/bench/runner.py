@@ -12,207 +12,21 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import itertools
-import math
 import resource
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
-from ...errors import ModelLoadError, PyllamaError
-from ..model import native
+from ...errors import ModelLoadError
+from ..model import library
 from ..model.native import Context, Model, lib
 from ..model.settings import LoadSettings
+from .spec import KV_CACHE_TYPES, LOAD_MODES, BenchResult, BenchSpec, BuildInfo, Instance
 
-DEFAULT_N_PROMPT = (512,)
-DEFAULT_N_GEN = (128,)
-DEFAULT_N_DEPTH = (0,)
-DEFAULT_N_BATCH = (2048,)
-DEFAULT_N_UBATCH = (512,)
-DEFAULT_CACHE_TYPE = ("f16",)
-DEFAULT_N_GPU_LAYERS = (-1,)
-DEFAULT_NO_KV_OFFLOAD = (False,)
-DEFAULT_FLASH_ATTN = ("auto",)
-DEFAULT_LOAD_MODE = ("auto",)
-DEFAULT_REPETITIONS = 5
-
-# The KV cache types llama-bench accepts, with their ggml type ids.
-KV_CACHE_TYPES = {"f16": 1, "bf16": 30, "q8_0": 8, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "iq4_nl": 20}
-FLASH_ATTN_TYPES = {"auto": -1, "off": 0, "on": 1}
-LOAD_MODES = {"auto": -1, "none": 0, "mmap": 1, "mlock": 2, "mmap+mlock": 3, "dio": 4}
 _LOG_ERROR = 4  # GGML_LOG_LEVEL_ERROR
 _SEED = 1  # random tokens are reproducible from run to run, as C's unseeded rand() is
-
-
-@dataclass(frozen=True)
-class BenchModel:
-    """A model to benchmark: `label` is what the user named (llama-bench's model_filename)."""
-
-    label: str
-    path: Path
-
-
-@dataclass(frozen=True)
-class Instance:
-    """One parameter combination: a single row of the results."""
-
-    model: BenchModel
-    n_prompt: int
-    n_gen: int
-    n_depth: int
-    n_batch: int
-    n_ubatch: int
-    type_k: str
-    type_v: str
-    n_threads: int
-    n_gpu_layers: int
-    no_kv_offload: bool
-    flash_attn: str
-    load_mode: str
-
-    @property
-    def test_name(self) -> str:
-        """llama-bench's test label: pp512, tg128, pp512+tg128, with ` @ dN` at depth."""
-        if self.n_gen == 0:
-            name = f"pp{self.n_prompt}"
-        elif self.n_prompt == 0:
-            name = f"tg{self.n_gen}"
-        else:
-            name = f"pp{self.n_prompt}+tg{self.n_gen}"
-        return name + (f" @ d{self.n_depth}" if self.n_depth > 0 else "")
-
-    def model_key(self) -> tuple:
-        """What the loaded model depends on; a change means a reload."""
-        return (self.model.path, self.n_gpu_layers, self.load_mode)
-
-
-# More tests than one bench can run in any reasonable time; the lists of a sweep multiply, so a few
-# long ranges would otherwise build millions of tests in memory before the first one runs.
-MAX_TESTS = 100_000
-
-
-@dataclass(frozen=True)
-class BenchSpec:
-    """The whole sweep: every list is crossed with every other (models outermost)."""
-
-    models: tuple[BenchModel, ...]
-    n_threads: tuple[int, ...]
-    n_prompt: tuple[int, ...] = DEFAULT_N_PROMPT
-    n_gen: tuple[int, ...] = DEFAULT_N_GEN
-    n_pg: tuple[tuple[int, int], ...] = ()
-    n_depth: tuple[int, ...] = DEFAULT_N_DEPTH
-    n_batch: tuple[int, ...] = DEFAULT_N_BATCH
-    n_ubatch: tuple[int, ...] = DEFAULT_N_UBATCH
-    type_k: tuple[str, ...] = DEFAULT_CACHE_TYPE
-    type_v: tuple[str, ...] = DEFAULT_CACHE_TYPE
-    n_gpu_layers: tuple[int, ...] = DEFAULT_N_GPU_LAYERS
-    no_kv_offload: tuple[bool, ...] = DEFAULT_NO_KV_OFFLOAD
-    flash_attn: tuple[str, ...] = DEFAULT_FLASH_ATTN
-    load_mode: tuple[str, ...] = DEFAULT_LOAD_MODE
-    repetitions: int = DEFAULT_REPETITIONS
-    warmup: bool = True
-    ttft: bool = False
-    verbose: bool = False
-
-    def _tests(self) -> list[tuple[int, int]]:
-        """(n_prompt, n_gen) of each test run for every parameter combination."""
-        tests = [(p, 0) for p in self.n_prompt if p > 0] + [(0, g) for g in self.n_gen if g > 0]
-        return tests + [pg for pg in self.n_pg if pg != (0, 0)]
-
-    def tests_per_model(self) -> int:
-        """How many tests `instances` makes for each model, counted without making them."""
-        lists = (self.n_gpu_layers, self.load_mode, self.n_batch, self.n_ubatch, self.type_k, self.type_v,
-                 self.no_kv_offload, self.flash_attn, self.n_threads, self.n_depth)
-        return len(self._tests()) * math.prod(map(len, lists))
-
-    def instances(self) -> list[Instance]:
-        """Every test to run, in llama-bench's order (model parameters outermost, so reloads are rare)."""
-        tests = self._tests()
-        out = []
-        for m, ngl, lm, nb, nub, tk, tv, nkvo, fa, nt, nd in itertools.product(
-                self.models, self.n_gpu_layers, self.load_mode, self.n_batch, self.n_ubatch, self.type_k,
-                self.type_v, self.no_kv_offload, self.flash_attn, self.n_threads, self.n_depth):
-            out += [Instance(m, p, g, nd, nb, nub, tk, tv, nt, ngl, nkvo, fa, lm) for p, g in tests]
-        return out
-
-
-@dataclass
-class BenchResult:
-    """The measurement of one instance; `error` is set (and samples empty) when it failed."""
-
-    instance: Instance
-    model_type: str = ""
-    model_size: int = 0
-    model_n_params: int = 0
-    test_time: str = ""
-    samples_ns: list[int] = field(default_factory=list)
-    ttft_ns: list[int] = field(default_factory=list)
-    peak_rss_bytes: int | None = None
-    error: str | None = None
-
-    @property
-    def samples_ts(self) -> list[float]:
-        n_tokens = self.instance.n_prompt + self.instance.n_gen
-        return [1e9 * n_tokens / ns for ns in self.samples_ns]
-
-    @property
-    def avg_ts(self) -> float:
-        return mean(self.samples_ts)
-
-    @property
-    def stddev_ts(self) -> float:
-        return stdev(self.samples_ts)
-
-    @property
-    def avg_ns(self) -> int:
-        return mean_int(self.samples_ns)
-
-    @property
-    def stddev_ns(self) -> int:
-        return stdev_int(self.samples_ns)
-
-
-def mean(values: list[float]) -> float:
-    return sum(values) / len(values) if values else 0.0
-
-
-def stdev(values: list[float]) -> float:
-    """Sample standard deviation (n-1), 0 for fewer than two values, by llama-bench's formula."""
-    n = len(values)
-    if n <= 1:
-        return 0.0
-    m = mean(values)
-    var = sum(v * v for v in values) / (n - 1) - m * m * n / (n - 1)
-    return math.sqrt(max(var, 0.0))
-
-
-def mean_int(values: list[int]) -> int:
-    return sum(values) // len(values) if values else 0
-
-
-def stdev_int(values: list[int]) -> int:
-    """llama-bench's stddev_ns: the same formula in integer arithmetic, truncated."""
-    n = len(values)
-    if n <= 1:
-        return 0
-    m = mean_int(values)
-    var = sum(v * v for v in values) // (n - 1) - m * m * n // (n - 1)
-    return int(math.sqrt(max(var, 0)))
-
-
-@dataclass(frozen=True)
-class BuildInfo:
-    """What llama-bench reports about the build and machine."""
-
-    build_commit: str
-    build_number: int
-    cpu_info: str
-    gpu_info: str
-    backends: str
 
 
 Progress = Callable[[int, int, str], None]
@@ -250,7 +64,7 @@ def run_benchmark(spec: BenchSpec, on_step: Progress | None = None) -> Iterator[
 
 def load_bench_model(inst: Instance, verbose: bool = False) -> Model:
     """Load a model with llama-bench's model parameters (GPU layers and load mode as given)."""
-    native.configure_logging(verbose)
+    library.configure_logging(verbose)
     params = lib.llama_model_default_params()
     params.n_gpu_layers = inst.n_gpu_layers
     params.load_mode = LOAD_MODES[inst.load_mode]
@@ -268,7 +82,7 @@ def measure(model: Model, inst: Instance, spec: BenchSpec, depth_cache: dict[tup
     reasons: list[str] = []
     reset_peak_rss()
     try:
-        with native.log_listener(lambda level, text: reasons.append(text) if level == _LOG_ERROR else None), \
+        with library.log_listener(lambda level, text: reasons.append(text) if level == _LOG_ERROR else None), \
                 _bench_context(model, inst) as ctx:
             result.test_time = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
             _Runner(ctx, inst, spec, depth_cache, progress).run(result)
@@ -427,36 +241,14 @@ def peak_rss_bytes() -> int | None:
 
 def build_info() -> BuildInfo:
     """llama-bench's build_commit/number, cpu_info, gpu_info and backends, for this libllama."""
-    native.configure_logging(False)
-    ggml = _ggml()
-    devices = [ggml.ggml_backend_dev_get(i) for i in range(ggml.ggml_backend_dev_count())]
-    kinds = [(ggml.ggml_backend_dev_type(d), ggml.ggml_backend_dev_description(d).decode()) for d in devices]
-    cpu = ", ".join(desc for kind, desc in kinds if kind in (0, 3))  # CPU, ACCEL
-    gpu = ", ".join(desc for kind, desc in kinds if kind in (1, 2))  # GPU, IGPU
-    regs = [ggml.ggml_backend_reg_name(ggml.ggml_backend_reg_get(i)).decode()
-            for i in range(ggml.ggml_backend_reg_count())]
+    library.configure_logging(False)
+    kinds = library.devices()
+    cpu = ", ".join(desc for kind, desc in kinds if kind in library.CPU_DEVICE_TYPES)
+    gpu = ", ".join(desc for kind, desc in kinds if kind in library.GPU_DEVICE_TYPES)
+    regs = library.backend_names()
     backends = [r for r in regs if r != "CPU" and not r.startswith("RPC")]
     if any(r.startswith("RPC") for r in regs):
         backends.append("RPC")
     version = getattr(lib, "__version__", "unknown")
     return BuildInfo(f"llama-cpp-python {version}", 0, cpu, gpu, ",".join(backends) or "CPU")
 
-
-def _ggml() -> ctypes.CDLL:
-    """libggml (already loaded by llama_cpp) with the device-registry calls llama_cpp does not bind."""
-    # Beside the libllama actually loaded (LLAMA_CPP_LIB_PATH can point llama_cpp at another build).
-    loaded = getattr(getattr(lib, "llama_cpp", None), "_lib", None)
-    lib_dir = Path(loaded._name).parent if loaded is not None else Path(lib.__file__).parent / "lib"
-    names = sorted(lib_dir.glob("libggml.*")) or sorted(lib_dir.glob("ggml.*"))
-    if not names:
-        raise PyllamaError(f"libggml not found in {lib_dir}", hint="reinstall llama-cpp-python")
-    ggml = ctypes.CDLL(str(names[0]))
-    vp, size = ctypes.c_void_p, ctypes.c_size_t
-    for name, args, res in (("ggml_backend_dev_count", [], size), ("ggml_backend_dev_get", [size], vp),
-                            ("ggml_backend_dev_type", [vp], ctypes.c_int),
-                            ("ggml_backend_dev_description", [vp], ctypes.c_char_p),
-                            ("ggml_backend_reg_count", [], size), ("ggml_backend_reg_get", [size], vp),
-                            ("ggml_backend_reg_name", [vp], ctypes.c_char_p)):
-        fn = getattr(ggml, name)
-        fn.argtypes, fn.restype = args, res
-    return ggml

@@ -2,7 +2,12 @@
 
 - `resolve`: `-m FILE` / `-hf user/repo[:quant]` -> local GGUF file(s) (the only Hugging Face Hub user).
 - `settings`: load and context settings with llama.cpp's defaults (no llama_cpp import).
-- `native`: the ctypes layer over libllama: `Model`, `Context`, `Batch` (the only llama_cpp user).
+- `library`: llama-cpp-python's bindings (`lib`, the only llama_cpp import), llama.cpp's log, the
+  backend, and ggml's device registry.
+- `native`: the handles over libllama: `Model`, `Context`, `Batch` (re-exports `lib`).
+- `threads`: the persistent CPU thread pools a context runs on.
+- `memory`: whether a context's KV cache fits in this machine's memory.
+- `mapped_file`: the memory-mapped model file, checked against truncation.
 - `session`: `open_model()`, the one owner of a loaded model and its context.
 - `info`: what a GGUF holds, from its header alone (for `pyllama info`).
 

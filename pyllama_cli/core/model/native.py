@@ -1,155 +1,33 @@
-"""The one place that talks to libllama (through llama-cpp-python's ctypes bindings).
+"""The handles libllama hands out: `Model`, `Context` and `Batch`, each freed deterministically.
 
-`Model` and `Context` own native handles and free them deterministically. Everything else in
-pyllama uses these classes, or `lib` for the few hot loops that call llama.cpp directly.
-llama.cpp's own log is routed through `llama_log_set`: silent by default, to stderr with
---verbose, to a file with --log-file.
+Everything else in pyllama uses these classes, or `lib` (re-exported here from `library`) for the
+few hot loops that call llama.cpp directly.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import importlib
-import importlib.util
-import os
-import sys
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
 from ...errors import InputError, Interrupted, ModelLoadError
+from .library import configure_logging, keeping_gil, lib
+from .mapped_file import MappedFile
+from .memory import check_kv_cache_fits
 from .settings import LoadSettings
+from .threads import ThreadPools
 
 if TYPE_CHECKING:
     import numpy as np
 
 
-def _import_bindings() -> Any:
-    """llama-cpp-python's ctypes bindings (`llama_cpp.llama_cpp`), without its package `__init__`.
-
-    The package's `__init__` also imports the high-level `Llama` API (jinja2, diskcache, numpy's
-    typing): about 60 ms on every start that pyllama never uses. The submodule is loaded under a
-    bare package object that is removed again, so a later `import llama_cpp` runs the real
-    `__init__`, which then reuses these same, already-loaded bindings.
-    """
-    if "llama_cpp" in sys.modules:
-        return importlib.import_module("llama_cpp.llama_cpp")
-    spec = importlib.util.find_spec("llama_cpp")
-    if spec is None:
-        raise ModuleNotFoundError("No module named 'llama_cpp'", name="llama_cpp")
-    sys.modules["llama_cpp"] = importlib.util.module_from_spec(spec)
-    try:
-        return importlib.import_module("llama_cpp.llama_cpp")
-    finally:
-        del sys.modules["llama_cpp"]
-
-
-lib = _import_bindings()
-
-
-def _keeping_gil(fn: Any) -> Any:
-    """`fn` (a llama.cpp function from the bindings), called without releasing the GIL.
-
-    ctypes releases the GIL around every call, and taking it back may wait for another thread's
-    Python work: in a server, the event loop's. A generation loop that makes a few microsecond-calls
-    per token then stalls between decodes while llama.cpp's threads sit idle. For calls that are
-    short, never block and start no threads, keeping the GIL is the cheaper choice; llama_decode
-    still releases it, which is when the other threads should run.
-    """
-    cdll = getattr(lib, "_lib", None)
-    if cdll is None:  # bindings laid out differently: the plain (GIL-releasing) call still works
-        return fn
-    quick = getattr(ctypes.PyDLL(cdll._name, handle=cdll._handle), fn.__name__)
-    quick.argtypes, quick.restype = fn.argtypes, fn.restype
-    return quick
-
-
-_token_to_piece = _keeping_gil(lib.llama_token_to_piece)
-_vocab_is_eog = _keeping_gil(lib.llama_vocab_is_eog)
+_token_to_piece = keeping_gil(lib.llama_token_to_piece)
+_vocab_is_eog = keeping_gil(lib.llama_vocab_is_eog)
 # Top-k, top-p, temperature and a draw over one row of logits: tens of microseconds (no grammar).
-sampler_sample = _keeping_gil(lib.llama_sampler_sample)
-
-_backend_lock = threading.Lock()
-_backend_ready = False
-
-
-# ---------------------------------------------------------------- logging
-
-
-class _LogRouter:
-    """Receives every llama.cpp/ggml log line; forwards it to the sink and any listeners."""
-
-    def __init__(self) -> None:
-        self.sink: IO[str] | None = None
-        self.listeners: list[Callable[[int, str], None]] = []
-        # The ctypes callback must stay referenced for as long as llama.cpp may call it.
-        self.callback = lib.llama_log_callback(self._on_log)
-
-    def _on_log(self, level: int, text: bytes, _user: Any) -> None:
-        try:
-            line = text.decode("utf-8", errors="replace")
-            if self.sink is not None:
-                self.sink.write(line)
-                self.sink.flush()
-            for listener in list(self.listeners):
-                listener(level, line)
-        except BaseException:  # noqa: BLE001 - an exception must never cross back into C
-            pass
-
-
-_router = _LogRouter()
-
-
-def configure_logging(verbose: bool = False, log_file: Path | None = None) -> None:
-    """Route llama.cpp's log: nowhere (default), stderr (verbose), or appended to a file."""
-    _ensure_backend()
-    # Re-install the callback: other code in the process (tests, fixtures) may have replaced it.
-    lib.llama_log_set(_router.callback, ctypes.c_void_p(0))
-    if log_file is not None:
-        _router.sink = _open_log(log_file)
-    else:
-        _router.sink = sys.stderr if verbose else None
-
-
-def _open_log(path: Path) -> IO[str]:
-    try:
-        return open(path, "a", encoding="utf-8")  # noqa: SIM115 - lives for the process
-    except OSError as exc:
-        hint = "create its folder first" if isinstance(exc, FileNotFoundError) else "choose a file you can write"
-        raise InputError(f"cannot open the log file {path}: {exc.strerror}", hint=hint) from None
-
-
-@contextmanager
-def log_listener(fn: Callable[[int, str], None]) -> Iterator[None]:
-    """Call `fn(level, text)` for each llama.cpp log line while the block runs."""
-    _ensure_backend()
-    _router.listeners.append(fn)
-    try:
-        yield
-    finally:
-        _router.listeners.remove(fn)
-
-
-def _ensure_backend() -> None:
-    global _backend_ready
-    with _backend_lock:
-        if not _backend_ready:
-            lib.llama_log_set(_router.callback, ctypes.c_void_p(0))
-            lib.llama_backend_init()
-            _backend_ready = True
-
-
-def system_info() -> str:
-    _ensure_backend()
-    return lib.llama_print_system_info().decode("utf-8", errors="replace").strip()
-
-
-def supports_gpu_offload() -> bool:
-    _ensure_backend()
-    return bool(lib.llama_supports_gpu_offload())
+sampler_sample = keeping_gil(lib.llama_sampler_sample)
 
 
 # ---------------------------------------------------------------- model
@@ -354,51 +232,6 @@ class Model:
         return buf.raw[:n]
 
 
-def _size_reader() -> Callable[[int], int]:
-    """The size of an open file, read before every decode.
-
-    lseek(fd, 0, SEEK_END) through libc keeps the GIL (see _keeping_gil); os.fstat would release it
-    just before llama_decode. Where libc cannot be reached that way, os.fstat it is.
-    """
-    try:
-        libc = ctypes.PyDLL(None)
-        seek = getattr(libc, "lseek64", None) or libc.lseek
-    except (OSError, AttributeError, TypeError):
-        return lambda fd: os.fstat(fd).st_size
-    seek.argtypes, seek.restype = (ctypes.c_int, ctypes.c_int64, ctypes.c_int), ctypes.c_int64
-
-    def size(fd: int) -> int:
-        end = seek(fd, 0, os.SEEK_END)
-        return end if end >= 0 else os.fstat(fd).st_size
-
-    return size
-
-
-_current_size = _size_reader()
-
-
-class MappedFile:
-    """The model file whose weights llama.cpp reads through mmap.
-
-    Deleting or replacing the file is harmless (the mapping keeps the old data), but truncating it
-    makes any access to the lost pages kill the process with SIGBUS. Decoding checks the size of
-    the file (through a descriptor of its own, so a replaced file does not count) beforehand.
-    """
-
-    def __init__(self, path: Path):
-        self.path = path
-        self.fd = os.open(path, os.O_RDONLY)
-        self.size = os.fstat(self.fd).st_size
-
-    def check(self) -> None:
-        size = _current_size(self.fd)
-        if size < self.size:
-            raise ModelLoadError(f"{self.path} was truncated while in use ({size} of {self.size} bytes left)",
-                                 hint="restore the file and restart; --no-mmap keeps a private copy of the weights")
-
-    def close(self) -> None:
-        os.close(self.fd)
-
 
 def _load_mode(settings: LoadSettings) -> int:
     if settings.mmap and settings.mlock:
@@ -413,57 +246,6 @@ def _load_mode(settings: LoadSettings) -> int:
 
 _FLASH_ATTN = {"auto": "LLAMA_FLASH_ATTN_TYPE_AUTO", "on": "LLAMA_FLASH_ATTN_TYPE_ENABLED",
                "off": "LLAMA_FLASH_ATTN_TYPE_DISABLED"}
-
-
-def _check_kv_cache_fits(model: Model, params: Any, settings: LoadSettings) -> None:
-    """Refuse a context whose KV cache alone is bigger than this machine's memory.
-
-    llama.cpp would try anyway: with Linux's overcommit its buffers are granted, then filled, and the
-    kernel kills the process (no message, exit 137) once RAM runs out. Only a cache in system memory
-    is checked (a GPU's allocation fails cleanly), and only one that is surely that big: models with a
-    sliding window or a recurrent state keep less per token than this estimate, so they are left alone.
-    """
-    on_gpu = settings.n_gpu_layers != 0 and params.offload_kqv and supports_gpu_offload()
-    handle = model.handle
-    if on_gpu or lib.llama_model_n_swa(handle) > 0 or lib.llama_model_is_recurrent(handle) \
-            or lib.llama_model_is_hybrid(handle):
-        return
-    n_head = int(lib.llama_model_n_head(handle))
-    memory = _memory_bytes() if n_head > 0 else None
-    if memory is None:
-        return
-    head_dim = int(lib.llama_model_n_embd(handle)) // n_head
-    per_layer = int(lib.llama_model_n_head_kv(handle)) * head_dim  # elements per token, for K and for V each
-    per_token = int(lib.llama_model_n_layer(handle)) * per_layer * (
-        _bytes_per_element(int(params.type_k)) + _bytes_per_element(int(params.type_v)))
-    needed = int(params.n_ctx) * per_token
-    if needed > memory:
-        raise ModelLoadError(
-            f"a context of {params.n_ctx} tokens needs a {needed / 2**30:.1f} GiB KV cache for {model.path.name}, "
-            f"more than this machine's {memory / 2**30:.1f} GiB of memory",
-            hint=f"lower -c/--ctx-size (the model was trained on {model.n_ctx_train} tokens)")
-
-
-def _bytes_per_element(ggml_type: int) -> float:
-    """Bytes per value of a cache type (-ctk/-ctv), from the GGUF reader's type table; a type it does
-    not know counts as none, so it can never be the reason for a refusal."""
-    from ..gguf.reader import GGML_TYPES
-
-    _, block, size = GGML_TYPES.get(ggml_type, ("", 1, 0))
-    return size / block
-
-
-def _memory_bytes() -> int | None:
-    """RAM plus swap: the most any allocation here can ever get (None when it cannot be read)."""
-    try:
-        fields = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines() if ":" in line)
-        return sum(int(fields[key].split()[0]) * 1024 for key in ("MemTotal", "SwapTotal") if key in fields)
-    except (OSError, ValueError):
-        pass
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (AttributeError, OSError, ValueError):
-        return None
 
 
 class Context:
@@ -488,7 +270,7 @@ class Context:
         params.no_perf = False
         for key, value in extra.items():
             setattr(params, key, value)
-        _check_kv_cache_fits(model, params, settings)
+        check_kv_cache_fits(model, params, settings)
         self.abort_requested = False
         self.abort_check: Callable[[], bool] | None = None
         self._abort_cb = lib.ggml_abort_callback(self._should_abort)
@@ -499,7 +281,7 @@ class Context:
                 hint="lower -c/--ctx-size, or run with --verbose for llama.cpp's reason (often: not enough memory)",
             )
         self.handle = handle
-        self.threads = _ThreadPools(handle, int(params.n_threads), int(params.n_threads_batch))
+        self.threads = ThreadPools(handle, int(params.n_threads), int(params.n_threads_batch))
         self.model = model
         self.n_ctx = int(lib.llama_n_ctx(handle))
         self.n_batch = int(params.n_batch)
@@ -562,85 +344,6 @@ class Context:
 
     def synchronize(self) -> None:
         lib.llama_synchronize(self.handle)
-
-
-class _ThreadpoolParams(ctypes.Structure):
-    # ggml.h's struct ggml_threadpool_params (GGML_MAX_N_THREADS = 512).
-    _fields_ = [("cpumask", ctypes.c_bool * 512), ("n_threads", ctypes.c_int), ("prio", ctypes.c_int),
-                ("poll", ctypes.c_uint32), ("strict_cpu", ctypes.c_bool), ("paused", ctypes.c_bool)]
-
-
-class _ThreadPools:
-    """Persistent CPU worker threads attached to a context, as llama.cpp's own tools attach them.
-
-    Without them ggml starts and joins its worker threads inside every llama_decode, which costs
-    generation speed (one decode per token). When the build lacks the symbols there are no pools
-    and llama.cpp keeps its per-call threads.
-    """
-
-    def __init__(self, ctx_handle: Any, n_threads: int, n_threads_batch: int):
-        self.pools: list[int] = []
-        fns = _threadpool_functions()
-        if fns is None:
-            return
-        self._new, self._free, self._attach, self._detach = fns
-        # As llama.cpp's common code: one pool when both sizes match, else a batch pool and a paused one.
-        batch = self._make(n_threads_batch, paused=False) if n_threads_batch != n_threads else None
-        main = self._make(n_threads, paused=batch is not None)
-        if main is None:
-            self.free()
-            return
-        self._attach(ctx_handle, main, batch)
-
-    def _make(self, n_threads: int, paused: bool) -> int | None:
-        params = _ThreadpoolParams(n_threads=n_threads, prio=0, poll=50, strict_cpu=False, paused=paused)
-        pool = self._new(ctypes.byref(params))
-        if pool:
-            self.pools.append(pool)
-        return pool or None
-
-    def detach(self, ctx_handle: Any) -> None:
-        if self.pools:
-            self._detach(ctx_handle)
-
-    def free(self) -> None:
-        while self.pools:
-            self._free(self.pools.pop())
-
-
-_threadpool_fns: tuple[Any, ...] | None | bool = False
-
-
-def _threadpool_functions() -> tuple[Any, ...] | None:
-    """ggml's threadpool constructor/destructor (found through the CPU backend) and llama's attach/detach."""
-    global _threadpool_fns
-    if _threadpool_fns is not False:
-        return _threadpool_fns  # type: ignore[return-value]
-    _threadpool_fns = None
-    native = getattr(getattr(lib, "llama_cpp", None), "_lib", None)
-    try:
-        dev_by_type = native.ggml_backend_dev_by_type
-        dev_by_type.argtypes, dev_by_type.restype = [ctypes.c_int], ctypes.c_void_p
-        dev_reg = native.ggml_backend_dev_backend_reg
-        dev_reg.argtypes, dev_reg.restype = [ctypes.c_void_p], ctypes.c_void_p
-        proc = native.ggml_backend_reg_get_proc_address
-        proc.argtypes, proc.restype = [ctypes.c_void_p, ctypes.c_char_p], ctypes.c_void_p
-        attach, detach = native.llama_attach_threadpool, native.llama_detach_threadpool
-    except AttributeError:
-        return None
-    attach.argtypes, attach.restype = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p], None
-    detach.argtypes, detach.restype = [ctypes.c_void_p], None
-    _ensure_backend()
-    device = dev_by_type(0)  # GGML_BACKEND_DEVICE_TYPE_CPU
-    reg = dev_reg(device) if device else None
-    new_ptr = proc(reg, b"ggml_threadpool_new") if reg else None
-    free_ptr = proc(reg, b"ggml_threadpool_free") if reg else None
-    if not new_ptr or not free_ptr:
-        return None
-    new = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.POINTER(_ThreadpoolParams))(new_ptr)
-    free = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(free_ptr)
-    _threadpool_fns = (new, free, attach, detach)
-    return _threadpool_fns
 
 
 class Batch:

@@ -1,135 +1,38 @@
 """Quantize a GGUF model with llama.cpp's `llama_model_quantize`, as `llama-quantize` does.
 
-Holds the reading of llama-quantize's positional arguments (its type table is in ftypes), the
-parameters it passes (imatrix data and metadata overrides included, in the same order, so the output is
-byte-identical), and the file safety around the call: llama.cpp writes to a hidden temporary file
-next to the output that is renamed into place only on success; an error or Ctrl-C removes it.
+Holds the request and its checks, the parameters llama-quantize passes (imatrix data and metadata
+overrides included, in the same order, so the output is byte-identical), and the run: llama.cpp works
+in a thread, writing to a hidden temporary file (`staging`) that is renamed into place only on
+success; an error or Ctrl-C removes it. Reading the command line is in `arguments`, following
+llama.cpp's log in `llama_log`.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
-import re
-import shutil
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ...errors import InputError, Interrupted, PyllamaError, UsageError
-from ..gguf.ftypes import BY_NAME, QuantType, find_type, parse_type
+from ...errors import Interrupted, UsageError
+from ..gguf.ftypes import QuantType
 from ..gguf.reader import read_gguf
-from ..paths import hidden_temp_name, keep_mode, output_target, require_folder
 from ..model.settings import MAX_THREADS
+from ..paths import output_target, require_folder
+from .arguments import KvOverride, split_prefix
+# commands/quantize.py calls these as quantizer.NAME, so they stay reachable here.
+from .arguments import default_output, parse_override_kv, parse_positionals  # noqa: F401
+from .llama_log import LogParser, TensorProgress, failure_error
+from .staging import Staging
 
 if TYPE_CHECKING:  # the imatrix reader is imported only by the runs that pass --imatrix
     from .imatrix import ImatrixData
-
-_SPLIT_SUFFIX = re.compile(r"-\d{5}-of-\d{5}$", re.IGNORECASE)
-_KV_TYPES = ("int", "float", "bool", "str")
-_KV_INT_MAX = 2**32 - 1
-
-
-# ---------------------------------------------------------------- arguments
-
-
-@dataclass(frozen=True)
-class Positionals:
-    """llama-quantize's positional arguments: INPUT [OUTPUT] TYPE [NTHREADS]."""
-
-    input: str | None
-    output: str | None
-    quant: QuantType
-    nthreads: int | None
-
-
-def parse_positionals(args: Sequence[str], *, input_named: bool) -> Positionals:
-    """Read the positionals as llama-quantize does: the word after INPUT is TYPE if it names a type,
-    else OUTPUT (then TYPE follows); a trailing integer is the thread count.
-
-    With `input_named` (-m/-hf given) there is no INPUT positional.
-    """
-    rest = list(args)
-    order = "[OUTPUT] TYPE [NTHREADS]" if input_named else "INPUT [OUTPUT] TYPE [NTHREADS]"
-    source = None if input_named else (rest.pop(0) if rest else None)
-    if not rest:
-        raise UsageError("missing quantization TYPE" if input_named or source else "missing INPUT and TYPE",
-                         hint=f"usage: pyllama quantize {order}; pyllama quantize --list shows the types")
-    output = None
-    quant = find_type(rest[0])
-    if quant is None:
-        if len(rest) == 1:
-            parse_type(rest[0])  # a lone unknown word: say which types come close
-        output = rest.pop(0)
-        quant = parse_type(rest[0])
-    rest.pop(0)
-    nthreads = _parse_threads(rest, order)
-    return Positionals(source, output, quant, nthreads)
-
-
-def _parse_threads(rest: list[str], order: str) -> int | None:
-    if not rest:
-        return None
-    if not re.fullmatch(r"-?[0-9]+", rest[0]):  # ASCII digits: int() would choke on "²"
-        raise UsageError(f"unexpected argument {rest[0]!r} after TYPE",
-                         hint=f"the order is {order}; NTHREADS is a number")
-    if len(rest) > 1:
-        raise UsageError(f"unexpected argument {rest[1]!r} after NTHREADS", hint=f"the order is {order}")
-    return int(rest[0])
-
-
-def default_output(source: Path, quant: QuantType, *, from_hub: bool) -> Path:
-    """INPUT's stem with the type (`model-Q4_K_M.gguf`) next to INPUT (in the current folder for -hf).
-
-    A trailing type or split suffix of the stem is dropped: model-F16.gguf gives model-Q4_K_M.gguf.
-    """
-    stem = source.name[:-5] if source.name.lower().endswith(".gguf") else source.name
-    stem = _SPLIT_SUFFIX.sub("", stem)
-    base, sep, last = stem.rpartition("-")
-    if sep and base and last.upper() in BY_NAME:
-        stem = base
-    folder = Path.cwd() if from_hub else source.parent
-    return folder / f"{stem}-{quant.name}.gguf"
-
-
-@dataclass(frozen=True)
-class KvOverride:
-    key: str
-    kind: str  # int, float, bool or str
-    value: int | float | bool | str
-
-
-def parse_override_kv(text: str) -> KvOverride:
-    """KEY=TYPE:VALUE with TYPE int, float, bool or str (llama.cpp's --override-kv)."""
-    key, sep, typed = text.partition("=")
-    kind, colon, raw = typed.partition(":")
-    hint = "write KEY=TYPE:VALUE with TYPE int, float, bool or str, e.g. general.name=str:my-model"
-    if not sep or not key or not colon or kind not in _KV_TYPES:
-        raise UsageError(f"malformed --override-kv {text!r}", hint=hint)
-    if len(key.encode()) > 127 or (kind == "str" and len(raw.encode()) > 127):
-        raise UsageError(f"--override-kv {text!r} is too long (keys and strings: 127 bytes at most)")
-    try:
-        value = _kv_value(kind, raw)
-    except ValueError:
-        raise UsageError(f"--override-kv {text!r}: {raw!r} is not a valid {kind}", hint=hint) from None
-    if kind == "int" and not 0 <= value <= _KV_INT_MAX:
-        # llama.cpp writes an int override as a uint32 of its absolute value: anything else would change.
-        raise UsageError(f"--override-kv {text!r}: an int is stored as an unsigned 32-bit value",
-                         hint=f"give 0 to {_KV_INT_MAX}")
-    return KvOverride(key, kind, value)
-
-
-def _kv_value(kind: str, raw: str) -> int | float | bool | str:
-    if kind == "bool":
-        if raw not in ("true", "false"):
-            raise ValueError(raw)
-        return raw == "true"
-    return {"int": int, "float": float, "str": str}[kind](raw)
 
 
 # ---------------------------------------------------------------- the request
@@ -165,24 +68,9 @@ class QuantizeRequest:
         """The files the run writes: one, or one per input part with keep_split (llama.cpp's names)."""
         if not self.keep_split:
             return [self.output]
-        prefix = _split_prefix(self.output)
+        prefix = split_prefix(self.output)
         n = len(self.inputs)
         return [prefix.with_name(f"{prefix.name}-{i:05d}-of-{n:05d}.gguf") for i in range(1, n + 1)]
-
-
-def _split_prefix(path: Path) -> Path:
-    return path.with_name(path.name[:-5]) if path.name.lower().endswith(".gguf") else path
-
-
-@dataclass(frozen=True)
-class TensorProgress:
-    """Where a run is: tensors done (count and input bytes) out of the total, and the current one."""
-
-    done: int
-    total: int
-    done_bytes: int
-    total_bytes: int
-    current: str
 
 
 @dataclass
@@ -262,13 +150,13 @@ def quantize_model(req: QuantizeRequest, *, on_progress: Callable[[TensorProgres
     imatrix = _load_imatrix(req) if req.imatrix else None
     # Tensor sizes weight the progress bar; without one, skip re-reading the header.
     sizes = {t.name: t.n_bytes for p in req.inputs for t in read_gguf(p, strings=False).tensors} if on_progress else {}
-    staging = _Staging(req)
-    parser = _LogParser(sizes, follow_current=on_progress is not None)
+    staging = Staging(req)
+    parser = LogParser(sizes, follow_current=on_progress is not None)
     start = time.perf_counter()
     try:
         status = _run_worker(req, imatrix, staging, parser, on_progress)
         if status != 0:
-            raise _failure(req, parser, staging)
+            raise failure_error(req, parser, staging)
         staging.commit()
     finally:
         staging.discard()
@@ -286,9 +174,9 @@ def _load_imatrix(req: QuantizeRequest) -> ImatrixData:
     return load_imatrix(req.imatrix, req.include_weights, req.exclude_weights)
 
 
-def _run_worker(req: QuantizeRequest, imatrix: ImatrixData | None, staging: _Staging, parser: _LogParser,
+def _run_worker(req: QuantizeRequest, imatrix: ImatrixData | None, staging: Staging, parser: LogParser,
                 on_progress: Callable[[TensorProgress], None] | None) -> int:
-    from ..model.native import configure_logging, lib, log_listener
+    from ..model.library import configure_logging, lib, log_listener
 
     configure_logging(req.verbose, req.log_file)
     params, keepalive = build_params(req, imatrix)
@@ -310,7 +198,7 @@ def _run_worker(req: QuantizeRequest, imatrix: ImatrixData | None, staging: _Sta
     return status[0] if status else 1
 
 
-def _wait(worker: threading.Thread, parser: _LogParser, on_progress: Callable[[TensorProgress], None] | None
+def _wait(worker: threading.Thread, parser: LogParser, on_progress: Callable[[TensorProgress], None] | None
           ) -> None:
     seen = -1
     while worker.is_alive():
@@ -322,7 +210,7 @@ def _wait(worker: threading.Thread, parser: _LogParser, on_progress: Callable[[T
                 on_progress(snap)
 
 
-def _stop(worker: threading.Thread, staging: _Staging, parser: _LogParser) -> None:
+def _stop(worker: threading.Thread, staging: Staging, parser: LogParser) -> None:
     """Make llama.cpp give up: its next write to the temporary file fails, so it unwinds and returns."""
     parser.on_line = staging.sabotage  # a file it opens later is caught at its next tensor line
     staging.sabotage()
@@ -421,176 +309,3 @@ def _kv_array(lib: Any, overrides: list[KvOverride], keepalive: list[Any]) -> An
             slot.value.val_str = str(kv.value).encode()
     keepalive.append(array)
     return array
-
-
-# ---------------------------------------------------------------- the temporary files
-
-
-class _Staging:
-    """Hidden temporary file(s) next to the output that llama.cpp writes; renamed into place on success.
-
-    Each name is random, and tried with O_EXCL (which also proves the folder writable), then
-    released again: llama.cpp creates the file itself, as llama-quantize does, with mode 0666 less
-    the umask. Leaving the empty file for llama.cpp to open with O_TRUNC would cost a second or
-    more on big models: ext4 treats truncating an existing file as "replace its contents" and,
-    when it is closed, pushes all of it to disk (auto_da_alloc) before close returns.
-    """
-
-    def __init__(self, req: QuantizeRequest):
-        self.finals = [output_target(p) for p in req.output_paths()]  # a symlinked OUTPUT stays a link
-        first = self.finals[0]
-        # llama.cpp appends "-00001-of-00003.gguf" to the name of each part of a split output.
-        base = hidden_temp_name(_split_prefix(req.output).name, room=len("-00001-of-00001.gguf"))
-        self.llama_target = first.with_name(base)
-        if req.keep_split:
-            n = len(self.finals)
-            self.temps = [first.with_name(f"{base}-{i:05d}-of-{n:05d}.gguf") for i in range(1, n + 1)]
-        else:
-            self.temps = [self.llama_target]
-        for path in self.temps:
-            self._reserve(path)
-
-    @staticmethod
-    def _reserve(path: Path) -> None:
-        try:
-            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
-            os.unlink(path)
-        except OSError as exc:
-            raise PyllamaError(f"cannot write in {path.parent}: {exc.strerror}",
-                               hint="choose an OUTPUT in a folder you can write to") from None
-
-    def commit(self) -> None:
-        try:
-            for temp, final in zip(self.temps, self.finals):
-                keep_mode(final, temp)  # a private model stays private
-                os.replace(temp, final)
-        except OSError as exc:
-            raise PyllamaError(f"cannot rename the finished output to {exc.filename2 or exc.filename}: "
-                               f"{exc.strerror}", hint="check the OUTPUT path") from None
-        self.temps = []
-
-    def discard(self) -> None:
-        for path in self.temps:
-            try:
-                path.unlink()
-            except FileNotFoundError:
-                pass
-
-    def sabotage(self) -> None:
-        """Point llama.cpp's open descriptors of the temporary files at /dev/full (Linux only)."""
-        names = {os.path.realpath(p) for p in self.temps}  # as /proc shows them: absolute, links resolved
-        try:
-            fds = os.listdir("/proc/self/fd")
-            full = os.open("/dev/full", os.O_WRONLY)
-        except OSError:
-            return
-        try:
-            for fd in fds:
-                try:
-                    if os.readlink(f"/proc/self/fd/{fd}") in names:
-                        os.dup2(full, int(fd))
-                except OSError:
-                    continue
-        finally:
-            os.close(full)
-
-    def free_bytes(self) -> int | None:
-        try:
-            return shutil.disk_usage(self.finals[0].parent).free
-        except OSError:
-            return None
-
-
-# ---------------------------------------------------------------- llama.cpp's log
-
-
-_TENSOR_LINE = re.compile(r"^\[\s*(\d+)/\s*(\d+)\]\s+(\S+)")
-_FAILED = "failed to quantize: "
-
-
-class _LogParser:
-    """Follows llama.cpp's per-tensor log lines (`[  3/201] name - [...], type = f16, ...`).
-
-    Fed from the worker thread, read from the main thread: all state is behind one lock.
-    llama.cpp logs a tensor's line in pieces; a tensor is done when its line ends.
-    """
-
-    def __init__(self, sizes: dict[str, int], *, follow_current: bool = True):
-        self.sizes = sizes
-        self.follow_current = follow_current  # only a progress bar shows the tensor in the works
-        self.lock = threading.Lock()
-        self.pending = ""
-        self.done = 0
-        self.total = 0
-        self.done_bytes = 0
-        self.current = ""
-        self.reason: str | None = None
-        self.warnings: list[str] = []
-        self.on_line: Callable[[], None] | None = None
-
-    def feed(self, level: int, text: str) -> None:
-        with self.lock:
-            self.pending += text
-            while "\n" in self.pending:
-                line, self.pending = self.pending.split("\n", 1)
-                self._line(level, line)
-            if self.follow_current:
-                self._peek()
-        if self.on_line is not None:
-            self.on_line()
-
-    def _peek(self) -> None:
-        match = _TENSOR_LINE.match(self.pending)
-        if match:
-            self.total = int(match.group(2))
-            self.current = match.group(3)
-
-    def _line(self, level: int, line: str) -> None:
-        # An error can end a tensor's unfinished line, so look for it first.
-        if _FAILED in line:
-            self.reason = line.split(_FAILED, 1)[1].strip()
-            return
-        match = _TENSOR_LINE.match(line)
-        if match:
-            self.done = int(match.group(1))
-            self.total = int(match.group(2))
-            self.done_bytes += self.sizes.get(match.group(3), 0)
-        elif line.startswith("warning: ") and "falling back" in line:
-            # `warning: NAME - ncols N not divisible by 256 (required for type q4_K) -> falling back to q5_0`
-            self.warnings.append(" ".join(line[len("warning: "):].split()))
-
-    def snapshot(self) -> TensorProgress:
-        with self.lock:
-            return TensorProgress(self.done, self.total, self.done_bytes, sum(self.sizes.values()), self.current)
-
-
-def _failure(req: QuantizeRequest, parser: _LogParser, staging: _Staging) -> PyllamaError:
-    """Turn llama.cpp's `failed to quantize: ...` reason into an error that says what to do."""
-    reason = parser.reason or "no reason given"
-    if "requantizing from type" in reason:
-        return UsageError(f"{req.source.name} is already quantized ({reason})",
-                          hint="quantize from the F16/BF16/F32 original, or pass --allow-requantize "
-                               "(quality drops more than quantizing once)")
-    if "requires an imatrix" in reason or "Missing importance matrix" in reason:
-        hint = ("the imatrix lacks that tensor: check --include-weights/--exclude-weights, or use one made for "
-                "this model" if req.imatrix else "pass --imatrix FILE made for this model")
-        return UsageError(f"{req.quant.name} needs importance-matrix data for every tensor it quantizes "
-                          f"(llama.cpp: {reason})", hint=hint)
-    if "imatrix" in reason:
-        return InputError(f"the imatrix does not fit this model: {reason}",
-                          hint="use an imatrix computed for this model with llama-imatrix")
-    if "iostream" in reason or "basic_ios" in reason or "write" in reason:
-        return _write_failure(req, staging, reason)
-    return PyllamaError(f"llama.cpp could not quantize {req.source}: {reason}",
-                        hint="run again with --verbose to see llama.cpp's log")
-
-
-def _write_failure(req: QuantizeRequest, staging: _Staging, reason: str) -> PyllamaError:
-    free = staging.free_bytes()  # measured before the partial file is removed
-    folder = req.output_paths()[0].parent
-    if free is not None and free < 64 * 1024 * 1024:
-        return PyllamaError(f"the disk is full: writing {req.output_paths()[0].name} stopped with "
-                            f"{free // (1024 * 1024)} MiB free in {folder}",
-                            hint="free some space or choose an OUTPUT on another disk; nothing was written")
-    return PyllamaError(f"could not write the output in {folder} (llama.cpp: {reason})",
-                        hint="check that the folder is writable and its disk has space; nothing was written")

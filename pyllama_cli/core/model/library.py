@@ -1,0 +1,200 @@
+"""libllama itself: its bindings, its log, its backend, and the devices ggml knows.
+
+llama-cpp-python's ctypes bindings are imported here, once (`lib`); every other module reaches
+llama.cpp through them. llama.cpp's own log is routed through `llama_log_set`: silent by default,
+to stderr with --verbose, to a file with --log-file. libggml's device registry, which the bindings
+do not cover, tells which devices (CPU, GPU, RPC servers) this process can use.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import importlib
+import importlib.util
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any
+
+from ...errors import InputError, PyllamaError
+
+
+def _import_bindings() -> Any:
+    """llama-cpp-python's ctypes bindings (`llama_cpp.llama_cpp`), without its package `__init__`.
+
+    The package's `__init__` also imports the high-level `Llama` API (jinja2, diskcache, numpy's
+    typing): about 60 ms on every start that pyllama never uses. The submodule is loaded under a
+    bare package object that is removed again, so a later `import llama_cpp` runs the real
+    `__init__`, which then reuses these same, already-loaded bindings.
+    """
+    if "llama_cpp" in sys.modules:
+        return importlib.import_module("llama_cpp.llama_cpp")
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is None:
+        raise ModuleNotFoundError("No module named 'llama_cpp'", name="llama_cpp")
+    sys.modules["llama_cpp"] = importlib.util.module_from_spec(spec)
+    try:
+        return importlib.import_module("llama_cpp.llama_cpp")
+    finally:
+        del sys.modules["llama_cpp"]
+
+
+lib = _import_bindings()
+
+
+def keeping_gil(fn: Any) -> Any:
+    """`fn` (a llama.cpp function from the bindings), called without releasing the GIL.
+
+    ctypes releases the GIL around every call, and taking it back may wait for another thread's
+    Python work: in a server, the event loop's. A generation loop that makes a few microsecond-calls
+    per token then stalls between decodes while llama.cpp's threads sit idle. For calls that are
+    short, never block and start no threads, keeping the GIL is the cheaper choice; llama_decode
+    still releases it, which is when the other threads should run.
+    """
+    cdll = getattr(lib, "_lib", None)
+    if cdll is None:  # bindings laid out differently: the plain (GIL-releasing) call still works
+        return fn
+    quick = getattr(ctypes.PyDLL(cdll._name, handle=cdll._handle), fn.__name__)
+    quick.argtypes, quick.restype = fn.argtypes, fn.restype
+    return quick
+
+
+_backend_lock = threading.Lock()
+_backend_ready = False
+
+
+# ---------------------------------------------------------------- logging
+
+
+class _LogRouter:
+    """Receives every llama.cpp/ggml log line; forwards it to the sink and any listeners."""
+
+    def __init__(self) -> None:
+        self.sink: IO[str] | None = None
+        self.listeners: list[Callable[[int, str], None]] = []
+        # The ctypes callback must stay referenced for as long as llama.cpp may call it.
+        self.callback = lib.llama_log_callback(self._on_log)
+
+    def _on_log(self, level: int, text: bytes, _user: Any) -> None:
+        try:
+            line = text.decode("utf-8", errors="replace")
+            if self.sink is not None:
+                self.sink.write(line)
+                self.sink.flush()
+            for listener in list(self.listeners):
+                listener(level, line)
+        except BaseException:  # noqa: BLE001 - an exception must never cross back into C
+            pass
+
+
+_router = _LogRouter()
+
+
+def configure_logging(verbose: bool = False, log_file: Path | None = None) -> None:
+    """Route llama.cpp's log: nowhere (default), stderr (verbose), or appended to a file."""
+    ensure_backend()
+    # Re-install the callback: other code in the process (tests, fixtures) may have replaced it.
+    lib.llama_log_set(_router.callback, ctypes.c_void_p(0))
+    if log_file is not None:
+        _router.sink = _open_log(log_file)
+    else:
+        _router.sink = sys.stderr if verbose else None
+
+
+def _open_log(path: Path) -> IO[str]:
+    try:
+        return open(path, "a", encoding="utf-8")  # noqa: SIM115 - lives for the process
+    except OSError as exc:
+        hint = "create its folder first" if isinstance(exc, FileNotFoundError) else "choose a file you can write"
+        raise InputError(f"cannot open the log file {path}: {exc.strerror}", hint=hint) from None
+
+
+@contextmanager
+def log_listener(fn: Callable[[int, str], None]) -> Iterator[None]:
+    """Call `fn(level, text)` for each llama.cpp log line while the block runs."""
+    ensure_backend()
+    _router.listeners.append(fn)
+    try:
+        yield
+    finally:
+        _router.listeners.remove(fn)
+
+
+def ensure_backend() -> None:
+    global _backend_ready
+    with _backend_lock:
+        if not _backend_ready:
+            lib.llama_log_set(_router.callback, ctypes.c_void_p(0))
+            lib.llama_backend_init()
+            _backend_ready = True
+
+
+def system_info() -> str:
+    ensure_backend()
+    return lib.llama_print_system_info().decode("utf-8", errors="replace").strip()
+
+
+def supports_gpu_offload() -> bool:
+    ensure_backend()
+    return bool(lib.llama_supports_gpu_offload())
+
+
+# ---------------------------------------------------------------- devices
+
+
+GPU_DEVICE_TYPES = (1, 2)  # GGML_BACKEND_DEVICE_TYPE_GPU, _IGPU (an RPC server registers as a GPU)
+CPU_DEVICE_TYPES = (0, 3)  # GGML_BACKEND_DEVICE_TYPE_CPU, _ACCEL
+
+
+def devices() -> list[tuple[int, str]]:
+    """(ggml_backend_dev_type, description) of every device ggml knows now, RPC servers added at run time included."""
+    ensure_backend()
+    ggml = _ggml()
+    found = [ggml.ggml_backend_dev_get(i) for i in range(ggml.ggml_backend_dev_count())]
+    return [(ggml.ggml_backend_dev_type(d), ggml.ggml_backend_dev_description(d).decode()) for d in found]
+
+
+def backend_names() -> list[str]:
+    """The names of the backends compiled into (or loaded by) this libggml: CPU, CUDA, RPC, ..."""
+    ensure_backend()
+    ggml = _ggml()
+    return [ggml.ggml_backend_reg_name(ggml.ggml_backend_reg_get(i)).decode()
+            for i in range(ggml.ggml_backend_reg_count())]
+
+
+def gpu_device_present() -> bool:
+    """Whether ggml has a GPU-type device to offload to right now.
+
+    llama_supports_gpu_offload() cannot tell: it is true in any build with a GPU-capable backend
+    compiled in (the RPC backend is one) even when no device exists. Only where libggml's registry
+    cannot be read is its answer used instead.
+    """
+    try:
+        kinds = [kind for kind, _ in devices()]
+    except (PyllamaError, OSError, AttributeError):
+        return supports_gpu_offload()
+    return any(kind in GPU_DEVICE_TYPES for kind in kinds)
+
+
+@functools.cache
+def _ggml() -> ctypes.CDLL:
+    """libggml (already loaded by llama_cpp) with the device-registry calls llama_cpp does not bind."""
+    # Beside the libllama actually loaded (LLAMA_CPP_LIB_PATH can point llama_cpp at another build).
+    loaded = getattr(getattr(lib, "llama_cpp", None), "_lib", None)
+    lib_dir = Path(loaded._name).parent if loaded is not None else Path(lib.__file__).parent / "lib"
+    names = sorted(lib_dir.glob("libggml.*")) or sorted(lib_dir.glob("ggml.*"))
+    if not names:
+        raise PyllamaError(f"libggml not found in {lib_dir}", hint="reinstall llama-cpp-python")
+    ggml = ctypes.CDLL(str(names[0]))
+    vp, size = ctypes.c_void_p, ctypes.c_size_t
+    for name, args, res in (("ggml_backend_dev_count", [], size), ("ggml_backend_dev_get", [size], vp),
+                            ("ggml_backend_dev_type", [vp], ctypes.c_int),
+                            ("ggml_backend_dev_description", [vp], ctypes.c_char_p),
+                            ("ggml_backend_reg_count", [], size), ("ggml_backend_reg_get", [size], vp),
+                            ("ggml_backend_reg_name", [vp], ctypes.c_char_p)):
+        fn = getattr(ggml, name)
+        fn.argtypes, fn.restype = args, res
+    return ggml
