@@ -27,8 +27,9 @@ _SHIPPED_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
 
 def grammar_dir() -> Path:
     """Where the shipped grammars live: pyllama_cli/grammars (a link to the repo's grammars/ in a checkout)."""
-    installed = Path(__file__).resolve().parents[1] / "grammars"
-    return installed if installed.is_dir() else Path(__file__).resolve().parents[2] / "grammars"
+    here = Path(__file__).resolve()  # pyllama_cli/core/constrain/grammar.py
+    installed = here.parents[2] / "grammars"
+    return installed if installed.is_dir() else here.parents[3] / "grammars"
 
 
 def shipped_grammars() -> list[str]:
