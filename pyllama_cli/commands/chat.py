@@ -12,7 +12,7 @@ import typer
 from ..core.model.resolve import ModelRequest
 from ..core.model.settings import LoadSettings
 from ..errors import InputError, UsageError
-from ..options.load import model_options
+from ..options.load import ChatTemplateOpt, SystemPromptOpt, in_panel, model_options
 from ..options.sampling import SamplingOptions, sampling_options
 
 EXAMPLES = """\
@@ -35,8 +35,7 @@ def chat(
     model: ModelRequest,
     load: LoadSettings,
     sampling: SamplingOptions,
-    system_prompt: Annotated[str | None, typer.Option(
-        "-sys", "--system-prompt", help="System prompt.", rich_help_panel=CHAT_PANEL, show_default=False)] = None,
+    system_prompt: in_panel(SystemPromptOpt, CHAT_PANEL) = None,
     system_prompt_file: Annotated[Path | None, typer.Option(
         "-sysf", "--system-prompt-file", help="Read the system prompt from this file.", rich_help_panel=CHAT_PANEL,
         show_default=False, dir_okay=False)] = None,
@@ -45,9 +44,7 @@ def chat(
     single_turn: Annotated[bool, typer.Option(
         "-st", "--single-turn", help="Answer one message (-p or the first line read) and exit.",
         rich_help_panel=CHAT_PANEL)] = False,
-    chat_template: Annotated[str | None, typer.Option(
-        "--chat-template", help="Template NAME (chatml, gemma, llama2, llama3, mistral, phi3, zephyr) or a Jinja "
-        "FILE (default: the model's own).", rich_help_panel=CHAT_PANEL, show_default=False)] = None,
+    chat_template: in_panel(ChatTemplateOpt, CHAT_PANEL) = None,
     context_shift: Annotated[bool, typer.Option(
         "--context-shift", help="When the conversation outgrows the context, drop the oldest turns (never the "
         "system prompt) instead of stopping.", rich_help_panel=CHAT_PANEL)] = False,

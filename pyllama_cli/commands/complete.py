@@ -16,7 +16,7 @@ from ..core.paths import require_folder
 from ..core.model.resolve import ModelRequest
 from ..core.model.settings import LoadSettings
 from ..errors import InputError, Interrupted, OutputClosed, UsageError
-from ..options.load import model_options
+from ..options.load import ChatTemplateOpt, SystemPromptOpt, in_panel, model_options
 from ..options.sampling import SamplingOptions, sampling_options
 from .common import open_model
 
@@ -52,12 +52,8 @@ def complete(
     chat: Annotated[bool, typer.Option(
         "--chat", help="Send the prompt as one user turn through the model's chat template (instruct models).",
         rich_help_panel=PROMPT_PANEL)] = False,
-    system_prompt: Annotated[str | None, typer.Option(
-        "-sys", "--system-prompt", help="System message for --chat.", rich_help_panel=PROMPT_PANEL,
-        show_default=False)] = None,
-    chat_template: Annotated[str | None, typer.Option(
-        "--chat-template", help="For --chat: a built-in template name, a .jinja file or Jinja text "
-        "(default: the model's).", rich_help_panel=PROMPT_PANEL, show_default=False)] = None,
+    system_prompt: in_panel(SystemPromptOpt, PROMPT_PANEL) = None,
+    chat_template: in_panel(ChatTemplateOpt, PROMPT_PANEL) = None,
     truncate: Annotated[bool, typer.Option(
         "--truncate", help="If the prompt is longer than the context, keep its end (and say so) instead of failing.",
         rich_help_panel=PROMPT_PANEL)] = False,

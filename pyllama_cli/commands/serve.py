@@ -14,7 +14,7 @@ from ..console import err, warn
 from ..core.model.resolve import ModelRequest
 from ..core.model.settings import LoadSettings
 from ..errors import Interrupted, ModelLoadError, PyllamaError, UsageError
-from ..options.load import model_options
+from ..options.load import ChatTemplateOpt, in_panel, model_options
 from ..options.sampling import SamplingOptions, sampling_options
 from .common import resolve
 
@@ -61,9 +61,7 @@ def serve(
     max_body_size: Annotated[str, typer.Option(
         "--max-body-size", help="Largest request body accepted (bytes, or with K/M/G; larger gets 413).",
         rich_help_panel=SERVER_PANEL)] = "8MiB",
-    chat_template: Annotated[str | None, typer.Option(
-        "--chat-template", help="Chat template NAME, .jinja FILE or Jinja text (default: the model's own).",
-        rich_help_panel=SERVER_PANEL, show_default=False)] = None,
+    chat_template: in_panel(ChatTemplateOpt, SERVER_PANEL) = None,
     parallel: Annotated[int, typer.Option(
         "-np", "--parallel", min=1, help="Slots: requests generated at once, batched together (continuous "
         "batching); more wait in a queue. -c is shared: each slot gets c/N tokens unless --kv-unified.",

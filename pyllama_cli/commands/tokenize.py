@@ -12,7 +12,7 @@ from ..console import stdout_is_tty, write_all
 from ..core.model.resolve import ModelRequest
 from ..core.model.settings import LoadSettings
 from ..errors import InputError, UsageError
-from ..options.load import VerboseOpt, model_options
+from ..options.load import ChatTemplateOpt, VerboseOpt, in_panel, model_options
 from .common import open_model
 
 EXAMPLES = """\
@@ -45,9 +45,7 @@ def tokenize(
     chat: Annotated[bool, typer.Option(
         "--chat", help="The input is a JSON list of messages: render it with the chat template, then tokenize.",
         rich_help_panel=INPUT_PANEL)] = False,
-    chat_template: Annotated[str | None, typer.Option(
-        "--chat-template", help="With --chat: a built-in template name, a .jinja file or Jinja text "
-        "(default: the model's).", rich_help_panel=INPUT_PANEL, show_default=False)] = None,
+    chat_template: in_panel(ChatTemplateOpt, INPUT_PANEL) = None,
     no_bos: Annotated[bool, typer.Option(
         "--no-bos", help="Do not add the BOS token, even if the model normally uses one.",
         rich_help_panel=INPUT_PANEL)] = False,
