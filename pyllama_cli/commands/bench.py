@@ -9,6 +9,19 @@ from typing import Annotated, Any
 import typer
 
 from ..console import err, out, stderr_is_tty, stdout_is_tty
+from ..core.bench.params import (
+    DEFAULT_CACHE_TYPE,
+    DEFAULT_FLASH_ATTN,
+    DEFAULT_LOAD_MODE,
+    DEFAULT_N_BATCH,
+    DEFAULT_N_DEPTH,
+    DEFAULT_N_GEN,
+    DEFAULT_N_GPU_LAYERS,
+    DEFAULT_N_PROMPT,
+    DEFAULT_N_UBATCH,
+    DEFAULT_NO_KV_OFFLOAD,
+    DEFAULT_REPETITIONS,
+)
 from ..core.model.resolve import ModelRequest
 from ..errors import Interrupted, PyllamaError, UsageError
 from ..options.load import HfFileOpt, HfRepoOpt, HfTokenOpt, ModelPathOpt, OfflineOpt, VerboseOpt
@@ -46,20 +59,26 @@ def _sweep(*decls: str, help: str) -> Any:
 ModelsOpt = _repeatable(ModelPathOpt, " Repeat the flag (or separate with ,) to compare models.")
 HfReposOpt = _repeatable(HfRepoOpt, " Repeatable.")
 HfFilesOpt = _repeatable(HfFileOpt, " Repeatable: the n-th -hff goes with the n-th -hf.")
-NPromptOpt = _sweep("-p", "--n-prompt", help="Prompt lengths to time (pp tests); 0 = none. (default: 512)")
-NGenOpt = _sweep("-n", "--n-gen", help="Generation lengths to time (tg tests); 0 = none. (default: 128)")
+NPromptOpt = _sweep("-p", "--n-prompt",
+                    help=f"Prompt lengths to time (pp tests); 0 = none. (default: {DEFAULT_N_PROMPT[0]})")
+NGenOpt = _sweep("-n", "--n-gen", help=f"Generation lengths to time (tg tests); 0 = none. (default: {DEFAULT_N_GEN[0]})")
 NPgOpt = _sweep("-pg", help="A PROMPT,GEN pair timed together (pp+tg test); repeatable.")
-NDepthOpt = _sweep("-d", "--n-depth", help="Tokens already in the context (untimed prefill). (default: 0)")
-BatchSizesOpt = _sweep("-b", "--batch-size", help="Logical batch size. (default: 2048)")
-UBatchSizesOpt = _sweep("-ub", "--ubatch-size", help="Physical batch size. (default: 512)")
-CacheTypeKOpt = _sweep("-ctk", "--cache-type-k",
-                       help="K cache type: f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl. (default: f16)")
-CacheTypeVOpt = _sweep("-ctv", "--cache-type-v", help="V cache type (as -ctk). (default: f16)")
+NDepthOpt = _sweep("-d", "--n-depth",
+                   help=f"Tokens already in the context (untimed prefill). (default: {DEFAULT_N_DEPTH[0]})")
+BatchSizesOpt = _sweep("-b", "--batch-size", help=f"Logical batch size. (default: {DEFAULT_N_BATCH[0]})")
+UBatchSizesOpt = _sweep("-ub", "--ubatch-size", help=f"Physical batch size. (default: {DEFAULT_N_UBATCH[0]})")
+CacheTypeKOpt = _sweep("-ctk", "--cache-type-k", help="K cache type: f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, "
+                       f"iq4_nl. (default: {DEFAULT_CACHE_TYPE[0]})")
+CacheTypeVOpt = _sweep("-ctv", "--cache-type-v", help=f"V cache type (as -ctk). (default: {DEFAULT_CACHE_TYPE[0]})")
 ThreadsListOpt = _sweep("-t", "--threads", help="CPU threads. (default: physical cores)")
-GpuLayersListOpt = _sweep("-ngl", "--n-gpu-layers", help="Layers offloaded to the GPU (-1 = all). (default: -1)")
-FlashAttnListOpt = _sweep("-fa", "--flash-attn", help="Flash attention: on, off or auto. (default: auto)")
-NoKvOffloadOpt = _sweep("-nkvo", "--no-kv-offload", help="Keep the KV cache off the GPU: 0 or 1. (default: 0)")
-MmapOpt = _sweep("-mmp", "--mmap", help="Memory-map the model: 0 or 1 (sets the load mode). (default: auto)")
+GpuLayersListOpt = _sweep("-ngl", "--n-gpu-layers",
+                          help=f"Layers offloaded to the GPU (-1 = all). (default: {DEFAULT_N_GPU_LAYERS[0]})")
+FlashAttnListOpt = _sweep("-fa", "--flash-attn",
+                          help=f"Flash attention: on, off or auto. (default: {DEFAULT_FLASH_ATTN[0]})")
+NoKvOffloadOpt = _sweep("-nkvo", "--no-kv-offload",
+                        help=f"Keep the KV cache off the GPU: 0 or 1. (default: {DEFAULT_NO_KV_OFFLOAD[0]:d})")
+MmapOpt = _sweep("-mmp", "--mmap",
+                 help=f"Memory-map the model: 0 or 1 (sets the load mode). (default: {DEFAULT_LOAD_MODE[0]})")
 LoadModeOpt = _sweep("-lm", "--load-mode", help="Load mode: auto, none, mmap, mlock, mmap+mlock, dio.")
 
 
@@ -84,7 +103,7 @@ def bench(
     mmap: MmapOpt = None,
     load_mode: LoadModeOpt = None,
     repetitions: Annotated[int, typer.Option("-r", "--repetitions", help="Timed runs of each test.",
-                                             rich_help_panel=RUN)] = 5,
+                                             rich_help_panel=RUN)] = DEFAULT_REPETITIONS,
     output: Annotated[str, typer.Option("-o", "--output", help="Output format: md, csv, json, jsonl or sql.",
                                         rich_help_panel=RUN)] = "md",
     progress: Annotated[bool, typer.Option("--progress", help="Print each step of each test on stderr.",

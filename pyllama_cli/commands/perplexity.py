@@ -12,6 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from ..console import err, human_size, info, stderr_is_tty, stdout_is_tty, warn
+from ..core.evaluate.modes import DEFAULT_CHUNK_CTX
 from ..core.paths import require_folder
 from ..core.model.resolve import ModelRequest
 from ..core.model.settings import LoadSettings
@@ -30,10 +31,10 @@ Examples:
 """
 
 TASK_PANEL = "Benchmarks"
-DEFAULT_CTX = 512  # llama-perplexity's -c (pyllama_cli.core.evaluate.perplexity.DEFAULT_CHUNK_CTX)
 
 ChunkCtxOpt = Annotated[int, typer.Option(
-    "-c", "--ctx-size", min=0, help="Tokens per chunk (default: 512; with --kl-divergence, the base file's).",
+    "-c", "--ctx-size", min=0,
+    help=f"Tokens per chunk (default: {DEFAULT_CHUNK_CTX}; with --kl-divergence, the base file's).",
     rich_help_panel=LOAD_PANEL, show_default=False)]
 
 
@@ -76,7 +77,7 @@ def perplexity(
     n_ctx = load.n_ctx if cli.get_parameter_source("ctx_size").name != "DEFAULT" else None
     if n_ctx == 0:
         raise UsageError("-c 0: perplexity needs a context size above 0",
-                         hint=f"leave out -c for llama-perplexity's {DEFAULT_CTX} tokens per chunk")
+                         hint=f"leave out -c for llama-perplexity's {DEFAULT_CHUNK_CTX} tokens per chunk")
     if mode == "ppl":
         _run_perplexity(model, load, n_ctx, _read(file), chunks, kl_base, as_json)
     elif mode == "kld":
@@ -115,7 +116,7 @@ def _read(path: Path) -> bytes:
 
 def _ctx(requested: int | None) -> int:
     """Tokens per chunk: -c, else llama-perplexity's 512."""
-    return DEFAULT_CTX if requested is None else requested
+    return DEFAULT_CHUNK_CTX if requested is None else requested
 
 
 # ---------------------------------------------------------------- perplexity

@@ -27,18 +27,19 @@ from ...errors import ModelLoadError, PyllamaError
 from ..model import native
 from ..model.native import Context, Model, lib
 from ..model.settings import LoadSettings
-
-DEFAULT_N_PROMPT = (512,)
-DEFAULT_N_GEN = (128,)
-DEFAULT_N_DEPTH = (0,)
-DEFAULT_N_BATCH = (2048,)
-DEFAULT_N_UBATCH = (512,)
-DEFAULT_CACHE_TYPE = ("f16",)
-DEFAULT_N_GPU_LAYERS = (-1,)
-DEFAULT_NO_KV_OFFLOAD = (False,)
-DEFAULT_FLASH_ATTN = ("auto",)
-DEFAULT_LOAD_MODE = ("auto",)
-DEFAULT_REPETITIONS = 5
+from .params import (  # llama-bench's defaults, where `bench --help` reads them without loading llama.cpp
+    DEFAULT_CACHE_TYPE,
+    DEFAULT_FLASH_ATTN,
+    DEFAULT_LOAD_MODE,
+    DEFAULT_N_BATCH,
+    DEFAULT_N_DEPTH,
+    DEFAULT_N_GEN,
+    DEFAULT_N_GPU_LAYERS,
+    DEFAULT_N_PROMPT,
+    DEFAULT_N_UBATCH,
+    DEFAULT_NO_KV_OFFLOAD,
+    DEFAULT_REPETITIONS,
+)
 
 # The KV cache types llama-bench accepts, with their ggml type ids.
 KV_CACHE_TYPES = {"f16": 1, "bf16": 30, "q8_0": 8, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "iq4_nl": 20}

@@ -23,8 +23,7 @@ from ..interrupt import StopFlag, catch_sigint
 from ..text.json_text import json_ready
 from ..model.native import Batch, Context, Model, lib
 from ..model.settings import LoadSettings
-
-DEFAULT_CHUNK_CTX = 512  # llama-perplexity's default -c
+from .modes import DEFAULT_CHUNK_CTX
 MAX_SEQUENCES = 256  # llama.cpp's limit on sequences in one context
 _BLOCK_ELEMENTS = 1 << 19  # logits per numpy block: keeps the temporaries small whatever the vocab
 
