@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from ..console import err, out, stderr_is_tty, stdout_is_tty
+from ..console import bench_progress, out, stdout_is_tty
 from ..core.bench.params import (
     DEFAULT_CACHE_TYPE,
     DEFAULT_FLASH_ATTN,
@@ -242,7 +242,7 @@ def _run(spec: Any, build: Any, fmt: str, detail: bool, baseline: list[dict[str,
     if printer:
         printer.header()
     try:
-        with _progress(spec, detail) as on_step:
+        with bench_progress([inst.test_name for inst in spec.instances()], detail) as on_step:
             for result in run_benchmark(spec, on_step):
                 gain = speedup(result, build, baseline) if baseline is not None else None
                 results.append(result)
@@ -271,31 +271,6 @@ def _finish_output(printer: Any, results: list[Any], speedups: list[float | None
 def _write(text: str) -> None:
     sys.stdout.write(text)
     sys.stdout.flush()
-
-
-class _progress:
-    """On-step callback: llama-bench-style lines with --progress, a spinner on a terminal, else nothing."""
-
-    def __init__(self, spec: Any, detail: bool):
-        self.tests = [inst.test_name for inst in spec.instances()]
-        self.detail = detail
-        self.status: Any = None
-
-    def __enter__(self) -> Any:
-        if not self.detail and stderr_is_tty():
-            self.status = err().status("starting benchmark")
-            self.status.__enter__()
-        return self.on_step
-
-    def __exit__(self, *exc: object) -> None:
-        if self.status is not None:
-            self.status.__exit__(*exc)
-
-    def on_step(self, index: int, total: int, what: str) -> None:
-        if self.detail:
-            print(f"pyllama bench: benchmark {index}/{total}: {what}", file=sys.stderr, flush=True)
-        elif self.status is not None:
-            self.status.update(f"benchmark {index}/{total}  {self.tests[index - 1]}  {what}")
 
 
 def _print_rich_table(results: list[Any], speedups: list[float | None], cols: list[str], build: Any) -> None:

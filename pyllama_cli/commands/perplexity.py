@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from ..console import err, human_size, info, stderr_is_tty, stdout_is_tty, warn
+from ..console import count_progress, human_size, info, stdout_is_tty, warn
 from ..core.evaluate.modes import DEFAULT_CHUNK_CTX
 from ..core.paths import require_folder
 from ..core.model.resolve import ModelRequest
@@ -149,7 +148,7 @@ def _run_perplexity(request: ModelRequest, load: LoadSettings, n_ctx: int | None
 
 def _render_perplexity(run: Any, as_json: bool, model_path: Path) -> None:
     live = not as_json
-    with _progress(run.plan.n_chunk, "chunks") as advance:
+    with count_progress("perplexity", run.plan.n_chunk, "chunks") as advance:
         # On a terminal the bar owns the screen: the [i] line is printed once it is complete.
         streaming = live and not (advance.active and stdout_is_tty())
         parts = []
@@ -186,7 +185,7 @@ def _run_kld(request: ModelRequest, load: LoadSettings, n_ctx: int | None, base:
         rows = []
         if not as_json:
             typer.echo(kld.TABLE_HEADER)
-        with _progress(run.plan.n_chunk, "chunks") as advance:
+        with count_progress("perplexity", run.plan.n_chunk, "chunks") as advance:
             for i, row in run.chunks():
                 rows.append({"chunk": i, **row})
                 advance(1, f"KLD {row['kld']:.5f}")
@@ -254,43 +253,13 @@ def _score(mc: Any, model: Any, load: LoadSettings, n_ctx: int, tasks: list[Any]
     line = mc.hellaswag_line if mode == "hellaswag" else mc.winogrande_line
     if not as_json and mode == "hellaswag":
         typer.echo(mc.HELLASWAG_HEADER)
-    with _progress(len(tasks), "tasks") as advance:
+    with count_progress("perplexity", len(tasks), "tasks") as advance:
         for r in mc.score_tasks(model, load, tasks, n_ctx, winogrande=mode == "winogrande"):
             results.append(r)
             advance(1, f"acc {100 * r.accuracy:.2f}%")
             if not as_json:
                 typer.echo(line(r))
     return results
-
-
-# ---------------------------------------------------------------- progress
-
-
-class _Advance:
-    """Moves the progress bar; a no-op off a terminal."""
-
-    def __init__(self, fn: Callable[[int, str], None] | None = None):
-        self.fn = fn
-        self.active = fn is not None
-
-    def __call__(self, n: int, text: str) -> None:
-        if self.fn is not None:
-            self.fn(n, text)
-
-
-@contextmanager
-def _progress(total: int, unit: str) -> Iterator[_Advance]:
-    """A transient bar with ETA on stderr, only when stderr is a terminal."""
-    if not stderr_is_tty():
-        yield _Advance()
-        return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-    with Progress(TextColumn("[accent]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TextColumn(unit), TextColumn("{task.fields[value]}"), TimeRemainingColumn(),
-                  console=err(), transient=True, redirect_stdout=False, redirect_stderr=False) as bar:
-        task = bar.add_task("perplexity", total=total, value="")
-        yield _Advance(lambda n, text: bar.update(task, advance=n, value=text))
 
 
 def _own_ctx_option(command: Callable[..., Any]) -> Callable[..., Any]:

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from ..console import err, human_size, info, stderr_is_tty
+from ..console import human_size, info, quantize_progress
 from ..core.model.resolve import ModelRequest
 from ..errors import UsageError
 from ..options.load import JsonOpt, LogFileOpt, VerboseOpt, model_options
@@ -95,28 +94,9 @@ def quantize(
         include_weights=tuple(include_weights or ()), exclude_weights=tuple(exclude_weights or ()),
         overrides=overrides, force=force, verbose=verbose, log_file=log_file,
     )
-    with _progress(enabled=stderr_is_tty() and not verbose) as on_progress:
+    with quantize_progress(quiet=verbose) as on_progress:
         result = core.quantize_model(request, on_progress=on_progress)
     _report(request, result, as_json)
-
-
-@contextmanager
-def _progress(enabled: bool):
-    """A per-tensor bar on stderr (weighted by tensor size), or no callback off a terminal."""
-    if not enabled:
-        yield None
-        return
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-    with Progress(TextColumn("[accent]{task.description:<36.36}"), BarColumn(), TextColumn("{task.fields[count]}"),
-                  TimeElapsedColumn(), TimeRemainingColumn(), console=err(), transient=True) as bar:
-        task = bar.add_task("reading the model", total=None, count="")
-
-        def update(p: Any) -> None:
-            bar.update(task, description=p.current or "reading the model", total=p.total_bytes or None,
-                       completed=p.done_bytes, count=f"{p.done}/{p.total} tensors" if p.total else "")
-
-        yield update
 
 
 def _print_types(types: Any, as_json: bool) -> None:
