@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from ..console import bench_progress, out, stdout_is_tty
+from ..console import bench_progress, download_tqdm, out, stdout_is_tty
 from ..core.bench.params import (
     DEFAULT_CACHE_TYPE,
     DEFAULT_FLASH_ATTN,
@@ -22,10 +22,9 @@ from ..core.bench.params import (
     DEFAULT_NO_KV_OFFLOAD,
     DEFAULT_REPETITIONS,
 )
-from ..core.model.resolve import ModelRequest
+from ..core.model.resolve import ModelRequest, resolve_model
 from ..errors import Interrupted, PyllamaError, UsageError
 from ..options.load import HfFileOpt, HfRepoOpt, HfTokenOpt, ModelPathOpt, OfflineOpt, VerboseOpt
-from .common import resolve
 
 EXAMPLES = """\
 Examples:
@@ -199,7 +198,7 @@ def _resolve_models(paths: list[str] | None, repos: list[str] | None, files: lis
         requests = [(None, ModelRequest())]  # raises the shared "no model given" error
     models = []
     for label, request in requests:
-        resolved = resolve(request)
+        resolved = resolve_model(request, tqdm_class=download_tqdm())
         models.append(BenchModel(label or str(resolved.path), resolved.path))
     return tuple(models)
 

@@ -10,15 +10,15 @@ from typing import Annotated, Any
 
 import typer
 
-from ..console import err, silence_stdout, warn, write_all
+from ..console import err, model_progress, silence_stdout, warn, write_all
 from ..core.text.escapes import process_text_escapes
 from ..core.paths import require_folder
 from ..core.model.resolve import ModelRequest
+from ..core.model.session import open_model
 from ..core.model.settings import LoadSettings
 from ..errors import InputError, Interrupted, OutputClosed, UsageError
 from ..options.load import ChatTemplateOpt, SystemPromptOpt, in_panel, model_options
 from ..options.sampling import SamplingOptions, sampling_options
-from .common import open_model
 
 EXAMPLES = """\
 Examples:
@@ -77,7 +77,6 @@ def complete(
     """
     from ..core.generate.one_shot import Completion, CompletionRequest
     from ..core.interrupt import StopFlag, catch_sigint
-    from ..core.model.native import Context
 
     if system_prompt is not None and not chat:
         raise UsageError("-sys/--system-prompt needs --chat", hint="add --chat to use the chat template")
@@ -91,14 +90,13 @@ def complete(
         stop=tuple(map(unescape, sampling.stop)), chat=chat, system_prompt=system_prompt, chat_template=chat_template,
         truncate=truncate, prompt_cache=prompt_cache,
     )
-    _, llm = open_model(model, load)
-    with llm, Context(llm, load) as ctx:
-        run = Completion(llm, ctx, request, warn=warn)
+    with open_model(model, load, context={}, progress=model_progress()) as session:
+        run = Completion(session.model, session.ctx, request, warn=warn)
         try:
             interrupted = _stream(run, echo, catch_sigint, StopFlag())
         finally:
             run.close()
-        _warn_if_cut(run.report.stats, ctx.n_ctx, constrained=request.sampling.grammar is not None)
+        _warn_if_cut(run.report.stats, session.ctx.n_ctx, constrained=request.sampling.grammar is not None)
     if stats or as_json or load.verbose:
         _print_stats(run.report.to_dict(), as_json)
     if interrupted:

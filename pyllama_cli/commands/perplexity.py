@@ -10,14 +10,14 @@ from typing import Annotated, Any
 
 import typer
 
-from ..console import count_progress, human_size, info, stdout_is_tty, warn
+from ..console import count_progress, human_size, info, model_progress, stdout_is_tty, warn
 from ..core.evaluate.modes import DEFAULT_CHUNK_CTX
 from ..core.paths import require_folder
 from ..core.model.resolve import ModelRequest
+from ..core.model.session import open_model
 from ..core.model.settings import LoadSettings
 from ..errors import InputError, UsageError
 from ..options.load import LOAD_PANEL, model_options
-from .common import open_model
 
 EXAMPLES = """\
 Examples:
@@ -128,21 +128,21 @@ def _run_perplexity(request: ModelRequest, load: LoadSettings, n_ctx: int | None
 
     if base is not None:
         require_folder(base, "the KL-divergence base")
-    resolved, model = open_model(request, load)
-    with model:
+    with open_model(request, load, progress=model_progress()) as session:
+        model = session.model
         tokens = ppl.tokenize_text(model, text)
         plan = ppl.plan_chunks(len(tokens), _ctx(n_ctx), load.n_batch, chunks)
         info(f"perplexity: {len(tokens)} tokens, {plan.n_chunk} chunks of {plan.n_ctx}, "
              f"{plan.n_seq} per batch of {plan.n_batch}")
         run = ppl.PerplexityRun(model, load, tokens, plan)
         if base is None:
-            _render_perplexity(run, as_json, resolved.path)
+            _render_perplexity(run, as_json, session.path)
             return
         from ..core.evaluate.kld import writing_base
 
         with writing_base(base, plan, model.n_vocab, tokens) as writer:
             run.on_chunk = writer.on_chunk
-            _render_perplexity(run, as_json, resolved.path)
+            _render_perplexity(run, as_json, session.path)
         info(f"saved the base log-probs to {base} ({human_size(base.stat().st_size)})")
 
 
@@ -177,8 +177,8 @@ def _run_kld(request: ModelRequest, load: LoadSettings, n_ctx: int | None, base:
     from ..core.evaluate import kld
 
     header = kld.read_base_header(base)
-    resolved, model = open_model(request, load)
-    with model:
+    with open_model(request, load, progress=model_progress()) as session:
+        model = session.model
         kld.check_compatible(header, model.n_vocab, n_ctx)
         run = kld.KldRun.prepare(model, load, header, chunks)
         info(f"KL divergence: {run.plan.n_chunk} chunks of {header.n_ctx} from {base}")
@@ -195,7 +195,7 @@ def _run_kld(request: ModelRequest, load: LoadSettings, n_ctx: int | None, base:
     if as_json:
         from ..core.text.json_text import json_ready
 
-        typer.echo(json.dumps(json_ready({"model": str(resolved.path), "base": str(base), "chunks": rows,
+        typer.echo(json.dumps(json_ready({"model": str(session.path), "base": str(base), "chunks": rows,
                                           "summary": summary}), indent=2))
         return
     typer.echo("")
@@ -227,8 +227,8 @@ def _run_tasks(request: ModelRequest, load: LoadSettings, n_ctx: int | None, mod
         name = "Winogrande"
     if not picked:
         raise InputError(f"no {name} tasks in {path}", hint="check the file format (see --help)")
-    resolved, model = open_model(request, load)
-    with model:
+    with open_model(request, load, progress=model_progress()) as session:
+        model = session.model
         tasks = mc.hellaswag_tasks(model, picked) if mode == "hellaswag" else mc.winogrande_tasks(model, picked)
         info(f"{name}: {len(tasks)} tasks from {path}")
         results = _score(mc, model, load, _ctx(n_ctx), tasks, mode, as_json)
@@ -236,7 +236,7 @@ def _run_tasks(request: ModelRequest, load: LoadSettings, n_ctx: int | None, mod
     if as_json:
         low, high = mc.wilson_interval(last.accuracy, last.n_done)
         typer.echo(json.dumps({
-            "model": str(resolved.path), "benchmark": name.lower(), "tasks": last.n_done,
+            "model": str(session.path), "benchmark": name.lower(), "tasks": last.n_done,
             "accuracy": last.accuracy, "uncertainty": mc.accuracy_uncertainty(last.accuracy, last.n_done),
             "ci95": [low, high],
             "results": [{"task": r.index, "file_task": r.number, "scores": r.scores, "chosen": r.chosen,

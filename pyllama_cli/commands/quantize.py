@@ -8,11 +8,10 @@ from typing import Annotated, Any
 
 import typer
 
-from ..console import human_size, info, quantize_progress
-from ..core.model.resolve import ModelRequest
+from ..console import download_tqdm, human_size, info, quantize_progress
+from ..core.model.resolve import ModelRequest, resolve_model
 from ..errors import UsageError
 from ..options.load import JsonOpt, LogFileOpt, VerboseOpt, model_options
-from .common import resolve
 
 EXAMPLES = """\
 Examples:
@@ -84,7 +83,8 @@ def quantize(
     output_type = parse_tensor_type(output_tensor_type, "--output-tensor-type")
     embedding_type = parse_tensor_type(token_embedding_type, "--token-embedding-type")
     overrides = tuple(core.parse_override_kv(kv) for kv in override_kv or ())
-    resolved = resolve(replace(model, model=pos.input) if pos.input else model, tokenizer=False)
+    resolved = resolve_model(replace(model, model=pos.input) if pos.input else model, tqdm_class=download_tqdm(),
+                             tokenizer=False)
     output = Path(pos.output) if pos.output else core.default_output(
         resolved.path, pos.quant, from_hub=resolved.repo is not None)
     request = core.QuantizeRequest(

@@ -10,13 +10,12 @@ from typing import Annotated, Any
 
 import typer
 
-from ..console import err, warn
-from ..core.model.resolve import ModelRequest
+from ..console import download_tqdm, err, warn
+from ..core.model.resolve import ModelRequest, resolve_model
 from ..core.model.settings import LoadSettings
 from ..errors import Interrupted, ModelLoadError, PyllamaError, UsageError
 from ..options.load import ChatTemplateOpt, in_panel, model_options
 from ..options.sampling import SamplingOptions, sampling_options
-from .common import resolve
 
 EXAMPLES = """\
 Examples:
@@ -82,7 +81,7 @@ def serve(
         from ..core.text.chat_template import resolve_template
 
         resolve_template(None, chat_template)  # an unknown name fails before the model loads
-    resolved = resolve(model)
+    resolved = resolve_model(model, tqdm_class=download_tqdm())
     settings = ServerSettings(
         alias=alias or _default_alias(resolved.path), sampling=sampling.settings, n_predict=sampling.n_predict,
         stop=sampling.stop, api_key=api_key or None, cors_origins=tuple(cors_origin or ()),
