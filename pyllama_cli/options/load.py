@@ -88,6 +88,15 @@ SystemPromptOpt = Annotated[str | None, typer.Option(
     show_default=False)]
 
 
+def repeatable(alias: Any, help_suffix: str = "") -> Any:
+    """The shared string option `alias` (same flags, panel, and help with `help_suffix`) as a list: the
+    flag may be given several times (bench's -m, -hf, -hff for several models)."""
+    info = typing.get_args(alias)[1]
+    decls = ((info.default,) if isinstance(info.default, str) else ()) + tuple(info.param_decls)
+    return Annotated[list[str] | None, typer.Option(
+        *decls, help=info.help + help_suffix, rich_help_panel=info.rich_help_panel, show_default=False)]
+
+
 def in_panel(alias: Any, panel: str) -> Any:
     """The shared option `alias` (same flags, help and default) shown under `panel` in a command's --help."""
     kind, info = typing.get_args(alias)[:2]
