@@ -162,6 +162,16 @@ def check_fits(*, values: dict[str, Any], **limits: tuple[str, int]) -> None:
             raise UsageError(f"{flag} {values[name]} is too large", hint=f"llama.cpp takes at most {limit}")
 
 
+def own_option(command: Callable[..., Any], name: str, alias: Any) -> Callable[..., Any]:
+    """Give a shared flag this command's own meaning: parameter `name` of a decorated command takes
+    `alias` (its flags, help and panel) in place of the shared declaration, e.g. perplexity's -c."""
+    sig = command.__signature__  # type: ignore[attr-defined]
+    params = [p.replace(annotation=alias) if p.name == name else p for p in sig.parameters.values()]
+    command.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+    command.__annotations__[name] = alias
+    return command
+
+
 def model_options(load: bool = True) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Give a command the shared model flags (and load flags when `load`).
 

@@ -328,6 +328,13 @@ class PerplexityRun:
     chunk_ppl: list[float] = field(default_factory=list)
     seconds: float = 0.0
 
+    @classmethod
+    def prepare(cls, model: Model, settings: LoadSettings, text: bytes, n_ctx: int, max_chunks: int = -1
+                ) -> PerplexityRun:
+        """Tokenize the text and cut it into chunks of `n_ctx` (see plan_chunks for what is refused)."""
+        tokens = tokenize_text(model, text)
+        return cls(model, settings, tokens, plan_chunks(len(tokens), n_ctx, settings.n_batch, max_chunks))
+
     def chunks(self) -> Iterator[tuple[int, float]]:
         """Yield (1-based chunk number, running PPL) as each chunk is scored."""
         windows = self.tokens[:self.plan.n_chunk * self.plan.n_ctx].reshape(self.plan.n_chunk, self.plan.n_ctx)
