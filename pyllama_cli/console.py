@@ -192,6 +192,67 @@ def load_progress(label: str) -> Iterator[Callable[[float], None] | None]:
         yield lambda fraction: progress.update(task, completed=fraction)
 
 
+class Advance:
+    """Moves a count_progress bar by n with a text beside it; a no-op (and not `active`) off a terminal."""
+
+    def __init__(self, fn: Callable[[int, str], None] | None = None):
+        self.fn = fn
+        self.active = fn is not None
+
+    def __call__(self, n: int, text: str) -> None:
+        if self.fn is not None:
+            self.fn(n, text)
+
+
+@contextmanager
+def count_progress(label: str, total: int, unit: str) -> Iterator[Advance]:
+    """A transient bar counting `total` `unit`s, with ETA, on stderr (only when stderr is a terminal)."""
+    if not stderr_is_tty():
+        yield Advance()
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    with Progress(TextColumn("[accent]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn(unit), TextColumn("{task.fields[value]}"), TimeRemainingColumn(),
+                  console=err(), transient=True, redirect_stdout=False, redirect_stderr=False) as bar:
+        task = bar.add_task(label, total=total, value="")
+        yield Advance(lambda n, text: bar.update(task, advance=n, value=text))
+
+
+@contextmanager
+def quantize_progress(quiet: bool = False) -> Iterator[Callable[[Any], None] | None]:
+    """A per-tensor bar for core.quantize's progress reports (weighted by tensor size), on a terminal
+    unless `quiet` (llama.cpp's own log is on stderr then); no callback otherwise."""
+    if quiet or not stderr_is_tty():
+        yield None
+        return
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    with Progress(TextColumn("[accent]{task.description:<36.36}"), BarColumn(), TextColumn("{task.fields[count]}"),
+                  TimeElapsedColumn(), TimeRemainingColumn(), console=err(), transient=True) as bar:
+        task = bar.add_task("reading the model", total=None, count="")
+
+        def update(p: Any) -> None:
+            bar.update(task, description=p.current or "reading the model", total=p.total_bytes or None,
+                       completed=p.done_bytes, count=f"{p.done}/{p.total} tensors" if p.total else "")
+
+        yield update
+
+
+@contextmanager
+def bench_progress(test_names: list[str], detail: bool) -> Iterator[Callable[[int, int, str], None]]:
+    """bench's on-step callback: llama-bench-style lines with --progress, a spinner on a terminal, else nothing."""
+    if detail:
+        yield lambda index, total, what: print(f"pyllama bench: benchmark {index}/{total}: {what}", file=sys.stderr,
+                                               flush=True)
+    elif not stderr_is_tty():
+        yield lambda index, total, what: None
+    else:
+        with err().status("starting benchmark") as status:
+            yield lambda index, total, what: status.update(
+                f"benchmark {index}/{total}  {test_names[index - 1]}  {what}")
+
+
 def model_progress() -> Any:
     """The download and load bars a command hands to core.model.session.open_model (none off a terminal)."""
     from .core.model.session import Progress

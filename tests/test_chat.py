@@ -20,6 +20,8 @@ from pyllama_cli.console import STYLES
 from pyllama_cli.core.text.chat_template import BUILTIN_TEMPLATES, TemplateError, render_template
 from pyllama_cli.core.generate.conversation import Conversation, fit_context, open_chat_engine
 from pyllama_cli.core.model.native import Model
+from pyllama_cli.core.model.resolve import ResolvedModel
+from pyllama_cli.core.model.session import Session
 from pyllama_cli.core.paths import data_dir
 from pyllama_cli.core.generate.sampling import SamplingSettings
 from pyllama_cli.core.model.settings import LoadSettings
@@ -50,11 +52,12 @@ def llm(tiny_model: Path):
 
 
 @pytest.fixture
-def engine(llm):
-    eng = open_chat_engine(llm, LoadSettings(n_ctx=512, n_threads=1))
+def engine(llm, tiny_model: Path):
+    session = Session(ResolvedModel(tiny_model, (tiny_model,)), llm)
+    eng = open_chat_engine(session, LoadSettings(n_ctx=512, n_threads=1))
     yield eng
     eng.close()
-    eng.ctx.close()
+    eng.ctx.close()  # not session.close(): the model is the module's
 
 
 # --- the scripted (non-terminal) chat -----------------------------------------------------------

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import os
 import sys
+from contextlib import closing
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
+from ..console import model_progress
 from ..core.model.resolve import ModelRequest
+from ..core.model.session import open_model
 from ..core.model.settings import LoadSettings
 from ..errors import InputError, UsageError
-from ..options.load import model_options
+from ..options.load import ChatTemplateOpt, SystemPromptOpt, in_panel, model_options
 from ..options.sampling import SamplingOptions, sampling_options
 
 EXAMPLES = """\
@@ -35,8 +38,7 @@ def chat(
     model: ModelRequest,
     load: LoadSettings,
     sampling: SamplingOptions,
-    system_prompt: Annotated[str | None, typer.Option(
-        "-sys", "--system-prompt", help="System prompt.", rich_help_panel=CHAT_PANEL, show_default=False)] = None,
+    system_prompt: in_panel(SystemPromptOpt, CHAT_PANEL) = None,
     system_prompt_file: Annotated[Path | None, typer.Option(
         "-sysf", "--system-prompt-file", help="Read the system prompt from this file.", rich_help_panel=CHAT_PANEL,
         show_default=False, dir_okay=False)] = None,
@@ -45,9 +47,7 @@ def chat(
     single_turn: Annotated[bool, typer.Option(
         "-st", "--single-turn", help="Answer one message (-p or the first line read) and exit.",
         rich_help_panel=CHAT_PANEL)] = False,
-    chat_template: Annotated[str | None, typer.Option(
-        "--chat-template", help="Template NAME (chatml, gemma, llama2, llama3, mistral, phi3, zephyr) or a Jinja "
-        "FILE (default: the model's own).", rich_help_panel=CHAT_PANEL, show_default=False)] = None,
+    chat_template: in_panel(ChatTemplateOpt, CHAT_PANEL) = None,
     context_shift: Annotated[bool, typer.Option(
         "--context-shift", help="When the conversation outgrows the context, drop the oldest turns (never the "
         "system prompt) instead of stopping.", rich_help_panel=CHAT_PANEL)] = False,
@@ -68,7 +68,6 @@ def chat(
     from ..chat.repl import ChatRepl, ChatSettings
     from ..core.text.chat_template import resolve_template
     from ..core.generate.conversation import Conversation, open_chat_engine
-    from .common import open_model
 
     if reasoning not in REASONING_CHOICES:
         raise typer.BadParameter(f"{reasoning!r} is not one of {', '.join(REASONING_CHOICES)}",
@@ -76,18 +75,13 @@ def chat(
     system = _system_prompt(system_prompt, system_prompt_file)
     if chat_template:
         resolve_template(None, chat_template)  # an unknown name fails before the model loads
-    resolved, llm = open_model(model, load)
-    engine = open_chat_engine(llm, load, chat_template)
-    try:
+    with open_model(model, load, progress=model_progress()) as session, \
+            closing(open_chat_engine(session, load, chat_template)) as engine:
         ui = _make_ui(plain, reasoning, no_history)
         settings = ChatSettings(sampling=sampling.settings, max_tokens=sampling.n_predict, stop=sampling.stop,
                                 context_shift=context_shift)
-        ui.banner(_banner(resolved.path.name, llm.description, engine.template_name, engine.n_ctx, system))
+        ui.banner(_banner(session.path.name, session.model.description, engine.template_name, engine.n_ctx, system))
         code = ChatRepl(engine, ui, Conversation(system=system), settings).run(prompt, single_turn)
-    finally:
-        engine.close()
-        engine.ctx.close()
-        llm.close()
     if code:
         raise typer.Exit(code)
 

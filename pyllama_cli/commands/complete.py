@@ -5,20 +5,19 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from collections.abc import Callable
 from typing import Annotated, Any
 
 import typer
 
-from ..console import err, silence_stdout, warn, write_all
+from ..console import err, model_progress, silence_stdout, warn, write_all
 from ..core.text.escapes import process_text_escapes
 from ..core.paths import require_folder
 from ..core.model.resolve import ModelRequest
+from ..core.model.session import open_model
 from ..core.model.settings import LoadSettings
-from ..errors import InputError, Interrupted, OutputClosed, UsageError
-from ..options.load import model_options
+from ..errors import Interrupted, OutputClosed, UsageError
+from ..options.load import ChatTemplateOpt, SystemPromptOpt, in_panel, model_options
 from ..options.sampling import SamplingOptions, sampling_options
-from .common import open_model
 
 EXAMPLES = """\
 Examples:
@@ -52,12 +51,8 @@ def complete(
     chat: Annotated[bool, typer.Option(
         "--chat", help="Send the prompt as one user turn through the model's chat template (instruct models).",
         rich_help_panel=PROMPT_PANEL)] = False,
-    system_prompt: Annotated[str | None, typer.Option(
-        "-sys", "--system-prompt", help="System message for --chat.", rich_help_panel=PROMPT_PANEL,
-        show_default=False)] = None,
-    chat_template: Annotated[str | None, typer.Option(
-        "--chat-template", help="For --chat: a built-in template name, a .jinja file or Jinja text "
-        "(default: the model's).", rich_help_panel=PROMPT_PANEL, show_default=False)] = None,
+    system_prompt: in_panel(SystemPromptOpt, PROMPT_PANEL) = None,
+    chat_template: in_panel(ChatTemplateOpt, PROMPT_PANEL) = None,
     truncate: Annotated[bool, typer.Option(
         "--truncate", help="If the prompt is longer than the context, keep its end (and say so) instead of failing.",
         rich_help_panel=PROMPT_PANEL)] = False,
@@ -79,9 +74,8 @@ def complete(
     Sampling flags, grammars and JSON schemas follow llama.cpp's names and defaults.
     Ctrl-C stops at once, keeps what was printed and exits with 130.
     """
-    from ..core.generate.one_shot import Completion, CompletionRequest
+    from ..core.generate.one_shot import Completion, CompletionRequest, as_typed, read_prompt
     from ..core.interrupt import StopFlag, catch_sigint
-    from ..core.model.native import Context
 
     if system_prompt is not None and not chat:
         raise UsageError("-sys/--system-prompt needs --chat", hint="add --chat to use the chat template")
@@ -89,20 +83,19 @@ def complete(
         raise UsageError("--chat-template needs --chat", hint="add --chat to use the chat template")
     if prompt_cache is not None:
         require_folder(prompt_cache, "the prompt cache")
-    unescape = process_text_escapes if escape else _as_typed
+    unescape = process_text_escapes if escape else as_typed
     request = CompletionRequest(
         prompt=read_prompt(prompt, file, unescape), sampling=sampling.settings, n_predict=sampling.n_predict,
         stop=tuple(map(unescape, sampling.stop)), chat=chat, system_prompt=system_prompt, chat_template=chat_template,
         truncate=truncate, prompt_cache=prompt_cache,
     )
-    _, llm = open_model(model, load)
-    with llm, Context(llm, load) as ctx:
-        run = Completion(llm, ctx, request, warn=warn)
+    with open_model(model, load, context={}, progress=model_progress()) as session:
+        run = Completion(session.model, session.ctx, request, warn=warn)
         try:
             interrupted = _stream(run, echo, catch_sigint, StopFlag())
         finally:
             run.close()
-        _warn_if_cut(run.report.stats, ctx.n_ctx, constrained=request.sampling.grammar is not None)
+        _warn_if_cut(run.report.stats, session.ctx.n_ctx, constrained=request.sampling.grammar is not None)
     if stats or as_json or load.verbose:
         _print_stats(run.report.to_dict(), as_json)
     if interrupted:
@@ -123,57 +116,6 @@ def _warn_if_cut(stats: Any, n_ctx: int, *, constrained: bool) -> None:
         sys.stdout.flush()
         warn(f"generation stopped at the -n limit of {stats.n_generated} tokens before the grammar said the "
              "output was done, so it may be unfinished; raise -n/--n-predict")
-
-
-STDIN_FILE = "-"  # `-f -` reads the prompt from stdin, as Unix tools do
-
-
-def _as_typed(text: str) -> str:
-    return text
-
-
-def read_prompt(prompt: str | None, file: Path | None, unescape: Callable[[str], str] = _as_typed) -> str:
-    """The prompt from -p or -f (`unescape`d), followed by stdin when it is piped (as it is: data)."""
-    if prompt is not None and file is not None:
-        raise UsageError("-p/--prompt and -f/--file cannot be used together", hint="give the prompt one way")
-    if file is not None and str(file) == STDIN_FILE:
-        return unescape(_without_final_newline(_read_stdin(even_a_terminal=True) or ""))
-    text = prompt if file is None else _without_final_newline(_read_file(file))
-    text = None if text is None else unescape(text)
-    piped = _read_stdin()
-    if piped:
-        piped = _without_final_newline(piped)
-        text = f"{text}\n{piped}" if text else piped
-    if text is None:
-        raise UsageError("no prompt given", hint="pass -p TEXT, -f FILE, or pipe text on stdin")
-    return text
-
-
-def _without_final_newline(text: str) -> str:
-    # The newline that ends a file's last line is not part of the prompt: llama.cpp's -f drops it too,
-    # and `echo TEXT |` or `cat FILE |` must give the same prompt as -p TEXT or -f FILE.
-    return text[:-1] if text.endswith("\n") else text
-
-
-def _read_file(file: Path) -> str:
-    try:
-        return file.read_bytes().decode("utf-8", errors="surrogateescape")
-    except FileNotFoundError:
-        raise InputError(f"prompt file not found: {file}") from None
-    except OSError as exc:
-        raise InputError(f"cannot read prompt file {file}: {exc.strerror or exc}") from None
-
-
-def _read_stdin(even_a_terminal: bool = False) -> str | None:
-    stdin = sys.stdin
-    if stdin is None or stdin.closed or (stdin.isatty() and not even_a_terminal):
-        return None
-    try:
-        raw = stdin.buffer.read() if hasattr(stdin, "buffer") else stdin.read().encode("utf-8", "surrogateescape")
-    except OSError as exc:
-        raise InputError(f"cannot read the prompt from stdin: {exc.strerror or exc}") from None
-    # Bytes that are not UTF-8 ride along as surrogates and reach the tokenizer unchanged, as in llama.cpp.
-    return raw.decode("utf-8", errors="surrogateescape")
 
 
 def _stream(run: Any, echo: bool, catch_sigint: Any, flag: Any) -> bool:

@@ -7,13 +7,12 @@ from typing import Annotated, Any
 
 import typer
 
-from ..console import human_count, human_size, out
+from ..console import download_tqdm, human_count, human_size, out
 from ..core.text.json_text import json_ready
 from ..core.model.info import ModelInfo, describe_model, metadata_summary
-from ..core.model.resolve import ModelRequest
+from ..core.model.resolve import ModelRequest, resolve_model
 from ..errors import InputError, UsageError
 from ..options.load import JsonOpt, model_options
-from .common import resolve
 
 EXAMPLES = """\
 Examples:
@@ -34,7 +33,7 @@ def info(
     """Show what a GGUF model holds: architecture, size, quantization, vocab, template."""
     if template and metadata:
         raise UsageError("--template and --metadata print different things: pick one")
-    details, head = describe_model(resolve(model))
+    details, head = describe_model(resolve_model(model, tqdm_class=download_tqdm()))
     if template:
         text = head.get("tokenizer.chat_template")
         if not text:

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from ..console import err, human_size, info, stderr_is_tty
-from ..core.model.resolve import ModelRequest
+from ..console import download_tqdm, human_size, info, quantize_progress
+from ..core.model.resolve import ModelRequest, resolve_model
 from ..errors import UsageError
 from ..options.load import JsonOpt, LogFileOpt, VerboseOpt, model_options
-from .common import resolve
 
 EXAMPLES = """\
 Examples:
@@ -85,7 +83,8 @@ def quantize(
     output_type = parse_tensor_type(output_tensor_type, "--output-tensor-type")
     embedding_type = parse_tensor_type(token_embedding_type, "--token-embedding-type")
     overrides = tuple(core.parse_override_kv(kv) for kv in override_kv or ())
-    resolved = resolve(replace(model, model=pos.input) if pos.input else model, tokenizer=False)
+    resolved = resolve_model(replace(model, model=pos.input) if pos.input else model, tqdm_class=download_tqdm(),
+                             tokenizer=False)
     output = Path(pos.output) if pos.output else core.default_output(
         resolved.path, pos.quant, from_hub=resolved.repo is not None)
     request = core.QuantizeRequest(
@@ -95,28 +94,9 @@ def quantize(
         include_weights=tuple(include_weights or ()), exclude_weights=tuple(exclude_weights or ()),
         overrides=overrides, force=force, verbose=verbose, log_file=log_file,
     )
-    with _progress(enabled=stderr_is_tty() and not verbose) as on_progress:
+    with quantize_progress(quiet=verbose) as on_progress:
         result = core.quantize_model(request, on_progress=on_progress)
     _report(request, result, as_json)
-
-
-@contextmanager
-def _progress(enabled: bool):
-    """A per-tensor bar on stderr (weighted by tensor size), or no callback off a terminal."""
-    if not enabled:
-        yield None
-        return
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-    with Progress(TextColumn("[accent]{task.description:<36.36}"), BarColumn(), TextColumn("{task.fields[count]}"),
-                  TimeElapsedColumn(), TimeRemainingColumn(), console=err(), transient=True) as bar:
-        task = bar.add_task("reading the model", total=None, count="")
-
-        def update(p: Any) -> None:
-            bar.update(task, description=p.current or "reading the model", total=p.total_bytes or None,
-                       completed=p.done_bytes, count=f"{p.done}/{p.total} tensors" if p.total else "")
-
-        yield update
 
 
 def _print_types(types: Any, as_json: bool) -> None:

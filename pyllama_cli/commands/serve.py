@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-import ipaddress
 import re
-import socket
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
-from ..console import err, warn
-from ..core.model.resolve import ModelRequest
+from ..console import download_tqdm, warn
+from ..core.model.resolve import ModelRequest, resolve_model
 from ..core.model.settings import LoadSettings
-from ..errors import Interrupted, ModelLoadError, PyllamaError, UsageError
-from ..options.load import model_options
+from ..options.load import ChatTemplateOpt, in_panel, model_options
 from ..options.sampling import SamplingOptions, sampling_options
-from .common import resolve
 
 EXAMPLES = """\
 Examples:
@@ -31,8 +27,6 @@ Examples:
 SERVER_PANEL = "Server"
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
-# Seconds in-flight requests get to finish after SIGTERM/Ctrl-C before they are cancelled.
-SHUTDOWN_GRACE_S = 3
 _SIZE = re.compile(r"^\s*(\d+)\s*([kmg]?)(i?b)?\s*$", re.IGNORECASE)
 
 
@@ -61,9 +55,7 @@ def serve(
     max_body_size: Annotated[str, typer.Option(
         "--max-body-size", help="Largest request body accepted (bytes, or with K/M/G; larger gets 413).",
         rich_help_panel=SERVER_PANEL)] = "8MiB",
-    chat_template: Annotated[str | None, typer.Option(
-        "--chat-template", help="Chat template NAME, .jinja FILE or Jinja text (default: the model's own).",
-        rich_help_panel=SERVER_PANEL, show_default=False)] = None,
+    chat_template: in_panel(ChatTemplateOpt, SERVER_PANEL) = None,
     parallel: Annotated[int, typer.Option(
         "-np", "--parallel", min=1, help="Slots: requests generated at once, batched together (continuous "
         "batching); more wait in a queue. -c is shared: each slot gets c/N tokens unless --kv-unified.",
@@ -78,156 +70,24 @@ def serve(
     503 while the model loads and 200 after; /docs has the API's schema. Sampling flags set the
     defaults that requests override; -n sets the default max_tokens (default: the rest of the context).
     """
+    from ..server import run as server
     from ..server.settings import ServerSettings
 
     if chat_template:
         from ..core.text.chat_template import resolve_template
 
         resolve_template(None, chat_template)  # an unknown name fails before the model loads
-    resolved = resolve(model)
+    resolved = resolve_model(model, tqdm_class=download_tqdm())
     settings = ServerSettings(
         alias=alias or _default_alias(resolved.path), sampling=sampling.settings, n_predict=sampling.n_predict,
         stop=sampling.stop, api_key=api_key or None, cors_origins=tuple(cors_origin or ()),
         max_body_size=parse_size(max_body_size), chat_template=chat_template,
     )
-    sock = _listen(host, port)
-    if not settings.api_key and not _is_loopback(sock):
-        warn(f"{_url(sock)} is reachable from other machines and there is no --api-key: anyone who can reach it "
-             "can use the model")
-    _run(sock, resolved.path, load, settings, embeddings, parallel, kv_unified)
-
-
-def _make_engine(path: Path, load: LoadSettings, embeddings: bool, parallel: int, kv_unified: bool,
-                 **callbacks: Any) -> Any:
-    """Embeddings run one input at a time; generation runs on the continuous-batching slots."""
-    if embeddings:
-        from ..core.serving.embedding_engine import EmbeddingEngine
-
-        return EmbeddingEngine(path, load, **callbacks)
-    from ..core.serving.scheduler import ParallelEngine
-
-    return ParallelEngine(path, load, n_slots=parallel, kv_unified=kv_unified, **callbacks)
-
-
-def _run(sock: socket.socket, path: Path, load: LoadSettings, settings: Any, embeddings: bool, parallel: int,
-         kv_unified: bool) -> None:
-    import uvicorn
-
-    from ..server.app import create_app
-
-    url = _url(sock)
-    server: uvicorn.Server
-
-    def on_ready(engine: Any) -> None:
-        kind = "embeddings" if embeddings else f"chat and completions, {parallel} slot{'s' * (parallel > 1)}"
-        err().print(f"pyllama serve: ready at {url}/v1 - model {settings.alias!r} ({path.name}), "
-                    f"context {engine.n_ctx} tokens per request, {kind}", markup=False, highlight=False)
-
-    def on_failure(_: BaseException) -> None:
-        server.should_exit = True
-
-    engine = _make_engine(path, load, embeddings, parallel, kv_unified, on_ready=on_ready, on_failure=on_failure)
-    app = create_app(engine, settings)
-    config = uvicorn.Config(app, log_level="info" if load.verbose else "warning", access_log=load.verbose,
-                            log_config=_log_config(), timeout_graceful_shutdown=SHUTDOWN_GRACE_S, lifespan="on")
-    server = _server_class()(config)
-    server.on_stop = engine.cancel_all
-    err().print(f"pyllama serve: listening on {url} - loading {path.name} (/health answers 503 until ready)",
-                markup=False, highlight=False)
-    try:
-        server.run(sockets=[sock])
-    finally:
-        sock.close()
-    if engine.error is not None:
-        error = engine.error
-        raise error if isinstance(error, PyllamaError) else ModelLoadError(f"could not load {path.name}: {error}")
-    if server.stop_signal is not None:
-        import signal
-
-        if server.stop_signal == signal.SIGINT:
-            raise Interrupted("pyllama serve: stopped")
-        err().print(f"pyllama serve: stopped ({signal.Signals(server.stop_signal).name})", markup=False,
-                    highlight=False)
-
-
-def _log_config() -> dict[str, Any]:
-    """uvicorn's logging setup with the access log on stderr too (uvicorn sends it to stdout)."""
-    import copy
-
-    from uvicorn.config import LOGGING_CONFIG
-
-    config = copy.deepcopy(LOGGING_CONFIG)
-    config["handlers"]["access"]["stream"] = "ext://sys.stderr"
-    return config
-
-
-def _server_class() -> type:
-    """uvicorn's Server, with a shutdown that ends every request cleanly and exits 0.
-
-    On SIGTERM or Ctrl-C, running requests get SHUTDOWN_GRACE_S - 1 seconds to finish; then
-    `on_stop` (the engine's cancel_all) ends the rest, so their streams still close with
-    `data: [DONE]` before uvicorn's own deadline would cut the connections. uvicorn re-raises
-    the signal once it has shut down, so the process would die of it (status 143) after a
-    graceful stop; this one does not: a service manager sees 0.
-    """
-    import contextlib
-    import signal
-    import threading
-
-    import uvicorn
-
-    class Server(uvicorn.Server):
-        stop_signal: int | None = None
-        on_stop: Any = None
-
-        def handle_exit(self, sig: int, frame: Any) -> None:
-            if self.stop_signal is None and self.on_stop is not None:
-                timer = threading.Timer(max(SHUTDOWN_GRACE_S - 1, 0), self.on_stop)
-                timer.daemon = True
-                timer.start()
-            self.stop_signal = self.stop_signal or sig
-            super().handle_exit(sig, frame)
-
-        @contextlib.contextmanager
-        def capture_signals(self) -> Any:
-            if threading.current_thread() is not threading.main_thread():
-                yield
-                return
-            previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
-            try:
-                yield
-            finally:
-                for sig, handler in previous.items():
-                    signal.signal(sig, handler)
-
-    return Server
-
-
-def _listen(host: str, port: int) -> socket.socket:
-    """Bind the port before loading anything, so a taken port fails at once with a clear message."""
-    try:
-        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-        sock = socket.socket(family, kind, proto)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(address)
-    except OSError as exc:
-        reason = exc.strerror or str(exc)
-        raise UsageError(f"cannot listen on {host}:{port}: {reason}",
-                         hint="pick another --port (0 = any free port) or --host") from None
-    return sock
-
-
-def _is_loopback(sock: socket.socket) -> bool:
-    host = sock.getsockname()[0]
-    try:
-        return ipaddress.ip_address(host.split("%")[0]).is_loopback
-    except ValueError:
-        return False
-
-
-def _url(sock: socket.socket) -> str:
-    host, port = sock.getsockname()[:2]
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    sock = server.listen(host, port)
+    if not settings.api_key and not server.is_loopback(sock):
+        warn(f"{server.url(sock)} is reachable from other machines and there is no --api-key: anyone who can "
+             "reach it can use the model")
+    server.serve(sock, resolved.path, load, settings, embeddings=embeddings, parallel=parallel, kv_unified=kv_unified)
 
 
 def _default_alias(path: Path) -> str:

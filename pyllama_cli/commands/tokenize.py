@@ -8,12 +8,12 @@ from typing import Annotated
 
 import typer
 
-from ..console import stdout_is_tty, write_all
+from ..console import model_progress, stdout_is_tty, write_all
 from ..core.model.resolve import ModelRequest
+from ..core.model.session import open_model
 from ..core.model.settings import LoadSettings
 from ..errors import InputError, UsageError
-from ..options.load import VerboseOpt, model_options
-from .common import open_model
+from ..options.load import ChatTemplateOpt, VerboseOpt, in_panel, model_options
 
 EXAMPLES = """\
 Examples:
@@ -45,9 +45,7 @@ def tokenize(
     chat: Annotated[bool, typer.Option(
         "--chat", help="The input is a JSON list of messages: render it with the chat template, then tokenize.",
         rich_help_panel=INPUT_PANEL)] = False,
-    chat_template: Annotated[str | None, typer.Option(
-        "--chat-template", help="With --chat: a built-in template name, a .jinja file or Jinja text "
-        "(default: the model's).", rich_help_panel=INPUT_PANEL, show_default=False)] = None,
+    chat_template: in_panel(ChatTemplateOpt, INPUT_PANEL) = None,
     no_bos: Annotated[bool, typer.Option(
         "--no-bos", help="Do not add the BOS token, even if the model normally uses one.",
         rich_help_panel=INPUT_PANEL)] = False,
@@ -77,8 +75,8 @@ def tokenize(
     from ..core.text import tokenizer as tk
     from ..core.text.escapes import process_escapes
 
-    _, vocab = open_model(model, LoadSettings(verbose=verbose), vocab_only=True)
-    with vocab:
+    with open_model(model, LoadSettings(verbose=verbose), vocab_only=True, progress=model_progress()) as session:
+        vocab = session.model
         rendered = None
         if chat:
             messages = tk.parse_messages(data, source)
@@ -163,9 +161,8 @@ def detokenize(
 
     raw = _stdin_ids_text() if stdin else " ".join(token_ids or [])
     token_list = tk.parse_ids(raw)
-    _, vocab = open_model(model, LoadSettings(verbose=verbose), vocab_only=True)
-    with vocab:
-        data = tk.detokenize_ids(vocab, token_list)
+    with open_model(model, LoadSettings(verbose=verbose), vocab_only=True, progress=model_progress()) as session:
+        data = tk.detokenize_ids(session.model, token_list)
     # A terminal gets a final newline so the shell prompt does not land on the text; pipes get the bytes.
     _write([data + b"\n" if stdout_is_tty() and not data.endswith(b"\n") else data])
 

@@ -1,7 +1,9 @@
 """Command-line options shared by several commands, declared once (one name, help and default each).
 
 - `load`: `-m`/`-hf` and the load flags, `ModelRequest`/`LoadSettings` builders, shared aliases
-  (`JsonOpt`, `VerboseOpt`, `ChatTemplateOpt`, `SystemPromptOpt`, ...).
+  (`JsonOpt`, `VerboseOpt`, `ChatTemplateOpt`, `SystemPromptOpt`, ...), and what adapts a shared
+  flag to one command: `in_panel` (its own help panel), `repeatable` (given several times),
+  `own_option` (its own meaning, as perplexity's -c).
 - `sampling`: sampling and output-constraint flags of complete, chat and serve.
 
 May import: typer, `core` (settings only), `errors`.

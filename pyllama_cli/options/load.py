@@ -7,6 +7,7 @@ and hands it a `ModelRequest` (and a `LoadSettings`).
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import typing
@@ -16,7 +17,7 @@ from typing import Annotated, Any
 
 import typer
 
-from ..core.model.resolve import ModelRequest
+from ..core.model.resolve import DEFAULT_QUANT, ModelRequest
 from ..core.model.settings import (
     DEFAULT_N_BATCH,
     DEFAULT_N_CTX,
@@ -37,7 +38,8 @@ LOAD_PANEL = "Loading"
 ModelPathOpt = Annotated[str | None, typer.Option(
     "-m", "--model", help="Local GGUF model file.", rich_help_panel=MODEL_PANEL, show_default=False)]
 HfRepoOpt = Annotated[str | None, typer.Option(
-    "-hf", "--hf-repo", help="Hugging Face repo as user/repo[:quant] (default quant: Q4_K_M, else the first GGUF).",
+    "-hf", "--hf-repo",
+    help=f"Hugging Face repo as user/repo[:quant] (default quant: {DEFAULT_QUANT}, else the first GGUF).",
     rich_help_panel=MODEL_PANEL, show_default=False)]
 HfFileOpt = Annotated[str | None, typer.Option(
     "-hff", "--hf-file", help="Exact GGUF file in the -hf repo (overrides the quant tag).",
@@ -76,6 +78,31 @@ LogFileOpt = Annotated[Path | None, typer.Option(
     dir_okay=False)]
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")]
+
+# Chat flags of chat, complete, tokenize and serve; each command shows them in its own panel (`in_panel`).
+ChatTemplateOpt = Annotated[str | None, typer.Option(
+    "--chat-template", help="Chat template: a built-in name (chatml, llama3, ...), a .jinja file or Jinja text "
+    "(default: the model's own).", show_default=False)]
+SystemPromptOpt = Annotated[str | None, typer.Option(
+    "-sys", "--system-prompt", help="System prompt: the system message that opens the conversation.",
+    show_default=False)]
+
+
+def repeatable(alias: Any, help_suffix: str = "") -> Any:
+    """The shared string option `alias` (same flags, panel, and help with `help_suffix`) as a list: the
+    flag may be given several times (bench's -m, -hf, -hff for several models)."""
+    info = typing.get_args(alias)[1]
+    decls = ((info.default,) if isinstance(info.default, str) else ()) + tuple(info.param_decls)
+    return Annotated[list[str] | None, typer.Option(
+        *decls, help=info.help + help_suffix, rich_help_panel=info.rich_help_panel, show_default=False)]
+
+
+def in_panel(alias: Any, panel: str) -> Any:
+    """The shared option `alias` (same flags, help and default) shown under `panel` in a command's --help."""
+    kind, info = typing.get_args(alias)[:2]
+    placed = copy.copy(info)
+    placed.rich_help_panel = panel
+    return Annotated[kind, placed]
 
 
 def option_param(name: str, annotation: Any, default: Any) -> inspect.Parameter:
@@ -133,6 +160,16 @@ def check_fits(*, values: dict[str, Any], **limits: tuple[str, int]) -> None:
     for name, (flag, limit) in limits.items():
         if values[name] > limit:
             raise UsageError(f"{flag} {values[name]} is too large", hint=f"llama.cpp takes at most {limit}")
+
+
+def own_option(command: Callable[..., Any], name: str, alias: Any) -> Callable[..., Any]:
+    """Give a shared flag this command's own meaning: parameter `name` of a decorated command takes
+    `alias` (its flags, help and panel) in place of the shared declaration, e.g. perplexity's -c."""
+    sig = command.__signature__  # type: ignore[attr-defined]
+    params = [p.replace(annotation=alias) if p.name == name else p for p in sig.parameters.values()]
+    command.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+    command.__annotations__[name] = alias
+    return command
 
 
 def model_options(load: bool = True) -> Callable[[Callable[..., Any]], Callable[..., Any]]:

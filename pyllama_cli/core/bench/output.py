@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from ...errors import PyllamaError
 from .spec import (
     DEFAULT_CACHE_TYPE,
     DEFAULT_FLASH_ATTN,
@@ -261,6 +263,33 @@ def md_cells(r: BenchResult, cols: Sequence[str], build: BuildInfo, speedup: flo
         "speedup": f"{speedup:.2f}x" if speedup is not None else "-",
     }
     return [special[c] if c in special else values[c] for c in cols]
+
+
+def rich_table(results: Sequence[BenchResult], speedups: Sequence[float | None], cols: Sequence[str],
+               build: BuildInfo) -> Any:
+    """The Markdown format's table as a rich Table, for `-o md` on a terminal (failed rows in red)."""
+    from rich import box
+    from rich.table import Table
+
+    table = Table(box=box.SIMPLE_HEAVY, caption=f"build: {build.build_commit} ({build.build_number})")
+    for col in cols:
+        table.add_column(md_heading(col), justify="right" if md_width(col) > 0 else "left",
+                         style="accent" if col == "t/s" else None, no_wrap=col not in ("model", "t/s", "ttft"))
+    for result, gain in zip(results, speedups):
+        table.add_row(*md_cells(result, cols, build, gain), style="error" if result.error else None)
+    return table
+
+
+def check_failures(results: Sequence[BenchResult]) -> None:
+    """Fail the run when a test failed, once every row is out (the others ran and were printed).
+
+    Raises:
+        PyllamaError: naming how many failed, and the first.
+    """
+    failed = [r for r in results if r.error]
+    if failed:
+        raise PyllamaError(f"{len(failed)} of {len(results)} tests failed; the first: {failed[0].instance.test_name}: "
+                           f"{failed[0].error}", hint="the other tests ran; see the error in each failed row")
 
 
 def _ttft_text(r: BenchResult) -> str:

@@ -7,8 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import UsageError
-from .spec import BenchResult
-from ..paths import atomic_write
+from ..paths import atomic_write, output_target
+from .output import field_values, md_heading
+from .spec import BenchResult, BuildInfo
 
 PLOT_HINT = "install it with: pip install 'pyllama-cli[plot]' (or pip install matplotlib)"
 
@@ -42,6 +43,30 @@ def check_plot_format(path: Path) -> None:
     if ending and ending not in formats:
         raise UsageError(f"--plot {path}: matplotlib cannot write .{ending} files",
                          hint="end the name in one of: " + ", ".join(f".{f}" for f in sorted(formats)))
+
+
+def check_plot_target(path: Path) -> None:
+    """Refuse a --plot file that could not be written, before the benchmark runs.
+
+    Raises:
+        UsageError: matplotlib is missing or cannot write the ending, or the folder is missing.
+    """
+    check_plot_format(path)
+    folder = output_target(path).parent  # a symlink's target is what gets written
+    if not folder.is_dir():
+        if folder.exists():
+            raise UsageError(f"--plot {path}: {folder} is not a folder", hint="pick another path")
+        raise UsageError(f"--plot {path}: folder {folder} does not exist", hint="create it or pick another path")
+
+
+def plot_sweep(results: Sequence[BenchResult], cols: Sequence[str], build: BuildInfo, path: Path) -> None:
+    """Plot a bench run, labelling each bar with the model (when several) and the parameters that
+    differ between rows (`cols`: the Markdown table's columns)."""
+    values = [field_values(r, build) for r in results]
+    params = [c for c in cols if c in values[0] and c not in ("model", "size", "params", "backend")]
+    varying = [c for c in ["model_type", *params] if len({v[c] for v in values}) > 1]
+    labels = [" ".join(v[c] if c == "model_type" else f"{md_heading(c)}={v[c]}" for c in varying) for v in values]
+    plot_results(results, labels, path)
 
 
 def plot_results(results: Sequence[BenchResult], labels: Sequence[str], path: Path) -> None:

@@ -11,8 +11,10 @@ from __future__ import annotations
 import math
 import random
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -20,8 +22,8 @@ from ...errors import ContextOverflow, InputError
 from ..interrupt import StopFlag, catch_sigint
 from ..model.native import Batch, Context, Model, lib
 from ..model.settings import LoadSettings
+from .perplexity import read_text
 
-DEFAULT_HELLASWAG_TASKS = 400
 N_SEQ = 4  # llama-perplexity's context for these scores: 4 sequences, unified KV cache, 4 * -c cells
 _Z95 = 1.95996398454
 _MIN_TRAILING = 3  # Winogrande: score only the words after the blank when both choices leave more tokens than this
@@ -181,6 +183,27 @@ def select_winogrande(tasks: list[WinograndeTask], n: int) -> list[tuple[int, Wi
         aux[j] = aux[-1]
         aux.pop()
     return picked
+
+
+def pick_tasks(path: Path, winogrande: bool, n: int, warn: Callable[[str], None]) -> tuple[str, list[tuple[int, Any]]]:
+    """The benchmark's name and `n` tasks drawn from its file as llama-perplexity draws them (see the
+    select functions); `warn` hears of a Winogrande line that is not used.
+
+    Raises:
+        InputError: an unreadable file, or one without tasks.
+    """
+    text = read_text(path).decode("utf-8", errors="surrogateescape")
+    if winogrande:
+        parsed = parse_winogrande(text)
+        if parsed.unread_last:
+            warn(f"the last line of {path} is not used: llama-perplexity stops before a last line with no "
+                 "newline after it (end the file with an empty line to use it)")
+        name, picked = "Winogrande", select_winogrande(parsed.tasks, n)
+    else:
+        name, picked = "HellaSwag", select_hellaswag(parse_hellaswag(text), n)
+    if not picked:
+        raise InputError(f"no {name} tasks in {path}", hint="check the file format (see --help)")
+    return name, picked
 
 
 # ---------------------------------------------------------------- tokenizing into tasks
@@ -390,6 +413,19 @@ def hellaswag_line(r: TaskResult) -> str:
 def winogrande_line(r: TaskResult) -> str:
     return (f"{r.index}\t{100.0 * r.n_correct / r.n_done:.4f}\t{r.scores[0]:10.6f}  {r.scores[1]:10.6f}"
             f"  {r.chosen + 1}  {r.answer + 1}")
+
+
+def results_json(name: str, model_path: Path, results: list[TaskResult]) -> dict[str, Any]:
+    """The `--json` document of a run: the final accuracy with its uncertainty and interval, and every task."""
+    last = results[-1]
+    low, high = wilson_interval(last.accuracy, last.n_done)
+    return {
+        "model": str(model_path), "benchmark": name.lower(), "tasks": last.n_done,
+        "accuracy": last.accuracy, "uncertainty": accuracy_uncertainty(last.accuracy, last.n_done),
+        "ci95": [low, high],
+        "results": [{"task": r.index, "file_task": r.number, "scores": r.scores, "chosen": r.chosen,
+                     "answer": r.answer, "correct": r.chosen == r.answer} for r in results],
+    }
 
 
 def final_line(name: str, r: TaskResult) -> str:

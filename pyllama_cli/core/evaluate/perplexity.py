@@ -23,8 +23,7 @@ from ..interrupt import StopFlag, catch_sigint
 from ..text.json_text import json_ready
 from ..model.native import Batch, Context, Model, lib
 from ..model.settings import LoadSettings
-
-DEFAULT_CHUNK_CTX = 512  # llama-perplexity's default -c
+from .modes import DEFAULT_CHUNK_CTX
 MAX_SEQUENCES = 256  # llama.cpp's limit on sequences in one context
 _BLOCK_ELEMENTS = 1 << 19  # logits per numpy block: keeps the temporaries small whatever the vocab
 
@@ -328,6 +327,13 @@ class PerplexityRun:
     sums: NllSums = field(default_factory=NllSums)
     chunk_ppl: list[float] = field(default_factory=list)
     seconds: float = 0.0
+
+    @classmethod
+    def prepare(cls, model: Model, settings: LoadSettings, text: bytes, n_ctx: int, max_chunks: int = -1
+                ) -> PerplexityRun:
+        """Tokenize the text and cut it into chunks of `n_ctx` (see plan_chunks for what is refused)."""
+        tokens = tokenize_text(model, text)
+        return cls(model, settings, tokens, plan_chunks(len(tokens), n_ctx, settings.n_batch, max_chunks))
 
     def chunks(self) -> Iterator[tuple[int, float]]:
         """Yield (1-based chunk number, running PPL) as each chunk is scored."""

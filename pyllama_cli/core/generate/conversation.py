@@ -318,20 +318,24 @@ class ChatEngine:
         }
 
 
-def open_chat_engine(model: Any, settings: Any, template_override: str | None = None) -> ChatEngine:
-    """Create the context for `model` and a ChatEngine over it (template: the override, else the GGUF's).
+def open_chat_engine(session: Any, settings: Any, template_override: str | None = None) -> ChatEngine:
+    """A ChatEngine over a model session (template: the override, else the GGUF's), in a context made
+    for it that the session owns and frees.
+
+    The template is checked first, so a model without a usable one fails before its context is made.
+
+    Args:
+        session: a core.model.session.Session opened without a context.
 
     Raises:
         TemplateError: no usable template, or one that does not parse.
         ModelLoadError: llama.cpp could not create the context.
     """
     from ..text.chat_template import check_template, resolve_template
-    from ..model.native import Context
 
-    text, name = resolve_template(model.chat_template(), template_override)
+    text, name = resolve_template(session.model.chat_template(), template_override)
     check_template(text)
-    ctx = Context(model, settings)
-    return ChatEngine(model, ctx, text, name)
+    return ChatEngine(session.model, session.open_context(settings), text, name)
 
 
 def _token_text(model: Any, token: int) -> str:

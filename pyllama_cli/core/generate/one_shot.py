@@ -1,18 +1,20 @@
 """One-shot completion (`pyllama complete`): prompt text -> tokens -> streamed text, with a prompt cache.
 
-Builds on the shared Generator: this module only decides what the prompt is (raw text or one chat
-turn), makes it fit the context (or says why it does not), and loads/saves `--prompt-cache`.
+Builds on the shared Generator: this module only decides what the prompt is (-p, -f or piped
+stdin; raw text or one chat turn), makes it fit the context (or says why it does not), and
+loads/saves `--prompt-cache`.
 """
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ...errors import ContextOverflow, InputError
+from ...errors import ContextOverflow, InputError, UsageError
 from ..text.chat_template import render_chat
 from .generator import Generator
 from .stats import GenerationStats
@@ -53,6 +55,63 @@ class CompletionReport:
             data["prompt_cache"] = {"file_tokens": len(self.cache.saved_tokens), "reused_tokens": self.stats.n_cached,
                                     "load_ms": round(self.cache_load_ms, 3), "saved": self.cache_saved}
         return data
+
+
+# ---------------------------------------------------------------- where the prompt comes from
+
+
+STDIN_FILE = "-"  # `-f -` reads the prompt from stdin, as Unix tools do
+
+
+def as_typed(text: str) -> str:
+    return text
+
+
+def read_prompt(prompt: str | None, file: Path | None, unescape: Callable[[str], str] = as_typed) -> str:
+    """The prompt from -p or -f (`unescape`d), followed by stdin when it is piped (as it is: data)."""
+    if prompt is not None and file is not None:
+        raise UsageError("-p/--prompt and -f/--file cannot be used together", hint="give the prompt one way")
+    if file is not None and str(file) == STDIN_FILE:
+        return unescape(_without_final_newline(_read_stdin(even_a_terminal=True) or ""))
+    text = prompt if file is None else _without_final_newline(_read_file(file))
+    text = None if text is None else unescape(text)
+    piped = _read_stdin()
+    if piped:
+        piped = _without_final_newline(piped)
+        text = f"{text}\n{piped}" if text else piped
+    if text is None:
+        raise UsageError("no prompt given", hint="pass -p TEXT, -f FILE, or pipe text on stdin")
+    return text
+
+
+def _without_final_newline(text: str) -> str:
+    # The newline that ends a file's last line is not part of the prompt: llama.cpp's -f drops it too,
+    # and `echo TEXT |` or `cat FILE |` must give the same prompt as -p TEXT or -f FILE.
+    return text[:-1] if text.endswith("\n") else text
+
+
+def _read_file(file: Path) -> str:
+    try:
+        return file.read_bytes().decode("utf-8", errors="surrogateescape")
+    except FileNotFoundError:
+        raise InputError(f"prompt file not found: {file}") from None
+    except OSError as exc:
+        raise InputError(f"cannot read prompt file {file}: {exc.strerror or exc}") from None
+
+
+def _read_stdin(even_a_terminal: bool = False) -> str | None:
+    stdin = sys.stdin
+    if stdin is None or stdin.closed or (stdin.isatty() and not even_a_terminal):
+        return None
+    try:
+        raw = stdin.buffer.read() if hasattr(stdin, "buffer") else stdin.read().encode("utf-8", "surrogateescape")
+    except OSError as exc:
+        raise InputError(f"cannot read the prompt from stdin: {exc.strerror or exc}") from None
+    # Bytes that are not UTF-8 ride along as surrogates and reach the tokenizer unchanged, as in llama.cpp.
+    return raw.decode("utf-8", errors="surrogateescape")
+
+
+# ---------------------------------------------------------------- the run
 
 
 def prompt_text(model: Model, request: CompletionRequest) -> str:

@@ -43,6 +43,17 @@ class Session:
     def path(self) -> Any:
         return self.resolved.path
 
+    def open_context(self, settings: LoadSettings, **context: Any) -> Context:
+        """Make the session's context (Context keyword arguments); the session frees it with the model.
+
+        For callers with a check to make between loading and the context (chat's template), which
+        open the model without `context` and call this after.
+        """
+        from .native import Context
+
+        self.ctx = Context(self.model, settings, **context)
+        return self.ctx
+
     def close(self) -> None:
         """Free the context, then the model; safe to call twice."""
         if self.ctx is not None:
@@ -71,15 +82,16 @@ def load_session(
         ModelLoadError: llama.cpp refused the file, or could not make the context.
         Interrupted: Ctrl-C during the load.
     """
-    from .native import Context, Model
+    from .native import Model
 
-    model = Model.load(resolved.path, settings, vocab_only=vocab_only, on_progress=on_progress)
-    try:
-        ctx = Context(model, settings, **context) if context is not None else None
-    except BaseException:
-        model.close()
-        raise
-    return Session(resolved, model, ctx)
+    session = Session(resolved, Model.load(resolved.path, settings, vocab_only=vocab_only, on_progress=on_progress))
+    if context is not None:
+        try:
+            session.open_context(settings, **context)
+        except BaseException:
+            session.close()
+            raise
+    return session
 
 
 @contextmanager

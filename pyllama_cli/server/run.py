@@ -1,0 +1,164 @@
+"""Running `pyllama serve`: the listening socket, the engine, and uvicorn with a clean shutdown.
+
+`listen()` binds the port before anything loads; `serve()` starts the engine (which loads the model
+in the background while /health answers 503) and serves until a signal stops it. uvicorn, the
+engines and the app are imported only when `serve()` runs.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from pathlib import Path
+from typing import Any
+
+from ..console import err
+from ..core.model.settings import LoadSettings
+from ..errors import Interrupted, ModelLoadError, PyllamaError, UsageError
+
+# Seconds in-flight requests get to finish after SIGTERM/Ctrl-C before they are cancelled.
+SHUTDOWN_GRACE_S = 3
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """Bind the port before loading anything, so a taken port fails at once with a clear message."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise UsageError(f"cannot listen on {host}:{port}: {reason}",
+                         hint="pick another --port (0 = any free port) or --host") from None
+    return sock
+
+
+def is_loopback(sock: socket.socket) -> bool:
+    host = sock.getsockname()[0]
+    try:
+        return ipaddress.ip_address(host.split("%")[0]).is_loopback
+    except ValueError:
+        return False
+
+
+def url(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def make_engine(path: Path, load: LoadSettings, embeddings: bool, parallel: int, kv_unified: bool,
+                **callbacks: Any) -> Any:
+    """Embeddings run one input at a time; generation runs on the continuous-batching slots."""
+    if embeddings:
+        from ..core.serving.embedding_engine import EmbeddingEngine
+
+        return EmbeddingEngine(path, load, **callbacks)
+    from ..core.serving.scheduler import ParallelEngine
+
+    return ParallelEngine(path, load, n_slots=parallel, kv_unified=kv_unified, **callbacks)
+
+
+def serve(sock: socket.socket, path: Path, load: LoadSettings, settings: Any, *, embeddings: bool, parallel: int,
+          kv_unified: bool) -> None:
+    """Serve on `sock` until SIGTERM or Ctrl-C; the socket is closed on return.
+
+    Raises:
+        ModelLoadError (or the engine's own PyllamaError): the model could not be loaded.
+        Interrupted: stopped by Ctrl-C (exit 130, as other commands).
+    """
+    import uvicorn
+
+    from .app import create_app
+
+    address = url(sock)
+    server: uvicorn.Server
+
+    def on_ready(engine: Any) -> None:
+        kind = "embeddings" if embeddings else f"chat and completions, {parallel} slot{'s' * (parallel > 1)}"
+        err().print(f"pyllama serve: ready at {address}/v1 - model {settings.alias!r} ({path.name}), "
+                    f"context {engine.n_ctx} tokens per request, {kind}", markup=False, highlight=False)
+
+    def on_failure(_: BaseException) -> None:
+        server.should_exit = True
+
+    engine = make_engine(path, load, embeddings, parallel, kv_unified, on_ready=on_ready, on_failure=on_failure)
+    app = create_app(engine, settings)
+    config = uvicorn.Config(app, log_level="info" if load.verbose else "warning", access_log=load.verbose,
+                            log_config=log_config(), timeout_graceful_shutdown=SHUTDOWN_GRACE_S, lifespan="on")
+    server = server_class()(config)
+    server.on_stop = engine.cancel_all
+    err().print(f"pyllama serve: listening on {address} - loading {path.name} (/health answers 503 until ready)",
+                markup=False, highlight=False)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
+    _raise_for_stop(engine, server, path)
+
+
+def _raise_for_stop(engine: Any, server: Any, path: Path) -> None:
+    """Turn why the server stopped into the command's outcome: a load error, Ctrl-C, or a clean stop."""
+    if engine.error is not None:
+        error = engine.error
+        raise error if isinstance(error, PyllamaError) else ModelLoadError(f"could not load {path.name}: {error}")
+    if server.stop_signal is not None:
+        import signal
+
+        if server.stop_signal == signal.SIGINT:
+            raise Interrupted("pyllama serve: stopped")
+        err().print(f"pyllama serve: stopped ({signal.Signals(server.stop_signal).name})", markup=False,
+                    highlight=False)
+
+
+def log_config() -> dict[str, Any]:
+    """uvicorn's logging setup with the access log on stderr too (uvicorn sends it to stdout)."""
+    import copy
+
+    from uvicorn.config import LOGGING_CONFIG
+
+    config = copy.deepcopy(LOGGING_CONFIG)
+    config["handlers"]["access"]["stream"] = "ext://sys.stderr"
+    return config
+
+
+def server_class() -> type:
+    """uvicorn's Server, with a shutdown that ends every request cleanly and exits 0.
+
+    On SIGTERM or Ctrl-C, running requests get SHUTDOWN_GRACE_S - 1 seconds to finish; then
+    `on_stop` (the engine's cancel_all) ends the rest, so their streams still close with
+    `data: [DONE]` before uvicorn's own deadline would cut the connections. uvicorn re-raises
+    the signal once it has shut down, so the process would die of it (status 143) after a
+    graceful stop; this one does not: a service manager sees 0.
+    """
+    import contextlib
+    import signal
+    import threading
+
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        stop_signal: int | None = None
+        on_stop: Any = None
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            if self.stop_signal is None and self.on_stop is not None:
+                timer = threading.Timer(max(SHUTDOWN_GRACE_S - 1, 0), self.on_stop)
+                timer.daemon = True
+                timer.start()
+            self.stop_signal = self.stop_signal or sig
+            super().handle_exit(sig, frame)
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Any:
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+
+    return Server
