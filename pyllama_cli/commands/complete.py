@@ -74,7 +74,7 @@ def complete(
     Sampling flags, grammars and JSON schemas follow llama.cpp's names and defaults.
     Ctrl-C stops at once, keeps what was printed and exits with 130.
     """
-    from ..core.generate.one_shot import Completion, CompletionRequest, as_typed, read_prompt
+    from ..core.generate.one_shot import OneShot, OneShotRequest, as_typed, read_prompt
     from ..core.interrupt import StopFlag, catch_sigint
 
     if system_prompt is not None and not chat:
@@ -84,13 +84,13 @@ def complete(
     if prompt_cache is not None:
         require_folder(prompt_cache, "the prompt cache")
     unescape = process_text_escapes if escape else as_typed
-    request = CompletionRequest(
+    request = OneShotRequest(
         prompt=read_prompt(prompt, file, unescape), sampling=sampling.settings, n_predict=sampling.n_predict,
         stop=tuple(map(unescape, sampling.stop)), chat=chat, system_prompt=system_prompt, chat_template=chat_template,
         truncate=truncate, prompt_cache=prompt_cache,
     )
     with open_model(model, load, context={}, progress=model_progress()) as session:
-        run = Completion(session.model, session.ctx, request, warn=warn)
+        run = OneShot(session.model, session.ctx, request, warn=warn)
         try:
             interrupted = _stream(run, echo, catch_sigint, StopFlag())
         finally:

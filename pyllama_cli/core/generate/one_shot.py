@@ -24,7 +24,7 @@ from .sampling import SamplingSettings, check_logit_bias
 
 
 @dataclass(frozen=True)
-class CompletionRequest:
+class OneShotRequest:
     prompt: str
     sampling: SamplingSettings
     n_predict: int = -1
@@ -37,7 +37,7 @@ class CompletionRequest:
 
 
 @dataclass
-class CompletionReport:
+class OneShotReport:
     """Everything `--stats` shows once the run is over."""
 
     stats: GenerationStats = field(default_factory=GenerationStats)
@@ -114,7 +114,7 @@ def _read_stdin(even_a_terminal: bool = False) -> str | None:
 # ---------------------------------------------------------------- the run
 
 
-def prompt_text(model: Model, request: CompletionRequest) -> str:
+def prompt_text(model: Model, request: OneShotRequest) -> str:
     """The text the model sees: the prompt itself, or with --chat, one rendered user turn."""
     if not request.chat:
         return request.prompt
@@ -170,16 +170,16 @@ def _room_for(n_prompt: int, n_predict: int) -> int:
     return size
 
 
-class Completion:
+class OneShot:
     """One completion run over a loaded model and a fresh context."""
 
-    def __init__(self, model: Model, ctx: Context, request: CompletionRequest,
+    def __init__(self, model: Model, ctx: Context, request: OneShotRequest,
                  warn: Callable[[str], None] = lambda _: None):
         self.model = model
         self.ctx = ctx
         self.request = request
         self.warn = warn
-        self.report = CompletionReport()
+        self.report = OneShotReport()
         self.generator = Generator(model, ctx)
         self.text = prompt_text(model, request)
         ids = tokenize_prompt(model, self.text)
