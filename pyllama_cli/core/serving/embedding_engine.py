@@ -14,7 +14,7 @@ from ...errors import InputError, Interrupted
 from ..generate.decide import STOP_INTERRUPTED
 from ..generate.stats import GenerationStats
 from ..model.settings import LoadSettings
-from .engine import CLOSED, FAILED, READY, Engine
+from .engine import CLOSED, READY, Engine
 from .jobs import EmbeddingJob, EngineStats, Event, GenerationJob, JobStream, ModelSummary
 
 
@@ -64,11 +64,7 @@ class EmbeddingEngine(Engine):
         if current is not None:
             current.cancel()
         self._jobs.put(None)
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout)
-        if self.state != FAILED:
-            self.state = CLOSED
-        self._free_session(self._thread)
+        self._join_and_free(self._thread, timeout)
 
     # ---- worker thread
 

@@ -11,6 +11,7 @@ metadata, so they run on the caller's thread.
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -176,9 +177,13 @@ class Engine(ABC):
 
         return load_session(ResolvedModel(self.path, (self.path,)), self.settings, context=context)
 
-    def _free_session(self, worker: Any) -> None:
-        """Free the context and model once the worker thread is done with them (vocabulary helpers
-        use the model until the engine closes); a worker still running keeps them."""
+    def _join_and_free(self, worker: Any, timeout: float) -> None:
+        """Wait for the worker thread to stop, mark the engine closed, and free the context and model.
+        A worker still running after `timeout` keeps them (vocabulary helpers use the model until then)."""
+        if worker is not None and worker is not threading.current_thread():
+            worker.join(timeout)
+        if self.state != FAILED:
+            self.state = CLOSED
         if self.session is not None and (worker is None or not worker.is_alive()):
             self.session.close()
 

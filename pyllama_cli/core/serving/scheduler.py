@@ -26,7 +26,7 @@ from typing import Any
 from ...errors import ContextOverflow, InputError
 from ..generate.decide import STOP_INTERRUPTED, Turn, common_prefix, reusable_prefix
 from ..generate.stats import GenerationStats
-from .engine import CLOSED, FAILED, READY, Engine
+from .engine import CLOSED, READY, Engine
 from .jobs import EmbeddingJob, EngineStats, Event, GenerationJob, JobStream, ModelSummary
 from .slots import GENERATING, IDLE, PREFILL, PaddingTrial, Slot
 # How long a step may wait for a request that reached the server but is not submitted yet.
@@ -143,11 +143,7 @@ class ParallelEngine(Engine):
                 if slot.stream is not None:
                     slot.stream.cancel()
             self._cond.notify()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout)
-        if self.state != FAILED:
-            self.state = CLOSED
-        self._free_session(self._thread)
+        self._join_and_free(self._thread, timeout)
 
     # ---------------------------------------------------------------- scheduler thread
 
