@@ -250,6 +250,20 @@ def test_same_top_token_is_the_first_of_a_tie_in_the_base() -> None:
     assert stats.n_same_top == 1
 
 
+@pytest.mark.parametrize(("n_ctx", "n_batch", "n_seq"), [
+    (None, 2048, 4),  # llama-perplexity's context is sized by -c's 512: 2048 / 512 sequences
+    (128, 2048, 5),  # -c 128: 16 sequences, so all 5 chunks in one decode
+    (None, 256, 1),  # 256 / 512 rounds to a single sequence
+])
+def test_kld_evaluates_as_many_chunks_per_decode_as_llama_perplexity(n_ctx: int | None, n_batch: int,
+                                                                     n_seq: int) -> None:
+    from pyllama_cli.core.evaluate.kld import BaseHeader, KldRun
+    from pyllama_cli.core.model.settings import LoadSettings
+
+    header = BaseHeader(Path("base.kld"), 128, 1024, 5, np.zeros(5 * 128, np.int32))
+    assert KldRun.prepare(None, LoadSettings(n_batch=n_batch), header, -1, n_ctx).plan.n_seq == n_seq
+
+
 def test_base_from_another_vocabulary_or_context_is_refused(tiny_model: Path, text_file: Path, tmp_path: Path) -> None:
     from dataclasses import replace
 
@@ -578,8 +592,10 @@ def test_kld_on_a_large_vocabulary_equals_llama_perplexity_s_every_line(wide: tu
         assert made.exit_code == 0, made.stderr
     else:
         theirs(*make, until=("Final estimate",))
-    for model in (q8, f16):  # a quantization, and the model against itself
-        args = ("-m", str(model), "-c", str(N_CTX), "--kl-divergence", "--kl-divergence-base", str(base))
+    # A quantization, and the model against itself; without -c too, where llama-perplexity sizes its
+    # context for 512-token chunks and so evaluates 4 of these 128-token chunks per decode.
+    for model, ctx in ((q8, ("-c", str(N_CTX))), (f16, ("-c", str(N_CTX))), (q8, ())):
+        args = ("-m", str(model), *ctx, "--kl-divergence", "--kl-divergence-base", str(base))
         ours = run_cli("perplexity", *args)
         assert ours.exit_code == 0, ours.stderr
         assert len(ours.stdout.splitlines()) == 46

@@ -180,7 +180,7 @@ def _run_kld(request: ModelRequest, load: LoadSettings, n_ctx: int | None, base:
     resolved, model = open_model(request, load)
     with model:
         kld.check_compatible(header, model.n_vocab, n_ctx)
-        run = kld.KldRun.prepare(model, load, header, chunks)
+        run = kld.KldRun.prepare(model, load, header, chunks, n_ctx)
         info(f"KL divergence: {run.plan.n_chunk} chunks of {header.n_ctx} from {base}")
         rows = []
         if not as_json:

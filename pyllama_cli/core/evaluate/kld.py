@@ -30,6 +30,7 @@ from ..model.native import Model
 from ..paths import atomic_write
 from .kld_stats import MIN_SUMMARY_POSITIONS, TABLE_HEADER, KldStats, format_row, summary_lines
 from .perplexity import (
+    DEFAULT_CHUNK_CTX,
     ChunkLogits,
     ChunkPlan,
     Scratch,
@@ -256,9 +257,18 @@ class KldRun:
     seconds: float = 0.0
 
     @classmethod
-    def prepare(cls, model: Model, settings: LoadSettings, header: BaseHeader, max_chunks: int = -1) -> KldRun:
+    def prepare(cls, model: Model, settings: LoadSettings, header: BaseHeader, max_chunks: int = -1,
+                n_ctx: int | None = None) -> KldRun:
+        """The run over the file's chunks (at most `max_chunks`); `n_ctx` is the -c given, if any.
+
+        llama-perplexity sizes its context by -c (512 when not given) whatever the file's context, with
+        batch_size / -c sequences, and evaluates that many of the file's chunks per decode at most. A
+        file of 128-token chunks read without -c thus goes 4 chunks per decode, not 16: decodes of
+        another size round differently, so the same cap keeps every printed digit its.
+        """
         n_chunk = min(header.n_chunk, max_chunks) if max_chunks > 0 else header.n_chunk
-        return cls(model, settings, header, plan_for(header.n_ctx, n_chunk, settings.n_batch))
+        max_seq = max(1, settings.n_batch // (n_ctx or DEFAULT_CHUNK_CTX))
+        return cls(model, settings, header, plan_for(header.n_ctx, n_chunk, settings.n_batch, max_seq))
 
     def chunks(self) -> Iterator[tuple[int, dict[str, float]]]:
         """Yield (1-based chunk number, running statistics row) as each chunk is compared."""
