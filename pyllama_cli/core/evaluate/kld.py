@@ -9,8 +9,9 @@ The base file keeps llama-perplexity's layout, so files made by either tool work
     row_width(n_vocab) uint16: float32 scale, float32 min_log_prob, n_vocab quantized log-probs
     (padded to an even count), log p = scale * q + min_log_prob.
 
-Log-probs more than 16 nats below the top one are stored as the floor, which the statistics
-treat as zero probability. All integers are little-endian.
+Log-probs more than 16 nats below the top one are stored as the floor. The statistics (kld_stats.py)
+take the rows as stored, as llama-perplexity does: a log-prob of -16 or below counts as zero
+probability. All integers are little-endian.
 """
 
 from __future__ import annotations

@@ -10,9 +10,9 @@ step as llama-perplexity does, in the same precisions (float, with sums in doubl
 The base is *not* renormalized. A token whose stored log-prob is -16 or less counts as zero
 probability, and the rest keep the probabilities the file gives them, which then sum to a little under
 1. On a large vocabulary with a peaked distribution that missing mass is not small (a few 1e-4 with
-262,144 tokens), and each position's KLD is short of it: the figures are llama-perplexity's, the ones
+262,144 tokens), and each position's sum leaves those tokens out: the figures are llama-perplexity's, the ones
 published quantization tables hold, rather than the divergence of the true distributions. For the same
-reason a model compared with itself gives values a few 1e-7 either side of 0, not exactly 0.
+reason a model compared with itself gives small values either side of 0, not exactly 0.
 
 "Same top p" counts positions where the first token of highest logit is also the first token of highest
 stored log-prob (a tie in the 16-bit base goes to the lower id, as in llama-perplexity); Δp is the
