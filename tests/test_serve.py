@@ -786,3 +786,45 @@ def test_logit_bias_keys_are_plain_token_ids(server: Server) -> None:
     for key in ("1_0", " 10", "\u0661\u0660"):  # int() reads each as 10
         error = _error(_post(server, "/v1/completions", {"prompt": "hi", "max_tokens": 1, "logit_bias": {key: 1}}), 400)
         assert error["message"] == f"logit_bias: {json.dumps(key)} is not a token id"
+
+
+# ---------------------------------------------------------------- /tokenize and /apply-template, as llama-server answers
+
+# (content, add_special, parse_special) -> the ids llama-server gives for TINY (<s> is BOS, id 1).
+TOKENIZE_CASES = {
+    ("<s>hello", True, True): [1, 1, 263],  # the BOS add_special adds, then the one the text writes
+    ("<s>hello", False, True): [1, 263],
+    ("<s>hello", True, False): [1, 739, 378, 674, 392, 598, 814],  # "<s>" as text: " <", "s", ">", ...
+    ("<s>hello", False, False): [739, 378, 674, 392, 598, 814],
+    ("hello", True, True): [1, 263],
+    ("hello", False, True): [263],
+    ("hello", True, False): [1, 263],
+    ("hello", False, False): [263],
+}
+# "<s>héllo 😀 \x01" with add_special: text pieces are strings, a piece that is not whole UTF-8 the list
+# of its bytes (é and 😀 are split into byte tokens by this vocabulary).
+PIECES = [{"id": 1, "piece": "<s>"}, {"id": 1, "piece": "<s>"}, {"id": 411, "piece": " h"}, {"id": 198, "piece": [195]},
+          {"id": 172, "piece": [169]}, {"id": 598, "piece": "l"}, {"id": 814, "piece": "lo"}, {"id": 261, "piece": " "},
+          {"id": 243, "piece": [240]}, {"id": 162, "piece": [159]}, {"id": 155, "piece": [152]},
+          {"id": 131, "piece": [128]}, {"id": 261, "piece": " "}, {"id": 4, "piece": "\x01"}]
+
+
+def test_tokenize_gives_llama_cpp_s_tokens_without_dropping_a_bos(server: Server) -> None:
+    for (content, add_special, parse_special), ids in TOKENIZE_CASES.items():
+        body = {"content": content, "add_special": add_special, "parse_special": parse_special}
+        assert httpx.post(f"{server.url}/tokenize", json=body).json() == {"tokens": ids}, body
+    assert httpx.post(f"{server.url}/tokenize", json={"content": "hello"}).json() == {"tokens": [263]}
+    body = {"content": "<s>héllo 😀 \x01", "add_special": True, "with_pieces": True}
+    assert httpx.post(f"{server.url}/tokenize", json=body).json() == {"tokens": PIECES}
+
+
+@pytest.mark.parametrize(("piece", "shaped"), [
+    (b" hello", " hello"), (b"\xc3", [195]), (b"\xf0\x9f\x98", [240, 159, 152]), (b"\x80", [128]),
+    # llama-server's check sees only lead and continuation bytes: a UTF-16 surrogate passes it, and its
+    # JSON writer replaces each byte it cannot encode.
+    (b"\xed\xa0\x80", "\ufffd\ufffd\ufffd"),
+])
+def test_pieces_are_shaped_as_llama_server_shapes_them(piece: bytes, shaped: object) -> None:
+    from pyllama_cli.server.app import _piece
+
+    assert _piece(piece) == shaped

@@ -101,12 +101,15 @@ class Engine(ABC):
             raise ContextOverflow(f"the prompt has {n_prompt} tokens but the context holds {self.n_ctx}",
                                   hint="shorten the prompt, or restart the server with a larger -c/--ctx-size")
 
-    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True,
+                 dedupe_bos: bool = True) -> list[int]:
+        """Token ids of `text`. With `dedupe_bos` (for prompts), a BOS that the vocab adds in front of
+        a BOS the text writes is dropped; without it, the ids are llama.cpp's tokenizer's exactly."""
         ids = [int(t) for t in self.model.tokenize(text.encode("utf-8"), add_special=add_special,
                                                     parse_special=parse_special)]
-        # A template that writes BOS itself, tokenized with add_special, would start with two.
+        # A prompt that writes BOS itself, tokenized with add_special, would start with two.
         bos = self.model.bos
-        if len(ids) >= 2 and ids[0] == ids[1] == bos:
+        if dedupe_bos and len(ids) >= 2 and ids[0] == ids[1] == bos:
             ids = ids[1:]
         return ids
 
