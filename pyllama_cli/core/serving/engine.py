@@ -134,10 +134,15 @@ class Engine(ABC):
 
     def render_chat(self, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None,
                     template: str | None = None, add_generation_prompt: bool = True) -> str:
-        from ..text.chat_template import render_chat
+        """The prompt a chat template makes of `messages`, as llama-server makes it: a leading BOS text
+        (or trailing EOS text) that tokenizing adds anyway is dropped, as its Jinja path drops it; a
+        built-in template's leading BOS text always, as llama.cpp's built-ins never write one."""
+        from ..text.chat_template import BUILTIN_TEMPLATES, render_chat
+        from ..text.tokenizer import drop_added_specials
 
-        return render_chat(self.model, messages, template=template, add_generation_prompt=add_generation_prompt,
-                           tools=tools)
+        prompt = render_chat(self.model, messages, template=template, add_generation_prompt=add_generation_prompt,
+                             tools=tools)
+        return drop_added_specials(self.model, prompt, builtin_template=template in BUILTIN_TEMPLATES)
 
     def is_eog(self, token: int) -> bool:
         return self.model.is_eog(token)
