@@ -871,10 +871,10 @@ def test_pieces_are_shaped_as_llama_server_shapes_them(piece: bytes, shaped: obj
     ("no-bos", "llama3", ["<|start_header_id|>user<|end_header_id|>\n\nhello<|eot_id|>"
                           "<|start_header_id|>assistant<|end_header_id|>\n\n"]),
     # A Jinja template's BOS text goes only when the vocabulary adds BOS itself.
-    ("tiny", BOS_TEMPLATE, ["<user>hello</user><assistant>",
-                            "<system>Be brief.</system><user>hello</user><assistant>hi there</assistant>"
-                            "<user>bye</user><assistant>"]),
-    ("no-bos", BOS_TEMPLATE, ["<s><user>hello</user><assistant>"]),
+    pytest.param("tiny", BOS_TEMPLATE, ["<user>hello</user><assistant>",
+                                        "<system>Be brief.</system><user>hello</user><assistant>hi there</assistant>"
+                                        "<user>bye</user><assistant>"], id="tiny-bos_token-jinja"),
+    pytest.param("no-bos", BOS_TEMPLATE, ["<s><user>hello</user><assistant>"], id="no-bos-bos_token-jinja"),
 ])
 def test_apply_template_drops_the_bos_text_where_llama_server_does(tiny_model: Path, no_bos_model: Path, model: str,
                                                                    template: str, prompts: list[str]) -> None:
@@ -938,8 +938,8 @@ def test_tokenize_equals_llama_server_s(tiny_model: Path, server: Server, tmp_pa
 @reference
 @pytest.mark.parametrize(("model", "template", "n_conversations"), [
     ("tiny", None, 2),  # the model's own (ChatML) template, through llama-server's Jinja path
-    ("tiny", BOS_TEMPLATE, 2),  # a Jinja template that writes BOS
-    ("no-bos", BOS_TEMPLATE, 2),
+    pytest.param("tiny", BOS_TEMPLATE, 2, id="tiny-bos_token-jinja"),  # a Jinja template that writes BOS
+    pytest.param("no-bos", BOS_TEMPLATE, 2, id="no-bos-bos_token-jinja"),
     # Built-in templates, which llama-server renders without Jinja.
     ("tiny", "chatml", 2), ("tiny", "llama3", 2), ("tiny", "gemma", 2), ("tiny", "phi3", 2), ("no-bos", "llama3", 2),
     # One turn only: pyllama's llama2 writes Llama 2's <<SYS>> block and a BOS before each later turn,
