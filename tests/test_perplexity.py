@@ -17,7 +17,15 @@ import numpy as np
 import pytest
 
 from pyllama_cli.core.evaluate import multiple_choice as mc
-from tests.fixtures.make_gguf import _COMMON_WORDS, TINY, write_llama_gguf, write_quantized
+from tests.fixtures.make_gguf import (
+    _COMMON_WORDS,
+    TINY,
+    WIDE,
+    WORD_BOUNDARY,
+    build_vocab,
+    write_llama_gguf,
+    write_quantized,
+)
 from tests.helpers import run_cli
 
 N_CTX = 128
@@ -167,13 +175,17 @@ def test_base_file_records_tokens_context_and_vocab(tiny_model: Path, text_file:
     assert len(data) == 20 + 4 * 2 * N_CTX + 2 * 2 * 63 * (1024 + 4)
 
 
-def test_kld_of_a_model_against_itself_is_zero(tiny_model: Path, text_file: Path, tmp_path: Path) -> None:
+def test_kld_of_a_model_against_itself_is_zero_to_the_printed_digits(tiny_model: Path, text_file: Path,
+                                                                     tmp_path: Path) -> None:
     base = tmp_path / "base.kld"
     assert save_base(tiny_model, text_file, base).exit_code == 0
     result = ppl(tiny_model, "--kl-divergence", "--kl-divergence-base", str(base), "--json")
     assert result.exit_code == 0, result.stderr
     summary = json.loads(result.stdout)["summary"]
-    assert abs(summary["kld"]["mean"]) < 1e-5 and abs(summary["kld"]["max"]) < 1e-5
+    # As in llama-perplexity, the 16-bit rounding of the stored base leaves each position's value a
+    # little either side of 0 (the base is not renormalized).
+    kld = summary["kld"]
+    assert abs(kld["mean"]) < 1e-7 and -1e-5 < kld["min"] < 0 < kld["max"] < 1e-5
     assert summary["same_top"]["p"] == 1.0
     assert summary["count"]["positions"] == 5 * 63
     text = ppl(tiny_model, "--kl-divergence", "--kl-divergence-base", str(base)).stdout.splitlines()
@@ -199,6 +211,57 @@ def test_kld_of_q4_0_against_its_f16_base_is_positive(quantized: tuple[Path, Pat
     assert [line.split(":")[0] for line in lines if "KLD:" in line] == [
         "Mean    KLD", "Maximum KLD", "99.9%   KLD", "99.0%   KLD", "95.0%   KLD", "90.0%   KLD", "Median  KLD",
         "10.0%   KLD", " 5.0%   KLD", " 1.0%   KLD", " 0.1%   KLD", "Minimum KLD"]
+
+
+def test_kld_takes_the_stored_base_as_it_is_not_renormalized() -> None:
+    from pyllama_cli.core.evaluate.kld import quantize_log_probs, row_width
+    from pyllama_cli.core.evaluate.kld_stats import KldStats
+
+    rng = np.random.default_rng(3)
+    n_rows, n_vocab = 8, 20000
+    base_logits = (4 * rng.standard_normal((n_rows, n_vocab))).astype(np.float32)  # peaked, as WIDE's
+    logits = base_logits + (0.05 * rng.standard_normal((n_rows, n_vocab))).astype(np.float32)
+    rows = quantize_log_probs(base_logits, row_width(n_vocab))
+    scale, min_log_prob = np.ascontiguousarray(rows[:, :4]).view("<f4").T
+    stats = KldStats()
+    stats.add_chunk(logits, np.zeros(n_rows, np.int64), (scale, min_log_prob, rows[:, 4:4 + n_vocab]))
+    log_p = scale[:, None].astype(np.float64) * rows[:, 4:4 + n_vocab] + min_log_prob[:, None]
+    p = np.where(log_p > -16, np.exp(log_p), 0.0)  # the tokens at -16 or below count as zero
+    log_q = log_softmax(logits)
+    expected = (p * (log_p - log_q)).sum(axis=1)
+    assert np.concatenate(stats.kld_values) == pytest.approx(expected, abs=1e-6)
+    # Renormalizing the kept mass would add about the mass lost below -16 to every position.
+    mass = p.sum(axis=1)
+    renormalized = (p * (log_p - log_q)).sum(axis=1) / mass - np.log(mass)
+    assert np.all(renormalized - expected > 1e-4)
+
+
+def test_same_top_token_is_the_first_of_a_tie_in_the_base() -> None:
+    from pyllama_cli.core.evaluate.kld import quantize_log_probs, row_width
+    from pyllama_cli.core.evaluate.kld_stats import KldStats
+
+    base_logits = np.array([[0.0, 5.0, 5.0, 1.0], [0.0, 5.0, 5.0, 1.0]], np.float32)  # tokens 1 and 2 tie
+    logits = np.array([[0.0, 4.9, 5.0, 1.0], [0.0, 5.0, 4.9, 1.0]], np.float32)
+    rows = quantize_log_probs(base_logits, row_width(4))
+    scale, min_log_prob = np.ascontiguousarray(rows[:, :4]).view("<f4").T
+    stats = KldStats()
+    stats.add_chunk(logits, np.zeros(2, np.int64), (scale, min_log_prob, rows[:, 4:8]))
+    # The base's top is token 1 (the first of the tie), as in llama-perplexity: only row 2 agrees.
+    assert stats.n_same_top == 1
+
+
+@pytest.mark.parametrize(("n_ctx", "n_batch", "n_seq"), [
+    (None, 2048, 4),  # llama-perplexity's context is sized by -c's 512: 2048 / 512 sequences
+    (128, 2048, 5),  # -c 128: 16 sequences, so all 5 chunks in one decode
+    (None, 256, 1),  # 256 / 512 rounds to a single sequence
+])
+def test_kld_evaluates_as_many_chunks_per_decode_as_llama_perplexity(n_ctx: int | None, n_batch: int,
+                                                                     n_seq: int) -> None:
+    from pyllama_cli.core.evaluate.kld import BaseHeader, KldRun
+    from pyllama_cli.core.model.settings import LoadSettings
+
+    header = BaseHeader(Path("base.kld"), 128, 1024, 5, np.zeros(5 * 128, np.int32))
+    assert KldRun.prepare(None, LoadSettings(n_batch=n_batch), header, -1, n_ctx).plan.n_seq == n_seq
 
 
 def test_base_from_another_vocabulary_or_context_is_refused(tiny_model: Path, text_file: Path, tmp_path: Path) -> None:
@@ -301,6 +364,60 @@ def test_corrupt_base_file_is_one_line_error(tiny_model: Path, small_base: bytes
     assert result.exit_code == 1
     assert result.stderr.splitlines()[-2:] == [f"Error: {base} {message}", "Hint: make the base file again"]
     assert "Traceback" not in result.stderr and "Warning" not in result.stderr
+
+
+# ---------------------------------------------------------------- KL divergence on a real vocabulary size
+
+
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    """WIDE (32,000 tokens, peaked distributions) in F16 and Q8_0, and 700 words it finds likely
+    (5 chunks of 128 tokens)."""
+    folder = tmp_path_factory.mktemp("wide")
+    f16 = write_llama_gguf(folder / "f16.gguf", WIDE)
+    q8 = write_quantized(f16, folder / "q8_0.gguf", "Q8_0")
+    text = folder / "text.txt"
+    text.write_text(likely_words(f16, 700) + "\n")
+    return f16, q8, text
+
+
+def likely_words(model: Path, n_words: int, seed: int = 1) -> str:
+    """Words the model draws itself, one at a time from its next-token distribution over the tokens
+    that are a word on their own (so the text tokenizes back to exactly the drawn tokens): its PPL and
+    Δp are those of a model on text it predicts, not of noise it gives a probability of 1e-7."""
+    import llama_cpp
+
+    pieces = build_vocab(WIDE)[0]
+    llm = llama_cpp.Llama(str(model), n_ctx=n_words + 1, n_threads=1, verbose=False)
+    words = np.array([i for i, piece in enumerate(pieces) if piece.startswith(WORD_BOUNDARY) and piece[1:].isalpha()
+                      and llm.tokenize(piece[1:].encode(), add_bos=False) == [i]])
+    rng = np.random.default_rng(seed)
+    drawn: list[int] = []
+    llm.eval([llm.token_bos()])
+    for _ in range(n_words):
+        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits(llm.ctx), shape=(llm.n_vocab(),))
+        weights = np.exp(logits[words].astype(np.float64) - logits[words].max())
+        drawn.append(int(words[rng.choice(len(words), p=weights / weights.sum())]))
+        llm.eval([drawn[-1]])
+    text = "".join(pieces[t] for t in drawn).replace(WORD_BOUNDARY, " ")[1:]
+    assert llm.tokenize(text.encode(), add_bos=False) == drawn
+    return text
+
+
+def test_kld_of_a_model_against_itself_on_a_large_vocabulary_is_near_zero(wide: tuple[Path, Path, Path],
+                                                                          tmp_path: Path) -> None:
+    f16, _, text = wide
+    base = tmp_path / "base.kld"
+    assert save_base(f16, text, base).exit_code == 0
+    result = ppl(f16, "--kl-divergence", "--kl-divergence-base", str(base), "--json")
+    assert result.exit_code == 0, result.stderr
+    summary = json.loads(result.stdout)["summary"]
+    # The divergence of the stored base as it is, as llama-perplexity takes it. Renormalized, it was
+    # 0.000385 here: the probability mass of the tokens below -16, which is no divergence at all.
+    kld = summary["kld"]
+    assert abs(kld["mean"]) < 1e-6 and -1e-4 < kld["min"] < 0 < kld["max"] < 1e-4
+    assert summary["count"]["positions"] == 5 * 63
+    assert 100 < summary["perplexity"]["ppl"] < 1000  # the text is one the model predicts
 
 
 # ---------------------------------------------------------------- HellaSwag and Winogrande
@@ -440,19 +557,49 @@ def test_same_figures_as_llama_perplexity(tiny_model: Path, text_file: Path, tmp
     assert (tmp_path / "ours.kld").read_bytes() == (tmp_path / "theirs.kld").read_bytes()
 
 
+def kld_output(output: str) -> list[str]:
+    """llama-perplexity's KL-divergence lines: its table, from the header, to the "Same top p" line."""
+    lines = output.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("chunk "))
+    end = next(i for i, line in enumerate(lines) if line.startswith("Same top p:"))
+    return lines[start:end + 1]
+
+
 @pytest.mark.reference
 @reference
-def test_same_kld_table_as_llama_perplexity(quantized: tuple[Path, Path], text_file: Path, tmp_path: Path) -> None:
+def test_same_kld_table_and_summary_as_llama_perplexity(quantized: tuple[Path, Path], text_file: Path,
+                                                        tmp_path: Path) -> None:
     f16, q4 = quantized
     base = tmp_path / "f16.kld"
     theirs("-m", str(f16), "-f", str(text_file), "-c", str(N_CTX), "--kl-divergence-base", str(base),
            until=("Final estimate",))
     args = ("-m", str(q4), "-c", str(N_CTX), "--kl-divergence", "--kl-divergence-base", str(base))
-    ours = run_cli("perplexity", *args).stdout.splitlines()
-    ref = theirs(*args, until=(ours[5], ours[-1]))
-    assert ours[0] in ref and ours[1:6] == [line for line in ref.splitlines() if line[:4] in ("   1", "   2", "   3",
-                                                                                                "   4", "   5")]
-    assert "Same top p" in ours[-1] and ours[-1] in ref
+    ours = run_cli("perplexity", *args)
+    assert ours.exit_code == 0, ours.stderr
+    assert ours.stdout.splitlines() == kld_output(theirs(*args, until=("Same top p:",)))
+
+
+@pytest.mark.reference
+@reference
+@pytest.mark.parametrize("maker", ["pyllama", "llama-perplexity"])
+def test_kld_on_a_large_vocabulary_equals_llama_perplexity_s_every_line(wide: tuple[Path, Path, Path],
+                                                                       tmp_path: Path, maker: str) -> None:
+    f16, q8, text = wide
+    base = tmp_path / "base.kld"
+    make = ("-m", str(f16), "-f", str(text), "-c", str(N_CTX), "--kl-divergence-base", str(base))
+    if maker == "pyllama":
+        made = run_cli("perplexity", *make)
+        assert made.exit_code == 0, made.stderr
+    else:
+        theirs(*make, until=("Final estimate",))
+    # A quantization, and the model against itself; without -c too, where llama-perplexity sizes its
+    # context for 512-token chunks and so evaluates 4 of these 128-token chunks per decode.
+    for model, ctx in ((q8, ("-c", str(N_CTX))), (f16, ("-c", str(N_CTX))), (q8, ())):
+        args = ("-m", str(model), *ctx, "--kl-divergence", "--kl-divergence-base", str(base))
+        ours = run_cli("perplexity", *args)
+        assert ours.exit_code == 0, ours.stderr
+        assert len(ours.stdout.splitlines()) == 46
+        assert ours.stdout.splitlines() == kld_output(theirs(*args, until=("Same top p:",)))
 
 
 @pytest.mark.reference

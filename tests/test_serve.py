@@ -13,8 +13,10 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -786,3 +788,176 @@ def test_logit_bias_keys_are_plain_token_ids(server: Server) -> None:
     for key in ("1_0", " 10", "\u0661\u0660"):  # int() reads each as 10
         error = _error(_post(server, "/v1/completions", {"prompt": "hi", "max_tokens": 1, "logit_bias": {key: 1}}), 400)
         assert error["message"] == f"logit_bias: {json.dumps(key)} is not a token id"
+
+
+# ---------------------------------------------------------------- /tokenize and /apply-template, as llama-server answers
+
+# A Jinja template that writes BOS itself, as many models' own templates do.
+BOS_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<{{ m.role }}>{{ m.content }}</{{ m.role }}>{% endfor %}"
+                "{% if add_generation_prompt %}<assistant>{% endif %}")
+CONVERSATION = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hello"},
+                {"role": "assistant", "content": "hi there"}, {"role": "user", "content": "bye"}]
+# (content, add_special, parse_special) -> the ids llama-server gives for TINY (<s> is BOS, id 1).
+TOKENIZE_CASES = {
+    ("<s>hello", True, True): [1, 1, 263],  # the BOS add_special adds, then the one the text writes
+    ("<s>hello", False, True): [1, 263],
+    ("<s>hello", True, False): [1, 739, 378, 674, 392, 598, 814],  # "<s>" as text: " <", "s", ">", ...
+    ("<s>hello", False, False): [739, 378, 674, 392, 598, 814],
+    ("hello", True, True): [1, 263],
+    ("hello", False, True): [263],
+    ("hello", True, False): [1, 263],
+    ("hello", False, False): [263],
+}
+# "<s>héllo 😀 \x01" with add_special: text pieces are strings, a piece that is not whole UTF-8 the list
+# of its bytes (é and 😀 are split into byte tokens by this vocabulary).
+PIECES = [{"id": 1, "piece": "<s>"}, {"id": 1, "piece": "<s>"}, {"id": 411, "piece": " h"}, {"id": 198, "piece": [195]},
+          {"id": 172, "piece": [169]}, {"id": 598, "piece": "l"}, {"id": 814, "piece": "lo"}, {"id": 261, "piece": " "},
+          {"id": 243, "piece": [240]}, {"id": 162, "piece": [159]}, {"id": 155, "piece": [152]},
+          {"id": 131, "piece": [128]}, {"id": 261, "piece": " "}, {"id": 4, "piece": "\x01"}]
+
+
+@pytest.fixture(scope="session")
+def no_bos_model(models_dir: Path) -> Path:
+    """TINY with a vocabulary that does not add BOS."""
+    return write_llama_gguf(models_dir / "tiny-no-bos.gguf", replace(TINY, add_bos=False))
+
+
+@contextmanager
+def _in_process(model: Path, template: str | None) -> Iterator[Any]:
+    """A TestClient of `pyllama serve -m MODEL --chat-template TEMPLATE`, once the model is loaded."""
+    from fastapi.testclient import TestClient
+
+    from pyllama_cli.core.model.settings import LoadSettings
+    from pyllama_cli.core.serving.scheduler import ParallelEngine
+    from pyllama_cli.server.app import create_app
+    from pyllama_cli.server.settings import ServerSettings
+
+    engine = ParallelEngine(model, LoadSettings(n_ctx=512, n_threads=1))
+    with TestClient(create_app(engine, ServerSettings(alias="tiny", chat_template=template))) as client:
+        deadline = time.monotonic() + 60
+        while client.get("/health").status_code != 200:
+            assert time.monotonic() < deadline, "the model did not load"
+            time.sleep(0.02)
+        yield client
+
+
+def test_tokenize_gives_llama_cpp_s_tokens_without_dropping_a_bos(server: Server) -> None:
+    for (content, add_special, parse_special), ids in TOKENIZE_CASES.items():
+        body = {"content": content, "add_special": add_special, "parse_special": parse_special}
+        assert httpx.post(f"{server.url}/tokenize", json=body).json() == {"tokens": ids}, body
+    assert httpx.post(f"{server.url}/tokenize", json={"content": "hello"}).json() == {"tokens": [263]}
+    body = {"content": "<s>héllo 😀 \x01", "add_special": True, "with_pieces": True}
+    assert httpx.post(f"{server.url}/tokenize", json=body).json() == {"tokens": PIECES}
+
+
+@pytest.mark.parametrize(("piece", "shaped"), [
+    (b" hello", " hello"), (b"\xc3", [195]), (b"\xf0\x9f\x98", [240, 159, 152]), (b"\x80", [128]),
+    # llama-server's check sees only lead and continuation bytes: a UTF-16 surrogate passes it, and its
+    # JSON writer replaces each byte it cannot encode.
+    (b"\xed\xa0\x80", "\ufffd\ufffd\ufffd"),
+])
+def test_pieces_are_shaped_as_llama_server_shapes_them(piece: bytes, shaped: object) -> None:
+    from pyllama_cli.server.app import _piece
+
+    assert _piece(piece) == shaped
+
+
+@pytest.mark.parametrize(("model", "template", "prompts"), [
+    # Built-in templates: llama.cpp's never write BOS (the tokenizer adds it, or nothing does).
+    ("tiny", "llama3", ["<|start_header_id|>user<|end_header_id|>\n\nhello<|eot_id|>"
+                        "<|start_header_id|>assistant<|end_header_id|>\n\n"]),
+    ("tiny", "gemma", ["<start_of_turn>user\nhello<end_of_turn>\n<start_of_turn>model\n"]),
+    ("tiny", "llama2", ["[INST] hello [/INST]"]),
+    ("no-bos", "llama3", ["<|start_header_id|>user<|end_header_id|>\n\nhello<|eot_id|>"
+                          "<|start_header_id|>assistant<|end_header_id|>\n\n"]),
+    # A Jinja template's BOS text goes only when the vocabulary adds BOS itself.
+    pytest.param("tiny", BOS_TEMPLATE, ["<user>hello</user><assistant>",
+                                        "<system>Be brief.</system><user>hello</user><assistant>hi there</assistant>"
+                                        "<user>bye</user><assistant>"], id="tiny-bos_token-jinja"),
+    pytest.param("no-bos", BOS_TEMPLATE, ["<s><user>hello</user><assistant>"], id="no-bos-bos_token-jinja"),
+])
+def test_apply_template_drops_the_bos_text_where_llama_server_does(tiny_model: Path, no_bos_model: Path, model: str,
+                                                                   template: str, prompts: list[str]) -> None:
+    with _in_process(tiny_model if model == "tiny" else no_bos_model, template) as client:
+        for messages, prompt in zip((HELLO, CONVERSATION), prompts):
+            assert client.post("/apply-template", json={"messages": messages}).json() == {"prompt": prompt}
+        # A chat is fed the prompt with one BOS, the one the vocabulary adds (if it does).
+        n_prompt = len(client.post("/tokenize", json={"content": prompts[0], "add_special": True}).json()["tokens"])
+        answer = client.post("/v1/chat/completions", json={"messages": HELLO, "max_tokens": 1}).json()
+        assert answer["usage"]["prompt_tokens"] == n_prompt
+
+
+# ---------------------------------------------------------------- against llama-server itself
+
+LLAMA_SERVER = Path(os.environ.get("LLAMA_CPP_BIN", "/nonexistent")) / "llama-server"
+reference = pytest.mark.skipif(not LLAMA_SERVER.is_file(), reason="set LLAMA_CPP_BIN to a folder with llama-server")
+
+
+@contextmanager
+def _llama_server(model: Path, log: Path, *args: str) -> Iterator[str]:
+    """llama-server for `model` on 127.0.0.1 (a free port), once it answers /health: its URL."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with open(log, "wb") as sink:
+        proc = subprocess.Popen([str(LLAMA_SERVER), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
+                                 "-c", "512", "-t", "1", *args], stdout=subprocess.DEVNULL, stderr=sink)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text(errors="replace")[-2000:]
+            try:
+                if httpx.get(f"{url}/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
+
+
+@pytest.mark.reference
+@reference
+def test_tokenize_equals_llama_server_s(tiny_model: Path, server: Server, tmp_path: Path) -> None:
+    bodies = [{"content": content, "add_special": add, "parse_special": parse}
+              for content in ("<s>hello", "<s><s>hello", "hello", "<s>", "", "<|im_start|>hello")
+              for add in (True, False) for parse in (True, False)]
+    bodies += [{"content": "hello"}, {"content": "<s>hello"},
+               {"content": "<s>héllo 😀 \x01", "add_special": True, "with_pieces": True},
+               {"content": "<s>héllo 😀 \x01", "parse_special": False, "with_pieces": True}]
+    with _llama_server(tiny_model, tmp_path / "llama-server.log") as url:
+        for body in bodies:
+            theirs = httpx.post(f"{url}/tokenize", json=body).json()
+            assert httpx.post(f"{server.url}/tokenize", json=body).json() == theirs, body
+
+
+@pytest.mark.reference
+@reference
+@pytest.mark.parametrize(("model", "template", "n_conversations"), [
+    ("tiny", None, 2),  # the model's own (ChatML) template, through llama-server's Jinja path
+    pytest.param("tiny", BOS_TEMPLATE, 2, id="tiny-bos_token-jinja"),  # a Jinja template that writes BOS
+    pytest.param("no-bos", BOS_TEMPLATE, 2, id="no-bos-bos_token-jinja"),
+    # Built-in templates, which llama-server renders without Jinja.
+    ("tiny", "chatml", 2), ("tiny", "llama3", 2), ("tiny", "gemma", 2), ("tiny", "phi3", 2), ("no-bos", "llama3", 2),
+    # One turn only: pyllama's llama2 writes Llama 2's <<SYS>> block and a BOS before each later turn,
+    # llama.cpp's "llama2" neither (its "llama2-sys-bos" does both, with other spacing).
+    ("tiny", "llama2", 1),
+])
+def test_apply_template_equals_llama_server_s(tiny_model: Path, no_bos_model: Path, tmp_path: Path, model: str,
+                                              template: str | None, n_conversations: int) -> None:
+    path = tiny_model if model == "tiny" else no_bos_model
+    if template is None:
+        args: tuple[str, ...] = ()
+    elif template == BOS_TEMPLATE:
+        (tmp_path / "bos.jinja").write_text(template)
+        args = ("--chat-template-file", str(tmp_path / "bos.jinja"))
+    else:
+        args = ("--no-jinja", "--chat-template", template)
+    conversations = [HELLO, CONVERSATION][:n_conversations]
+    with _llama_server(path, tmp_path / "llama-server.log", *args) as url:
+        theirs = [httpx.post(f"{url}/apply-template", json={"messages": m}).json() for m in conversations]
+    with _in_process(path, template) as client:
+        assert [client.post("/apply-template", json={"messages": m}).json() for m in conversations] == theirs

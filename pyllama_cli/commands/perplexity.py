@@ -131,7 +131,7 @@ def _run_kld(request: ModelRequest, load: LoadSettings, ev: modes.Evaluation, as
     header = kld.read_base_header(ev.base)
     with open_model(request, load, progress=model_progress()) as session:
         kld.check_compatible(header, session.model.n_vocab, ev.n_ctx)
-        run = kld.KldRun.prepare(session.model, load, header, ev.chunks)
+        run = kld.KldRun.prepare(session.model, load, header, ev.chunks, ev.n_ctx)
         info(f"KL divergence: {run.plan.n_chunk} chunks of {header.n_ctx} from {ev.base}")
         rows = []
         if not as_json:

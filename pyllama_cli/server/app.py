@@ -203,8 +203,10 @@ def _add_utility_routes(app: FastAPI, engine: Engine, settings: ServerSettings) 
     async def tokenize(body: TokenizeRequest) -> Any:
         """Token ids of `content` (with `with_pieces`, each id with its text)."""
         _ready(engine)
+        # What llama.cpp's tokenizer gives, as llama-server reports it: a BOS the text writes stays
+        # after the one add_special adds.
         ids = await run_in_threadpool(engine.tokenize, body.content, add_special=body.add_special,
-                                      parse_special=body.parse_special)
+                                      parse_special=body.parse_special, dedupe_bos=False)
         if not body.with_pieces:
             return {"tokens": ids}
         return {"tokens": [{"id": t, "piece": _piece(engine.piece(t))} for t in ids]}
@@ -262,10 +264,24 @@ def _encode(vector: np.ndarray, encoding: str) -> Any:
 
 
 def _piece(data: bytes) -> str | list[int]:
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        return list(data)
+    """A token's text as llama-server shapes it: a string when its bytes pass llama-server's UTF-8
+    check, else the list of byte values. That check looks only at lead and continuation bytes, so it
+    passes what Unicode forbids (a surrogate, an overlong form); its JSON writer then puts U+FFFD for
+    what it cannot encode, as errors="replace" does."""
+    return data.decode("utf-8", errors="replace") if _utf8_shaped(data) else list(data)
+
+
+def _utf8_shaped(data: bytes) -> bool:
+    """Whether every byte sequence in `data` has a lead byte and as many continuation bytes as it says."""
+    i, n = 0, len(data)
+    while i < n:
+        lead = data[i]
+        size = 1 if lead < 0x80 else 2 if lead & 0xE0 == 0xC0 else 3 if lead & 0xF0 == 0xE0 else \
+            4 if lead & 0xF8 == 0xF0 else 0
+        if size == 0 or i + size > n or any(b & 0xC0 != 0x80 for b in data[i + 1:i + size]):
+            return False
+        i += size
+    return True
 
 
 def _default_params(settings: ServerSettings) -> dict[str, Any]:

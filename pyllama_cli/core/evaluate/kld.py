@@ -1,4 +1,4 @@
-"""KL divergence against a base model: the base file of log-probabilities, the run and its printout.
+"""KL divergence against a base model: the base file of log-probabilities and the statistics.
 
 The base file keeps llama-perplexity's layout, so files made by either tool work with both:
 
@@ -9,8 +9,9 @@ The base file keeps llama-perplexity's layout, so files made by either tool work
     row_width(n_vocab) uint16: float32 scale, float32 min_log_prob, n_vocab quantized log-probs
     (padded to an even count), log p = scale * q + min_log_prob.
 
-Log-probs more than 16 nats below the top one are stored as the floor, which the statistics
-treat as zero probability. All integers are little-endian. The statistics are in `kld_stats`.
+Log-probs more than 16 nats below the top one are stored as the floor. The statistics (kld_stats.py)
+take the rows as stored, as llama-perplexity does: a log-prob of -16 or below counts as zero
+probability. All integers are little-endian.
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ import numpy as np
 from ...errors import InputError, UsageError
 from ..model.native import Model
 from ..paths import atomic_write
-from .kld_stats import DELTA_P_LEVELS, KLD_LEVELS, LOG_PROB_RANGE, KldStats
+from .kld_stats import MIN_SUMMARY_POSITIONS, TABLE_HEADER, KldStats, format_row, summary_lines
 from .perplexity import (
+    DEFAULT_CHUNK_CTX,
     ChunkLogits,
     ChunkPlan,
     Scratch,
@@ -41,11 +43,12 @@ from .perplexity import (
 )
 from ..model.settings import LoadSettings
 
+__all__ = ["MIN_SUMMARY_POSITIONS", "TABLE_HEADER", "KldRun", "KldStats", "format_row", "summary_lines"]
+
 MAGIC = b"_logits_"
 HEADER_BYTES = len(MAGIC) + 3 * 4
+LOG_PROB_RANGE = 16.0  # nats below the top log-prob that the file resolves
 _LEVELS = 65535
-# llama-perplexity prints the closing statistics only from this many scored positions on.
-MIN_SUMMARY_POSITIONS = 100
 MAKE_BASE_HINT = "make one with: pyllama perplexity -m BASE.gguf -f TEXT --kl-divergence-base FILE"
 
 
@@ -240,52 +243,6 @@ def _quantize_block(rows: np.ndarray, width: int, scratch: Scratch) -> np.ndarra
     return out
 
 
-
-# ---------------------------------------------------------------- text, as llama-perplexity prints it
-
-
-TABLE_HEADER = ("chunk             PPL               ln(PPL(Q)/PPL(base))          KL Divergence              "
-                "Δp RMS            Same top p")
-
-
-def format_row(chunk: int, r: dict[str, float]) -> str:
-    return (f"{chunk:4d}    {r['ppl']:9.4f} ± {r['ppl_unc']:9.4f}"
-            f"    {r['ln_ppl_ratio']:10.5f} ± {r['ln_ppl_ratio_unc']:10.5f}"
-            f"    {r['kld']:10.5f} ± {r['kld_unc']:10.5f}"
-            f"    {100 * r['rms_dp']:6.3f} ± {100 * r['rms_dp_unc']:6.3f} %"
-            f"    {100 * r['same_top']:6.3f} ± {100 * r['same_top_unc']:6.3f} %")
-
-
-_LABELS = {"max": "Maximum", "median": "Median ", "min": "Minimum"}
-
-
-def summary_lines(s: dict[str, dict[str, float]]) -> list[str]:
-    p, k, d = s["perplexity"], s["kld"], s["delta_p"]
-    lines = [
-        "====== Perplexity statistics ======",
-        f"Mean PPL(Q)                   : {p['ppl']:10.6f} ± {p['ppl_unc']:10.6f}",
-        f"Mean PPL(base)                : {p['ppl_base']:10.6f} ± {p['ppl_base_unc']:10.6f}",
-        f"Cor(ln(PPL(Q)), ln(PPL(base))): {100 * p['cor_ln_ppl']:6.2f}%",
-        f"Mean ln(PPL(Q)/PPL(base))     : {p['ln_ppl_ratio']:10.6f} ± {p['ln_ppl_ratio_unc']:10.6f}",
-        f"Mean PPL(Q)/PPL(base)         : {p['ppl_ratio']:10.6f} ± {p['ppl_ratio_unc']:10.6f}",
-        f"Mean PPL(Q)-PPL(base)         : {p['ppl_diff']:10.6f} ± {p['ppl_diff_unc']:10.6f}",
-        "",
-        "====== KL divergence statistics ======",
-        f"Mean    KLD: {k['mean']:10.6f} ± {k['mean_unc']:10.6f}",
-    ]
-    lines += [f"{_label(name)} KLD: {k[name]:10.6f}" for name, _ in KLD_LEVELS]
-    lines += ["", "====== Token probability statistics ======",
-              f"Mean    Δp: {100 * d['mean']:6.3f} ± {100 * d['mean_unc']:5.3f} %"]
-    lines += [f"{_label(name)} Δp: {100 * d[name]:6.3f}%" for name, _ in DELTA_P_LEVELS]
-    lines += [f"RMS Δp    : {100 * d['rms']:6.3f} ± {100 * d['rms_unc']:5.3f} %",
-              f"Same top p: {100 * s['same_top']['p']:6.3f} ± {100 * s['same_top']['unc']:5.3f} %"]
-    return lines
-
-
-def _label(name: str) -> str:
-    return _LABELS.get(name) or f"{name:>5}  "
-
-
 # ---------------------------------------------------------------- the run
 
 
@@ -301,9 +258,18 @@ class KldRun:
     seconds: float = 0.0
 
     @classmethod
-    def prepare(cls, model: Model, settings: LoadSettings, header: BaseHeader, max_chunks: int = -1) -> KldRun:
+    def prepare(cls, model: Model, settings: LoadSettings, header: BaseHeader, max_chunks: int = -1,
+                n_ctx: int | None = None) -> KldRun:
+        """The run over the file's chunks (at most `max_chunks`); `n_ctx` is the -c given, if any.
+
+        llama-perplexity sizes its context by -c (512 when not given) whatever the file's context, with
+        batch_size / -c sequences, and evaluates that many of the file's chunks per decode at most. A
+        file of 128-token chunks read without -c thus goes 4 chunks per decode, not 16: decodes of
+        another size round differently, so the same cap keeps every printed digit its.
+        """
         n_chunk = min(header.n_chunk, max_chunks) if max_chunks > 0 else header.n_chunk
-        return cls(model, settings, header, plan_for(header.n_ctx, n_chunk, settings.n_batch))
+        max_seq = max(1, settings.n_batch // (n_ctx or DEFAULT_CHUNK_CTX))
+        return cls(model, settings, header, plan_for(header.n_ctx, n_chunk, settings.n_batch, max_seq))
 
     def chunks(self) -> Iterator[tuple[int, dict[str, float]]]:
         """Yield (1-based chunk number, running statistics row) as each chunk is compared."""

@@ -99,10 +99,11 @@ def plan_chunks(n_tokens: int, n_ctx: int, n_batch: int, max_chunks: int = -1) -
     return plan_for(n_ctx, n_chunk, n_batch)
 
 
-def plan_for(n_ctx: int, n_chunk: int, n_batch: int) -> ChunkPlan:
-    """The batching of `n_chunk` chunks of `n_ctx` tokens under a logical batch of `n_batch`."""
+def plan_for(n_ctx: int, n_chunk: int, n_batch: int, max_seq: int = MAX_SEQUENCES) -> ChunkPlan:
+    """The batching of `n_chunk` chunks of `n_ctx` tokens under a logical batch of `n_batch`, at most
+    `max_seq` chunks per decode."""
     # The context holds n_seq chunks at once; fewer when there are fewer chunks (same numbers, less memory).
-    n_seq = min(max(1, n_batch // n_ctx), n_chunk, MAX_SEQUENCES)
+    n_seq = min(max(1, n_batch // n_ctx), n_chunk, max_seq, MAX_SEQUENCES)
     return ChunkPlan(n_ctx=n_ctx, n_chunk=n_chunk, n_seq=n_seq, n_batch=min(n_batch, n_seq * n_ctx))
 
 

@@ -102,12 +102,15 @@ class Engine(ABC):
             raise ContextOverflow(f"the prompt has {n_prompt} tokens but the context holds {self.n_ctx}",
                                   hint="shorten the prompt, or restart the server with a larger -c/--ctx-size")
 
-    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True,
+                 dedupe_bos: bool = True) -> list[int]:
+        """Token ids of `text`. With `dedupe_bos` (for prompts), a BOS that the vocab adds in front of
+        a BOS the text writes is dropped; without it, the ids are llama.cpp's tokenizer's exactly."""
         ids = [int(t) for t in self.model.tokenize(text.encode("utf-8"), add_special=add_special,
                                                     parse_special=parse_special)]
-        # A template that writes BOS itself, tokenized with add_special, would start with two.
+        # A prompt that writes BOS itself, tokenized with add_special, would start with two.
         bos = self.model.bos
-        if len(ids) >= 2 and ids[0] == ids[1] == bos:
+        if dedupe_bos and len(ids) >= 2 and ids[0] == ids[1] == bos:
             ids = ids[1:]
         return ids
 
@@ -132,10 +135,15 @@ class Engine(ABC):
 
     def render_chat(self, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None,
                     template: str | None = None, add_generation_prompt: bool = True) -> str:
-        from ..text.chat_template import render_chat
+        """The prompt a chat template makes of `messages`, as llama-server makes it: a leading BOS text
+        (or trailing EOS text) that tokenizing adds anyway is dropped, as its Jinja path drops it; a
+        built-in template's leading BOS text always, as llama.cpp's built-ins never write one."""
+        from ..text.chat_template import BUILTIN_TEMPLATES, render_chat
+        from ..text.tokenizer import drop_added_specials
 
-        return render_chat(self.model, messages, template=template, add_generation_prompt=add_generation_prompt,
-                           tools=tools)
+        prompt = render_chat(self.model, messages, template=template, add_generation_prompt=add_generation_prompt,
+                             tools=tools)
+        return drop_added_specials(self.model, prompt, builtin_template=template in BUILTIN_TEMPLATES)
 
     def is_eog(self, token: int) -> bool:
         return self.model.is_eog(token)

@@ -140,11 +140,22 @@ def chat_prompt(model: Model, messages: list[dict[str, Any]], template: str | No
     from .chat_template import render_chat
 
     prompt = render_chat(model, messages, template, add_generation_prompt=True)
-    if model.add_bos and add_bos and model.bos >= 0:
+    return drop_added_specials(model, prompt) if add_bos else prompt
+
+
+def drop_added_specials(model: Model, prompt: str, *, builtin_template: bool = False) -> str:
+    """A rendered chat prompt less a leading BOS text when the vocab adds BOS, and less a trailing EOS
+    text when it adds EOS, as llama.cpp's chat-template application drops them: tokenizing with the
+    special tokens added would otherwise give them twice.
+
+    With `builtin_template`, as llama.cpp's built-in templates (llama-server's non-Jinja path) give
+    the prompt: they never write BOS, which the tokenizer adds or nothing does, and they keep an EOS.
+    """
+    if (model.add_bos or builtin_template) and model.bos >= 0:
         bos = _special_text(model, model.bos)
         if bos and prompt.startswith(bos):
             prompt = prompt[len(bos):]
-    if _add_eos(model) and add_bos and model.eos >= 0:
+    if _add_eos(model) and model.eos >= 0 and not builtin_template:
         eos = _special_text(model, model.eos)
         if eos and prompt.endswith(eos):
             prompt = prompt[:-len(eos)]
