@@ -246,8 +246,9 @@ def build_info() -> BuildInfo:
     cpu = ", ".join(desc for kind, desc in kinds if kind in library.CPU_DEVICE_TYPES)
     gpu = ", ".join(desc for kind, desc in kinds if kind in library.GPU_DEVICE_TYPES)
     regs = library.backend_names()
-    backends = [r for r in regs if r != "CPU" and not r.startswith("RPC")]
-    if any(r.startswith("RPC") for r in regs):
+    backends = [name for name, _ in regs if name != "CPU" and not name.startswith("RPC")]
+    # As llama-bench: RPC compiled in is no backend until it has devices (servers added with --rpc).
+    if any(name.startswith("RPC") and n_devices > 0 for name, n_devices in regs):
         backends.append("RPC")
     version = getattr(lib, "__version__", "unknown")
     return BuildInfo(f"llama-cpp-python {version}", 0, cpu, gpu, ",".join(backends) or "CPU")

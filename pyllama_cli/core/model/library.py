@@ -157,12 +157,13 @@ def devices() -> list[tuple[int, str]]:
     return [(ggml.ggml_backend_dev_type(d), ggml.ggml_backend_dev_description(d).decode()) for d in found]
 
 
-def backend_names() -> list[str]:
-    """The names of the backends compiled into (or loaded by) this libggml: CPU, CUDA, RPC, ..."""
+def backend_names() -> list[tuple[str, int]]:
+    """The backends compiled into (or loaded by) this libggml (CPU, CUDA, RPC, ...), each with how
+    many devices it has now (RPC has none until servers are added)."""
     ensure_backend()
     ggml = _ggml()
-    return [ggml.ggml_backend_reg_name(ggml.ggml_backend_reg_get(i)).decode()
-            for i in range(ggml.ggml_backend_reg_count())]
+    regs = [ggml.ggml_backend_reg_get(i) for i in range(ggml.ggml_backend_reg_count())]
+    return [(ggml.ggml_backend_reg_name(reg).decode(), int(ggml.ggml_backend_reg_dev_count(reg))) for reg in regs]
 
 
 def gpu_device_present() -> bool:
@@ -194,7 +195,8 @@ def _ggml() -> ctypes.CDLL:
                             ("ggml_backend_dev_type", [vp], ctypes.c_int),
                             ("ggml_backend_dev_description", [vp], ctypes.c_char_p),
                             ("ggml_backend_reg_count", [], size), ("ggml_backend_reg_get", [size], vp),
-                            ("ggml_backend_reg_name", [vp], ctypes.c_char_p)):
+                            ("ggml_backend_reg_name", [vp], ctypes.c_char_p),
+                            ("ggml_backend_reg_dev_count", [vp], size)):
         fn = getattr(ggml, name)
         fn.argtypes, fn.restype = args, res
     return ggml
