@@ -255,7 +255,8 @@ _pyllama_value() {
             _pyllama_values file ;;
         "chat|--chat-template" | "complete|--chat-template" | "serve|--chat-template" | \
         "tokenize|--chat-template")
-            _pyllama_values file chatml gemma llama2 llama3 mistral phi3 zephyr ;;
+            _pyllama_values file chatml gemma llama2 llama2-sys llama2-sys-bos llama2-sys-strip llama3 \
+                mistral phi3 zephyr ;;
         "chat|--grammar" | "complete|--grammar" | "serve|--grammar")
             _pyllama_values none arithmetic c_identifier chess json json_arr list yes_no ;;
         "quantize|--output-tensor-type" | "quantize|--token-embedding-type")

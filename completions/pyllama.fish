@@ -122,7 +122,7 @@ complete -c pyllama -n '__pyllama_using chat' -o sys -l system-prompt -d 'System
 complete -c pyllama -n '__pyllama_using chat' -o sysf -l system-prompt-file -d 'Read the system prompt from this file.' -x -a '(__pyllama_values file)'
 complete -c pyllama -n '__pyllama_using chat' -s p -l prompt -d 'First user message.' -x
 complete -c pyllama -n '__pyllama_using chat' -o st -l single-turn -d 'Answer one message (-p or the first line read) and exit.'
-complete -c pyllama -n '__pyllama_using chat' -l chat-template -d 'Chat template: a built-in name (chatml, llama3, ...), a .jinja file or Jinja text (default: the model\'s own).' -x -a '(__pyllama_values file chatml gemma llama2 llama3 mistral phi3 zephyr)'
+complete -c pyllama -n '__pyllama_using chat' -l chat-template -d 'Chat template: a built-in name (chatml, llama3, ...), a .jinja file or Jinja text (default: the model\'s own).' -x -a '(__pyllama_values file chatml gemma llama2 llama2-sys llama2-sys-bos llama2-sys-strip llama3 mistral phi3 zephyr)'
 complete -c pyllama -n '__pyllama_using chat' -l context-shift -d 'When the conversation outgrows the context, drop the oldest turns (never the system prompt) instead of stopping.'
 complete -c pyllama -n '__pyllama_using chat' -l plain -d 'Print answers as raw text instead of rendered Markdown.'
 complete -c pyllama -n '__pyllama_using chat' -l reasoning -d 'Reasoning between <think> and </think>: show (dimmed) or hide.' -x
@@ -171,7 +171,7 @@ complete -c pyllama -n '__pyllama_using complete' -s f -l file -d 'Read the prom
 complete -c pyllama -n '__pyllama_using complete' -s e -l escape -l no-escape -d 'Turn \\n, \\t, \\xHH...'
 complete -c pyllama -n '__pyllama_using complete' -l chat -d 'Send the prompt as one user turn through the model\'s chat template (instruct models).'
 complete -c pyllama -n '__pyllama_using complete' -o sys -l system-prompt -d 'System prompt: the system message that opens the conversation.' -x
-complete -c pyllama -n '__pyllama_using complete' -l chat-template -d 'Chat template: a built-in name (chatml, llama3, ...), a .jinja file or Jinja text (default: the model\'s own).' -x -a '(__pyllama_values file chatml gemma llama2 llama3 mistral phi3 zephyr)'
+complete -c pyllama -n '__pyllama_using complete' -l chat-template -d 'Chat template: a built-in name (chatml, llama3, ...), a .jinja file or Jinja text (default: the model\'s own).' -x -a '(__pyllama_values file chatml gemma llama2 llama2-sys llama2-sys-bos llama2-sys-strip llama3 mistral phi3 zephyr)'
 complete -c pyllama -n '__pyllama_using complete' -l truncate -d 'If the prompt is longer than the context, keep its end (and say so) instead of failing.'
 complete -c pyllama -n '__pyllama_using complete' -l prompt-cache -d 'Save the evaluated prompt\'s state to this file and reuse its longest matching prefix next time.' -x -a '(__pyllama_values file)'
 complete -c pyllama -n '__pyllama_using complete' -l echo -d 'Print the prompt before the generated text.'
@@ -310,7 +310,7 @@ complete -c pyllama -n '__pyllama_using serve' -l api-key -d 'Require \'Authoriz
 complete -c pyllama -n '__pyllama_using serve' -l cors-origin -d 'Allow browser requests from this origin (repeatable; \'*\' = any).' -x
 complete -c pyllama -n '__pyllama_using serve' -l embeddings -d 'Serve an embedding model: /v1/embeddings only.'
 complete -c pyllama -n '__pyllama_using serve' -l max-body-size -d 'Largest request body accepted (bytes, or with K/M/G; larger gets 413).' -x
-complete -c pyllama -n '__pyllama_using serve' -l chat-template -d 'Chat template: a built-in name (chatml, llama3, ...), a .jinja file or Jinja text (default: the model\'s own).' -x -a '(__pyllama_values file chatml gemma llama2 llama3 mistral phi3 zephyr)'
+complete -c pyllama -n '__pyllama_using serve' -l chat-template -d 'Chat template: a built-in name (chatml, llama3, ...), a .jinja file or Jinja text (default: the model\'s own).' -x -a '(__pyllama_values file chatml gemma llama2 llama2-sys llama2-sys-bos llama2-sys-strip llama3 mistral phi3 zephyr)'
 complete -c pyllama -n '__pyllama_using serve' -o np -l parallel -d 'Slots: requests generated at once, batched together (continuous batching); more wait in a queue.' -x
 complete -c pyllama -n '__pyllama_using serve' -l kv-unified -d 'One KV cache for all slots: each may use the whole context while there is room.'
 complete -c pyllama -n '__pyllama_using serve' -s n -l n-predict -d 'Tokens to generate (-1 = until end of generation or a full context).' -x
@@ -356,7 +356,7 @@ complete -c pyllama -n '__pyllama_using tokenize' -s p -l prompt -d 'Text to tok
 complete -c pyllama -n '__pyllama_using tokenize' -s f -l file -d 'Read the text from FILE (bytes as they are).' -x -a '(__pyllama_values file)'
 complete -c pyllama -n '__pyllama_using tokenize' -l stdin -d 'Read the text from standard input.'
 complete -c pyllama -n '__pyllama_using tokenize' -l chat -d 'The input is a JSON list of messages: render it with the chat template, then tokenize.'
-complete -c pyllama -n '__pyllama_using tokenize' -l chat-template -d 'Chat template: a built-in name (chatml, llama3, ...), a .jinja file or Jinja text (default: the model\'s own).' -x -a '(__pyllama_values file chatml gemma llama2 llama3 mistral phi3 zephyr)'
+complete -c pyllama -n '__pyllama_using tokenize' -l chat-template -d 'Chat template: a built-in name (chatml, llama3, ...), a .jinja file or Jinja text (default: the model\'s own).' -x -a '(__pyllama_values file chatml gemma llama2 llama2-sys llama2-sys-bos llama2-sys-strip llama3 mistral phi3 zephyr)'
 complete -c pyllama -n '__pyllama_using tokenize' -l no-bos -d 'Do not add the BOS token, even if the model normally uses one.'
 complete -c pyllama -n '__pyllama_using tokenize' -l no-parse-special -d 'Tokenize special-token text such as <|im_start|> as plain text.'
 complete -c pyllama -n '__pyllama_using tokenize' -l no-escape -d 'Keep \\n, \\t, \\xHH...'

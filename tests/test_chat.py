@@ -223,7 +223,7 @@ def test_a_template_that_does_not_parse_stops_the_chat_before_it_starts(tiny_mod
     assert result.exit_code == 1 and result.stdout == ""
     assert result.stderr.splitlines() == [
         "Error: chat template does not parse: Expected an expression, got 'end of statement block' (line 1)",
-        "Hint: pass --chat-template NAME|FILE (built-ins: chatml, gemma, llama2, llama3, mistral, phi3, zephyr)"]
+        "Hint: pass --chat-template NAME|FILE (built-ins: chatml, gemma, llama2, llama2-sys, llama2-sys-bos, llama2-sys-strip, llama3, mistral, phi3, zephyr)"]
 
 
 @pytest.mark.parametrize(("content", "message"), [
@@ -385,8 +385,8 @@ def test_terminal_multiline_block_and_alt_enter(engine) -> None:
 
 HI = '[{"role": "user", "content": "hi"}]'
 RENDER_FAILED = "Error: chat template failed to render: "
-RENDER_HINT = "Hint: pass --chat-template NAME|FILE to use another template (built-ins: chatml, gemma, llama2, llama3, " \
-              "mistral, phi3, zephyr)\n"
+RENDER_HINT = "Hint: pass --chat-template NAME|FILE to use another template (built-ins: chatml, gemma, llama2, " \
+              "llama2-sys, llama2-sys-bos, llama2-sys-strip, llama3, mistral, phi3, zephyr)\n"
 
 
 @pytest.mark.parametrize("template, error", [
@@ -495,7 +495,11 @@ def test_surrogates_from_argv_or_json_escapes_become_replacement_characters(tmp_
 @pytest.mark.parametrize("name, expected", [
     ("chatml", ("<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nyo<|im_end|>\n"
                "<|im_start|>user\nok?<|im_end|>\n<|im_start|>assistant\n")),
-    ("llama2", "<s>[INST] <<SYS>>\nS\n<</SYS>>\n\nhi [/INST] yo </s><s>[INST] ok? [/INST]"),
+    # llama.cpp's four Llama 2 spellings (its llm_chat_apply_template): no BOS first, `</s>` after answers.
+    ("llama2", "[INST] S\nhi [/INST]yo</s>[INST] ok? [/INST]"),
+    ("llama2-sys", "[INST] <<SYS>>\nS\n<</SYS>>\n\nhi [/INST]yo</s>[INST] ok? [/INST]"),
+    ("llama2-sys-bos", "[INST] <<SYS>>\nS\n<</SYS>>\n\nhi [/INST]yo</s><s>[INST] ok? [/INST]"),
+    ("llama2-sys-strip", "[INST] <<SYS>>\nS\n<</SYS>>\n\nhi [/INST]yo</s>[INST] ok? [/INST]"),
     ("llama3", ("<s><|start_header_id|>system<|end_header_id|>\n\nS<|eot_id|><|start_header_id|>user<|end_header_id|>"
                "\n\nhi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\nyo<|eot_id|><|start_header_id|>user"
                "<|end_header_id|>\n\nok?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n")),
@@ -504,12 +508,21 @@ def test_surrogates_from_argv_or_json_escapes_become_replacement_characters(tmp_
               "<start_of_turn>user\nok?<end_of_turn>\n<start_of_turn>model\n")),
     ("phi3", ("<|system|>\nS<|end|>\n<|user|>\nhi<|end|>\n<|assistant|>\nyo<|end|>\n<|user|>\nok?<|end|>\n"
              "<|assistant|>\n")),
-    ("zephyr", "<|system|>\nS</s>\n<|user|>\nhi</s>\n<|assistant|>\nyo</s>\n<|user|>\nok?</s>\n<|assistant|>\n"),
+    ("zephyr", ("<|system|>\nS<|endoftext|>\n<|user|>\nhi<|endoftext|>\n<|assistant|>\nyo<|endoftext|>\n<|user|>\n"
+                "ok?<|endoftext|>\n<|assistant|>\n")),
 ])
 def test_builtin_templates(name: str, expected: str) -> None:
     messages = [{"role": "system", "content": "S"}, {"role": "user", "content": "hi"},
                 {"role": "assistant", "content": "yo"}, {"role": "user", "content": "ok?"}]
     assert render_template(BUILTIN_TEMPLATES[name], messages, bos_token="<s>", eos_token="</s>") == expected
+
+
+def test_llama2_sys_strip_trims_every_message_and_llama2_sys_does_not() -> None:
+    messages = [{"role": "system", "content": " S "}, {"role": "user", "content": "\thi "}]
+    render = {name: render_template(BUILTIN_TEMPLATES[name], messages, bos_token="<s>", eos_token="</s>")
+              for name in ("llama2-sys", "llama2-sys-strip")}
+    assert render == {"llama2-sys": "[INST] <<SYS>>\n S \n<</SYS>>\n\n\thi  [/INST]",
+                      "llama2-sys-strip": "[INST] <<SYS>>\nS\n<</SYS>>\n\nhi [/INST]"}
 
 
 def test_reasoning_is_split_even_when_tags_straddle_chunks() -> None:

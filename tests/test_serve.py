@@ -942,9 +942,8 @@ def test_tokenize_equals_llama_server_s(tiny_model: Path, server: Server, tmp_pa
     pytest.param("no-bos", BOS_TEMPLATE, 2, id="no-bos-bos_token-jinja"),
     # Built-in templates, which llama-server renders without Jinja.
     ("tiny", "chatml", 2), ("tiny", "llama3", 2), ("tiny", "gemma", 2), ("tiny", "phi3", 2), ("no-bos", "llama3", 2),
-    # One turn only: pyllama's llama2 writes Llama 2's <<SYS>> block and a BOS before each later turn,
-    # llama.cpp's "llama2" neither (its "llama2-sys-bos" does both, with other spacing).
-    ("tiny", "llama2", 1),
+    ("tiny", "llama2", 2), ("tiny", "llama2-sys", 2), ("tiny", "llama2-sys-bos", 2), ("tiny", "llama2-sys-strip", 2),
+    ("tiny", "zephyr", 2),
 ])
 def test_apply_template_equals_llama_server_s(tiny_model: Path, no_bos_model: Path, tmp_path: Path, model: str,
                                               template: str | None, n_conversations: int) -> None:

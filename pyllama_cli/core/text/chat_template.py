@@ -17,6 +17,23 @@ from typing import Any
 
 from ...errors import InputError
 
+def _llama2(*, system_block: bool, bos_in_history: bool, strip: bool) -> str:
+    """Llama 2's [INST] format as llama.cpp's built-ins of that name render it."""
+    content = "(m['content'] | trim)" if strip else "m['content']"
+    system = (f"'<<SYS>>\\n' + {content} + '\\n<</SYS>>\\n\\n'" if system_block else f"{content} + '\\n'")
+    again = "'<s>[INST] '" if bos_in_history else "'[INST] '"
+    return (
+        "{%- set ns = namespace(inside=true) -%}{{- '[INST] ' -}}"
+        "{%- for m in messages -%}"
+        f"{{%- if not ns.inside -%}}{{%- set ns.inside = true -%}}{{{{- {again} -}}}}{{%- endif -%}}"
+        f"{{%- if m['role'] == 'system' -%}}{{{{- {system} -}}}}"
+        f"{{%- elif m['role'] == 'user' -%}}{{{{- {content} + ' [/INST]' -}}}}"
+        f"{{%- else -%}}{{{{- {content} + '</s>' -}}}}{{%- set ns.inside = false -%}}"
+        "{%- endif -%}"
+        "{%- endfor -%}"
+    )
+
+
 # Built-in templates, written for pyllama. Each renders `messages` (role, content) and, with
 # add_generation_prompt, opens the assistant's turn.
 BUILTIN_TEMPLATES: dict[str, str] = {
@@ -26,20 +43,13 @@ BUILTIN_TEMPLATES: dict[str, str] = {
         "{%- endfor -%}"
         "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
     ),
-    # Llama 2 chat: the system prompt sits in <<SYS>> inside the first [INST]; every exchange is
-    # wrapped in BOS ... EOS.
-    "llama2": (
-        "{%- set ns = namespace(system='') -%}"
-        "{%- for m in messages -%}"
-        "{%- if m['role'] == 'system' -%}{%- set ns.system = m['content'] -%}"
-        "{%- elif m['role'] == 'user' -%}"
-        "{{- bos_token + '[INST] ' -}}"
-        "{%- if ns.system -%}{{- '<<SYS>>\\n' + ns.system + '\\n<</SYS>>\\n\\n' -}}{%- set ns.system = '' -%}{%- endif -%}"
-        "{{- m['content'] | trim + ' [/INST]' -}}"
-        "{%- else -%}{{- ' ' + m['content'] | trim + ' ' + eos_token -}}"
-        "{%- endif -%}"
-        "{%- endfor -%}"
-    ),
+    # Llama 2 chat, in llama.cpp's four spellings: "llama2" puts a system prompt before the first
+    # message as plain text, the -sys ones in a <<SYS>> block; -sys-bos writes <s> before each later
+    # [INST], -sys-strip trims every message. No BOS first: the tokenizer adds it.
+    "llama2": _llama2(system_block=False, bos_in_history=False, strip=False),
+    "llama2-sys": _llama2(system_block=True, bos_in_history=False, strip=False),
+    "llama2-sys-bos": _llama2(system_block=True, bos_in_history=True, strip=False),
+    "llama2-sys-strip": _llama2(system_block=True, bos_in_history=False, strip=True),
     # Llama 3 / 3.x instruct: header-delimited turns, each closed by <|eot_id|>.
     "llama3": (
         "{{- bos_token -}}"
@@ -86,7 +96,7 @@ BUILTIN_TEMPLATES: dict[str, str] = {
     # Zephyr: <|role|> headers, each turn closed by the EOS token.
     "zephyr": (
         "{%- for m in messages -%}"
-        "{{- '<|' + m['role'] + '|>\\n' + m['content'] + eos_token + '\\n' -}}"
+        "{{- '<|' + m['role'] + '|>\\n' + m['content'] + '<|endoftext|>\\n' -}}"
         "{%- endfor -%}"
         "{%- if add_generation_prompt -%}{{- '<|assistant|>\\n' -}}{%- endif -%}"
     ),
@@ -96,7 +106,8 @@ BUILTIN_TEMPLATES: dict[str, str] = {
 # not treat it as an end-of-generation token (a template forced onto another model family).
 TURN_END_MARKERS: dict[str, tuple[str, ...]] = {
     "chatml": ("<|im_end|>",), "llama3": ("<|eot_id|>",), "gemma": ("<end_of_turn>",),
-    "phi3": ("<|end|>",), "llama2": (), "mistral": (), "zephyr": (),
+    "phi3": ("<|end|>",), "llama2": (), "llama2-sys": (), "llama2-sys-bos": (), "llama2-sys-strip": (),
+    "mistral": (), "zephyr": ("<|endoftext|>",),
 }
 
 
