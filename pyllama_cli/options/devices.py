@@ -31,6 +31,14 @@ ListDevicesOpt = Annotated[bool, typer.Option(
     "--list-devices", help="Print the devices (local, and the --rpc servers') with their memory and exit.",
     rich_help_panel=DEVICE_PANEL)]
 
+# bench's: one configuration, written as llama-bench writes one (items separated by /).
+BenchDeviceOpt = Annotated[str | None, typer.Option(
+    "-dev", "--device", metavar="DEV/...", help="Devices to offload to, separated by / (none = no offload; "
+    "default: every GPU and RPC server).", rich_help_panel=DEVICE_PANEL, show_default=False)]
+BenchTensorSplitOpt = Annotated[str | None, typer.Option(
+    "-ts", "--tensor-split", metavar="N0/N1/...", help="Each device's share of the layers, e.g. 3/1.",
+    rich_help_panel=DEVICE_PANEL, show_default=False)]
+
 _SPLIT = re.compile(r"[,/]+")
 
 
