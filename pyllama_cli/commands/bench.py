@@ -13,7 +13,7 @@ from ..console import bench_progress, download_tqdm, out, stdout_is_tty
 from ..core.bench import spec as defaults
 from ..core.model.resolve import ModelRequest, resolve_model
 from ..errors import Interrupted, UsageError
-from ..options.devices import BenchDeviceOpt, BenchTensorSplitOpt, RpcOpt
+from ..options.devices import BenchDeviceOpt, BenchTensorSplitOpt, ListDevicesOpt, RpcOpt, list_devices, parse_rpc
 from ..options.load import HfFileOpt, HfRepoOpt, HfTokenOpt, ModelPathOpt, OfflineOpt, VerboseOpt, repeatable
 
 EXAMPLES = """\
@@ -88,6 +88,7 @@ def bench(
     rpc: RpcOpt = None,
     device: BenchDeviceOpt = None,
     tensor_split: BenchTensorSplitOpt = None,
+    list_devices_only: ListDevicesOpt = False,
     repetitions: Annotated[int, typer.Option("-r", "--repetitions", help="Timed runs of each test.",
                                              rich_help_panel=RUN)] = defaults.DEFAULT_REPETITIONS,
     output: Annotated[str, typer.Option("-o", "--output", help="Output format: md, csv, json, jsonl or sql.",
@@ -123,6 +124,8 @@ def bench(
     from ..core.bench.runner import build_info
     from ..core.model.rpc import add_servers
 
+    if list_devices_only:
+        list_devices(parse_rpc(rpc))
     if output not in OUTPUT_FORMATS:
         raise UsageError(f"-o {output!r} is not one of {', '.join(OUTPUT_FORMATS)}", hint="e.g. -o json")
     spec = make_spec(dict(locals()))

@@ -105,12 +105,14 @@ def parse_endpoints(value: str, flag: str = "--rpc") -> tuple[str, ...]:
         host, _, port = endpoint.rpartition(":")
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise UsageError(f"{flag} {endpoint!r} is not HOST:PORT", hint="e.g. 192.168.1.20:50052")
+        if ":" in host:  # ggml splits an endpoint at its first colon
+            raise UsageError(f"{flag} {endpoint!r}: ggml's RPC takes IPv4 addresses and host names, not IPv6")
     return endpoints
 
 
 def _split(endpoint: str) -> tuple[str, int]:
     host, _, port = endpoint.rpartition(":")
-    return host.strip("[]"), int(port)
+    return host, int(port)
 
 
 def check_reachable(endpoint: str, timeout: float = CONNECT_TIMEOUT_S) -> None:
@@ -258,12 +260,31 @@ def _answers(endpoint: str) -> bool:
         return False
 
 
+# Who takes a dead server instead of ending the process: (message, hint) -> True when taken (a server).
+_gone_handlers: list[Callable[[str, str], bool]] = []
+
+
+def on_server_gone(handler: Callable[[str, str], bool]) -> None:
+    """Let `handler(message, hint)` take a GGML_ABORT instead of ending the process.
+
+    When it returns True the thread ggml aborted on is parked for good (returning would let ggml
+    call abort()), and so is whatever thread waits on it inside llama.cpp: the context that ran on
+    the dead server can never run again, but the rest of the process goes on (`serve` answers 503).
+    """
+    _gone_handlers.append(handler)
+
+
 def _on_abort(raw: bytes) -> None:
+    taken = False
     try:
         message, hint = abort_message(raw.decode("utf-8", "replace"), list(_abort_state.get("endpoints", [])))
-        os.write(2, f"Error: {message}\nHint: {hint}\n".encode())
+        taken = any(handler(message, hint) for handler in list(_gone_handlers))
+        if not taken:
+            os.write(2, f"Error: {message}\nHint: {hint}\n".encode())
     finally:
-        os._exit(1)  # ggml calls abort() when this returns: leave first, from whatever thread this is
+        if not taken:
+            os._exit(1)  # ggml calls abort() when this returns: leave first, from whatever thread this is
+    threading.Event().wait()  # never returns; waits without the GIL
 
 
 # ---------------------------------------------------------------- the server side
