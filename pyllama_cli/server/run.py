@@ -117,7 +117,9 @@ def _survive_dead_rpc_servers(engine: Any) -> None:
 
 def _raise_for_stop(engine: Any, server: Any, path: Path) -> None:
     """Turn why the server stopped into the command's outcome: a load error, Ctrl-C, or a clean stop."""
-    if engine.error is not None:
+    from ..core.serving.engine import BROKEN
+
+    if engine.error is not None and engine.state != BROKEN:  # a broken engine's error was reported when it broke
         error = engine.error
         raise error if isinstance(error, PyllamaError) else ModelLoadError(f"could not load {path.name}: {error}")
     if server.stop_signal is not None:
