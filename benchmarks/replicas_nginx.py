@@ -35,6 +35,8 @@ from pathlib import Path
 
 from _common import bench_model, pyllama_cmd
 
+MODEL_ID = "pyllama"  # both replicas serve the model under this id (--alias)
+
 NGINX_CONF = """\
 daemon off;
 worker_processes 1;
@@ -79,7 +81,7 @@ def free_port() -> int:
 def start_replica(model: Path, log: Path, args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
     with open(log, "wb") as sink:
         proc = subprocess.Popen([*pyllama_cmd(), "serve", "-m", str(model), "--host", "127.0.0.1", "--port", "0",
-                                 "-np", str(args.parallel), "-t", str(args.threads), "-c", str(args.ctx)],
+                                 "-np", str(args.parallel), "-t", str(args.threads), "-c", str(args.ctx), "-a", MODEL_ID],
                                 stdout=subprocess.DEVNULL, stderr=sink)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
@@ -144,7 +146,7 @@ class Stream:
     def run(self, url: str, max_tokens: int, start: float) -> None:
         import httpx
 
-        body = {"model": "m", "stream": True, "max_tokens": max_tokens, "temperature": 0.8, "seed": self.index,
+        body = {"model": MODEL_ID, "stream": True, "max_tokens": max_tokens, "temperature": 0.8, "seed": self.index,
                 "stream_options": {"include_usage": True},
                 "messages": [{"role": "user", "content": f"Tell story number {self.index} about a lighthouse."}]}
         try:
