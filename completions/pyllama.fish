@@ -325,7 +325,7 @@ complete -c pyllama -n '__pyllama_using rpc-server' -s p -l port -d 'Port to lis
 complete -c pyllama -n '__pyllama_using rpc-server' -s t -l threads -d 'Threads of the CPU device (0 = half the hardware threads).' -x
 complete -c pyllama -n '__pyllama_using rpc-server' -s d -l device -d 'Devices to lend, comma-separated (default: every GPU, else the CPU).' -x
 complete -c pyllama -n '__pyllama_using rpc-server' -s c -l cache -d 'Keep large tensors the clients send in a local cache ($LLAMA_CACHE/rpc, else ~/.cache/llama.cpp/rpc), so that a model loads faster the next time.'
-complete -c pyllama -n '__pyllama_using rpc-server' -l list-devices -d 'Print the devices (local, and the --rpc servers\') with their memory and exit.'
+complete -c pyllama -n '__pyllama_using rpc-server' -l list-devices -d 'Print this machine\'s devices with their memory and exit.'
 complete -c pyllama -n '__pyllama_using rpc-server' -s h -l help -d 'Show this message and exit.'
 
 # pyllama serve

@@ -15,7 +15,7 @@ import typer
 
 from ..console import info, warn
 from ..errors import RpcError, UsageError
-from ..options.devices import DEVICE_PANEL, ListDevicesOpt
+from ..options.devices import DEVICE_PANEL
 
 EXAMPLES = """\
 Examples:
@@ -43,7 +43,9 @@ def rpc_server(
     cache: Annotated[bool, typer.Option("-c", "--cache", help="Keep large tensors the clients send in a local "
                                         "cache ($LLAMA_CACHE/rpc, else ~/.cache/llama.cpp/rpc), so that a "
                                         "model loads faster the next time.")] = False,
-    list_devices: ListDevicesOpt = False,
+    list_devices: Annotated[bool, typer.Option(
+        "--list-devices", help="Print this machine's devices with their memory and exit.",
+        rich_help_panel=DEVICE_PANEL)] = False,
 ) -> None:
     """Run ggml's RPC server: clients add it with --rpc HOST:PORT and put part of a model on its devices.
 
