@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -30,6 +31,14 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the test process dies, so no server outlives a killed run."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG (Linux)
+    except (AttributeError, OSError):
+        pass
+
+
 class RpcServer:
     """`pyllama rpc-server` on 127.0.0.1 and a free port; stopped (SIGTERM, then SIGKILL) by stop()."""
 
@@ -40,7 +49,7 @@ class RpcServer:
         with open(log, "wb") as sink:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "pyllama_cli", "rpc-server", "-p", str(self.port), "-t", "1", *args],
-                stdout=subprocess.DEVNULL, stderr=sink, cwd=REPO_ROOT)
+                stdout=subprocess.DEVNULL, stderr=sink, cwd=REPO_ROOT, preexec_fn=_die_with_parent)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
