@@ -109,7 +109,7 @@ complete -c pyllama -n '__pyllama_using bench' -o nkvo -l no-kv-offload -d 'Keep
 complete -c pyllama -n '__pyllama_using bench' -o mmp -l mmap -d 'Memory-map the model: 0 or 1 (sets the load mode).' -x
 complete -c pyllama -n '__pyllama_using bench' -o lm -l load-mode -d 'Load mode: auto, none, mmap, mlock, mmap+mlock, dio.' -x
 complete -c pyllama -n '__pyllama_using bench' -l rpc -d 'RPC servers (`pyllama rpc-server` or llama.cpp\'s rpc-server) whose devices hold part of the model, comma-separated.' -x
-complete -c pyllama -n '__pyllama_using bench' -o dev -l device -d 'Devices to offload to, separated by / (none = no offload; default: every GPU and RPC server).' -x
+complete -c pyllama -n '__pyllama_using bench' -o dev -l device -d 'Devices to offload to: DEV/DEV...' -x
 complete -c pyllama -n '__pyllama_using bench' -o ts -l tensor-split -d 'Each device\'s share of the layers, e.g.' -x
 complete -c pyllama -n '__pyllama_using bench' -l list-devices -d 'Print the devices (local, and the --rpc servers\') with their memory and exit.'
 complete -c pyllama -n '__pyllama_using bench' -s r -l repetitions -d 'Timed runs of each test.' -x

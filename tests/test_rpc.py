@@ -188,8 +188,10 @@ def test_bench_over_rpc_reports_the_rpc_backend_and_the_devices(tiny_model: Path
     header, _, *body = table.stdout.splitlines()[:4]
     assert [c.strip() for c in header.strip("|").split("|")][3:5] == ["backend", "ngl"] and "| ts " in header
     assert all("| RPC " in line and "| 1.00/1.00 " in line for line in body[:2]), body
-    assert run_process(*args, "-ts", "3,1").first_stderr_line == "Error: bench takes one -ts configuration, not a " \
-        "list of them"
+    sweep = run_process(*args, "-ts", "1/0,0/1", "-o", "json")  # two configurations, as llama-bench reads them
+    assert sweep.exit_code == 0, sweep.stderr
+    assert [(r["tensor_split"], r["n_gen"]) for r in json.loads(sweep.stdout)] == [
+        ("1.00", 0), ("1.00", 4), ("0.00/1.00", 0), ("0.00/1.00", 4)]
 
 
 # ---------------------------------------------------------------- failures: one line, never a hang

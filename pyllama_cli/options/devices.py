@@ -31,13 +31,14 @@ ListDevicesOpt = Annotated[bool, typer.Option(
     "--list-devices", help="Print the devices (local, and the --rpc servers') with their memory and exit.",
     rich_help_panel=DEVICE_PANEL)]
 
-# bench's: one configuration, written as llama-bench writes one (items separated by /).
-BenchDeviceOpt = Annotated[str | None, typer.Option(
-    "-dev", "--device", metavar="DEV/...", help="Devices to offload to, separated by / (none = no offload; "
-    "default: every GPU and RPC server).", rich_help_panel=DEVICE_PANEL, show_default=False)]
-BenchTensorSplitOpt = Annotated[str | None, typer.Option(
-    "-ts", "--tensor-split", metavar="N0/N1/...", help="Each device's share of the layers, e.g. 3/1.",
+# bench's, as llama-bench's: configurations separated by commas (a sweep), the items of one by /.
+BenchDeviceOpt = Annotated[list[str] | None, typer.Option(
+    "-dev", "--device", metavar="DEV/...,...", help="Devices to offload to: DEV/DEV... per configuration, "
+    "configurations separated by commas (none = no offload; default: every GPU and RPC server).",
     rich_help_panel=DEVICE_PANEL, show_default=False)]
+BenchTensorSplitOpt = Annotated[list[str] | None, typer.Option(
+    "-ts", "--tensor-split", metavar="N0/N1/...,...", help="Each device's share of the layers, e.g. 3/1; "
+    "configurations separated by commas.", rich_help_panel=DEVICE_PANEL, show_default=False)]
 
 _SPLIT = re.compile(r"[,/]+")
 

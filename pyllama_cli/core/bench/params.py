@@ -78,17 +78,16 @@ def make_spec(flags: Mapping[str, Any]) -> Any:
 
 
 def _placement(flags: Mapping[str, Any]) -> dict[str, tuple]:
-    """--rpc, and -dev and -ts as one configuration each, its items separated by / as llama-bench writes them."""
+    """--rpc, and -dev and -ts as llama-bench reads them: configurations separated by commas, the items
+    of one by / (`-dev RPC0/RPC1,RPC1 -ts 3/1,1/1` makes four)."""
     from ...options.devices import parse_devices, parse_rpc, parse_tensor_split
 
-    for name, flag in (("device", "-dev"), ("tensor_split", "-ts")):
-        if flags[name] is not None and "," in flags[name]:
-            raise UsageError(f"bench takes one {flag} configuration, not a list of them",
-                             hint=f"separate its items with /, as llama-bench does: {flag} "
-                             + ("RPC0/RPC1" if flag == "-dev" else "3/1"))
-    devices = (flags["device"] or "").replace("/", ",") or None
-    return {"rpc": parse_rpc(flags["rpc"]), "devices": parse_devices(devices),
-            "tensor_split": parse_tensor_split(flags["tensor_split"])}
+    def configs(value: list[str] | None, parse: Any) -> tuple:
+        raw = [part for item in value or [] for part in item.split(",") if part.strip()]
+        return tuple(parse(part.replace("/", ",")) for part in raw) or ((),)
+
+    return {"rpc": parse_rpc(flags["rpc"]), "devices": configs(flags["device"], parse_devices),
+            "tensor_split": configs(flags["tensor_split"], parse_tensor_split)}
 
 
 def _load_modes(load_mode: list[str] | None, mmap: list[str] | None) -> tuple[str, ...]:

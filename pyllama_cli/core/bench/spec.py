@@ -95,8 +95,8 @@ class BenchSpec:
     flash_attn: tuple[str, ...] = DEFAULT_FLASH_ATTN
     load_mode: tuple[str, ...] = DEFAULT_LOAD_MODE
     rpc: tuple[str, ...] = ()  # RPC servers, added once before the run (--rpc)
-    devices: tuple[str, ...] = ()
-    tensor_split: tuple[float, ...] = ()
+    devices: tuple[tuple[str, ...], ...] = ((),)  # -dev's configurations (() = llama.cpp's choice)
+    tensor_split: tuple[tuple[float, ...], ...] = ((),)  # -ts's configurations (() = by free memory)
     repetitions: int = DEFAULT_REPETITIONS
     warmup: bool = True
     ttft: bool = False
@@ -109,7 +109,7 @@ class BenchSpec:
 
     def tests_per_model(self) -> int:
         """How many tests `instances` makes for each model, counted without making them."""
-        lists = (self.n_gpu_layers, self.load_mode, self.n_batch, self.n_ubatch, self.type_k, self.type_v,
+        lists = (self.n_gpu_layers, self.load_mode, self.devices, self.tensor_split, self.n_batch, self.n_ubatch, self.type_k, self.type_v,
                  self.no_kv_offload, self.flash_attn, self.n_threads, self.n_depth)
         return len(self._tests()) * math.prod(map(len, lists))
 
@@ -117,11 +117,11 @@ class BenchSpec:
         """Every test to run, in llama-bench's order (model parameters outermost, so reloads are rare)."""
         tests = self._tests()
         out = []
-        for m, ngl, lm, nb, nub, tk, tv, nkvo, fa, nt, nd in itertools.product(
-                self.models, self.n_gpu_layers, self.load_mode, self.n_batch, self.n_ubatch, self.type_k,
-                self.type_v, self.no_kv_offload, self.flash_attn, self.n_threads, self.n_depth):
-            out += [Instance(m, p, g, nd, nb, nub, tk, tv, nt, ngl, nkvo, fa, lm, self.devices, self.tensor_split)
-                    for p, g in tests]
+        for m, ngl, lm, dev, ts, nb, nub, tk, tv, nkvo, fa, nt, nd in itertools.product(
+                self.models, self.n_gpu_layers, self.load_mode, self.devices, self.tensor_split, self.n_batch,
+                self.n_ubatch, self.type_k, self.type_v, self.no_kv_offload, self.flash_attn, self.n_threads,
+                self.n_depth):
+            out += [Instance(m, p, g, nd, nb, nub, tk, tv, nt, ngl, nkvo, fa, lm, dev, ts) for p, g in tests]
         return out
 
 
