@@ -81,7 +81,8 @@ def free_port() -> int:
 def start_replica(model: Path, log: Path, args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
     with open(log, "wb") as sink:
         proc = subprocess.Popen([*pyllama_cmd(), "serve", "-m", str(model), "--host", "127.0.0.1", "--port", "0",
-                                 "-np", str(args.parallel), "-t", str(args.threads), "-c", str(args.ctx), "-a", MODEL_ID],
+                                 "-np", str(args.parallel), "-t", str(args.threads), "-c", str(args.ctx),
+                                 "-a", MODEL_ID],
                                 stdout=subprocess.DEVNULL, stderr=sink)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
@@ -114,7 +115,8 @@ def start_nginx(replicas: list[str], tmp: Path) -> tuple[subprocess.Popen, str]:
     if not Path(nginx).exists():
         sys.exit("nginx not found: apt-get update && apt-get install -y nginx")
     port = free_port()
-    servers = "\n".join(f"        server {url.removeprefix('http://')} max_fails=1 fail_timeout=5s;" for url in replicas)
+    servers = "\n".join(f"        server {url.removeprefix('http://')} max_fails=1 fail_timeout=5s;"
+                        for url in replicas)
     conf = tmp / "nginx.conf"
     conf.write_text(NGINX_CONF.format(tmp=tmp, servers=servers, port=port))
     proc = subprocess.Popen([nginx, "-c", str(conf), "-p", str(tmp), "-e", str(tmp / "error.log")],

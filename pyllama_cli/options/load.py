@@ -164,7 +164,8 @@ def load_settings(kwargs: dict[str, Any]) -> LoadSettings:
     if kwargs.pop("list_devices"):
         list_devices(rpc)
     return LoadSettings(
-        rpc=rpc, devices=parse_devices(kwargs.pop("device")), tensor_split=parse_tensor_split(kwargs.pop("tensor_split")),
+        rpc=rpc, devices=parse_devices(kwargs.pop("device")),
+        tensor_split=parse_tensor_split(kwargs.pop("tensor_split")),
         n_ctx=kwargs.pop("ctx_size"), n_threads=kwargs.pop("threads"), n_gpu_layers=kwargs.pop("n_gpu_layers"),
         flash_attn=flash, n_batch=kwargs.pop("batch_size"), n_ubatch=kwargs.pop("ubatch_size"),
         mlock=kwargs.pop("mlock"), mmap=not kwargs.pop("no_mmap"), seed=kwargs.pop("seed"),

@@ -109,8 +109,8 @@ class BenchSpec:
 
     def tests_per_model(self) -> int:
         """How many tests `instances` makes for each model, counted without making them."""
-        lists = (self.n_gpu_layers, self.load_mode, self.devices, self.tensor_split, self.n_batch, self.n_ubatch, self.type_k, self.type_v,
-                 self.no_kv_offload, self.flash_attn, self.n_threads, self.n_depth)
+        lists = (self.n_gpu_layers, self.load_mode, self.devices, self.tensor_split, self.n_batch, self.n_ubatch,
+                 self.type_k, self.type_v, self.no_kv_offload, self.flash_attn, self.n_threads, self.n_depth)
         return len(self._tests()) * math.prod(map(len, lists))
 
     def instances(self) -> list[Instance]:
