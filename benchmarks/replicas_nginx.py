@@ -144,6 +144,7 @@ class Stream:
         self.error: str | None = None
         self.upstream = "?"
         self.first_chunk_s: float | None = None
+        self.end_s: float | None = None
 
     def run(self, url: str, max_tokens: int, start: float) -> None:
         import httpx
@@ -158,6 +159,7 @@ class Stream:
                     self.error = f"HTTP {response.status_code}: {response.read()[:200]!r}"
                     return
                 self._read(response.iter_lines(), start)
+                self.end_s = time.perf_counter() - start
         except Exception as exc:  # noqa: BLE001 - any failure of a stream is an error to count
             self.error = f"{type(exc).__name__}: {exc}"
 
@@ -176,10 +178,10 @@ class Stream:
                 done = True
                 continue
             chunk = json.loads(data)
-            if self.first_chunk_s is None:
-                self.first_chunk_s = time.perf_counter() - start
             for choice in chunk.get("choices", []):
                 finish = choice.get("finish_reason") or finish
+                if self.first_chunk_s is None and (choice.get("delta") or {}).get("content"):
+                    self.first_chunk_s = time.perf_counter() - start  # the first generated text through nginx
             usage = chunk.get("usage") or usage
         if usage:
             self.tokens = usage["completion_tokens"]
@@ -239,12 +241,17 @@ def report(streams: list[Stream], wall: float, replicas: list[str], front: str, 
     per_replica = {url.removeprefix("http://"): sum(1 for s in streams if s.upstream == url.removeprefix("http://"))
                    for url in replicas}
     firsts = sorted(s.first_chunk_s for s in streams if s.first_chunk_s is not None)
+    # Unbuffered: a stream's first text reaches the client well before the stream ends.
+    early = sum(1 for s in streams if s.first_chunk_s is not None and s.end_s is not None
+                and s.end_s - s.first_chunk_s >= 0.25 * s.end_s)
     print(f"model {model.name}; 2 replicas ({', '.join(replicas)}), -np {args.parallel} -t {args.threads} each; "
           f"nginx on {front} (least_conn, proxy_buffering off)")
     print(f"{len(streams)} streaming clients, max_tokens {args.max_tokens}, all started at once")
     print(f"aggregate: {tokens} tokens in {wall:.2f} s = {tokens / wall:.1f} t/s")
     if firsts:
-        print(f"first chunk: median {firsts[len(firsts) // 2]:.2f} s, last {firsts[-1]:.2f} s after the start")
+        print(f"first text: earliest {firsts[0]:.2f} s, median {firsts[len(firsts) // 2]:.2f} s, last "
+              f"{firsts[-1]:.2f} s after the start; streams whose text flowed while generating (first text in "
+              f"the first 3/4 of the stream): {early}/{len(streams)}")
     print(f"errors: {len(errors)}")
     print(f"whole streams: {sum(s.whole for s in streams)}/{len(streams)}")
     print("streams per replica: " + ", ".join(f"{k} {v}" for k, v in per_replica.items()))
