@@ -302,7 +302,7 @@ def test_rpc_server_says_what_it_lends_and_stops_cleanly_on_sigterm(tmp_path: Pa
     lines = server.stderr.splitlines()
     assert re.fullmatch(r"lending CPU \(.+\): \d+ MiB free of \d+ MiB", lines[0]), lines
     assert lines[1] == f"RPC server on {server.endpoint}; Ctrl-C stops it"
-    assert lines[-1] == "RPC server stopped"
+    assert "RPC server stopped" in lines[2:]  # ggml's own lines (banner, connections) may come in between
 
 
 def test_rpc_server_on_a_port_in_use_is_one_error_line() -> None:

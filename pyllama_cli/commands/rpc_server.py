@@ -72,9 +72,9 @@ def rpc_server(
          + "; Ctrl-C stops it")
     sys.stdout.flush()
     os.dup2(2, 1)  # ggml prints its banner and each connection on stdout: people's text goes to stderr
-    server = start_server(endpoint, cache_dir, threads or _default_threads(), lend)
-    with _stopping_on_sigterm():
+    with _stopping_on_sigterm():  # before the port opens: whoever sees it open may stop the server at once
         try:
+            server = start_server(endpoint, cache_dir, threads or _default_threads(), lend)
             while server.is_alive():
                 server.join(0.5)
         except KeyboardInterrupt:
