@@ -131,7 +131,8 @@ _pyllama() {
 _pyllama_spec() {
     case $1 in
         "")
-            subs="bench chat complete completion detokenize info perplexity quantize serve tokenize"
+            subs="bench chat complete completion detokenize info perplexity quantize rpc-server serve \
+                tokenize"
             opts="--version -h --help"
             ;;
         "bench")
@@ -139,8 +140,9 @@ _pyllama_spec() {
             opts="-m= --model= -hf= --hf-repo= -hff= --hf-file= -hft= --hf-token= --offline -p= --n-prompt= \
                 -n= --n-gen= -pg= -d= --n-depth= -b= --batch-size= -ub= --ubatch-size= -ctk= --cache-type-k= \
                 -ctv= --cache-type-v= -t= --threads= -ngl= --n-gpu-layers= -fa= --flash-attn= -nkvo= \
-                --no-kv-offload= -mmp= --mmap= -lm= --load-mode= -r= --repetitions= -o= --output= --progress \
-                --no-warmup --ttft --compare= --plot= -v --verbose -h --help"
+                --no-kv-offload= -mmp= --mmap= -lm= --load-mode= --rpc= -dev= --device= -ts= --tensor-split= \
+                --list-devices -r= --repetitions= -o= --output= --progress --no-warmup --ttft --compare= \
+                --plot= -v --verbose -h --help"
             ;;
         "chat")
             subs=""
@@ -152,7 +154,7 @@ _pyllama_spec() {
                 --json-schema-file= -m= --model= -hf= --hf-repo= -hff= --hf-file= -hft= --hf-token= \
                 --offline -c= --ctx-size= -t= --threads= -ngl= --gpu-layers= --n-gpu-layers= -fa= \
                 --flash-attn= -b= --batch-size= -ub= --ubatch-size= --mlock --no-mmap -s= --seed= -v \
-                --verbose --log-file= -h --help"
+                --verbose --log-file= --rpc= -dev= --device= -ts= --tensor-split= --list-devices -h --help"
             ;;
         "complete")
             subs=""
@@ -164,7 +166,7 @@ _pyllama_spec() {
                 --json-schema-file= -m= --model= -hf= --hf-repo= -hff= --hf-file= -hft= --hf-token= \
                 --offline -c= --ctx-size= -t= --threads= -ngl= --gpu-layers= --n-gpu-layers= -fa= \
                 --flash-attn= -b= --batch-size= -ub= --ubatch-size= --mlock --no-mmap -s= --seed= -v \
-                --verbose --log-file= -h --help"
+                --verbose --log-file= --rpc= -dev= --device= -ts= --tensor-split= --list-devices -h --help"
             ;;
         "completion")
             subs="install show"
@@ -194,7 +196,8 @@ _pyllama_spec() {
                 --hellaswag-tasks= --winogrande= --winogrande-tasks= --json -m= --model= -hf= --hf-repo= \
                 -hff= --hf-file= -hft= --hf-token= --offline -c= --ctx-size= -t= --threads= -ngl= \
                 --gpu-layers= --n-gpu-layers= -fa= --flash-attn= -b= --batch-size= -ub= --ubatch-size= \
-                --mlock --no-mmap -s= --seed= -v --verbose --log-file= -h --help"
+                --mlock --no-mmap -s= --seed= -v --verbose --log-file= --rpc= -dev= --device= -ts= \
+                --tensor-split= --list-devices -h --help"
             ;;
         "quantize")
             subs=""
@@ -202,6 +205,10 @@ _pyllama_spec() {
                 --include-weights= --exclude-weights= --output-tensor-type= --token-embedding-type= \
                 --override-kv= --keep-split -t= --threads= -f --force -v --verbose --log-file= -m= --model= \
                 -hf= --hf-repo= -hff= --hf-file= -hft= --hf-token= --offline -h --help"
+            ;;
+        "rpc-server")
+            subs=""
+            opts="-H= --host= -p= --port= -t= --threads= -d= --device= -c --cache --list-devices -h --help"
             ;;
         "serve")
             subs=""
@@ -213,7 +220,7 @@ _pyllama_spec() {
                 --json-schema-file= -m= --model= -hf= --hf-repo= -hff= --hf-file= -hft= --hf-token= \
                 --offline -c= --ctx-size= -t= --threads= -ngl= --gpu-layers= --n-gpu-layers= -fa= \
                 --flash-attn= -b= --batch-size= -ub= --ubatch-size= --mlock --no-mmap -s= --seed= -v \
-                --verbose --log-file= -h --help"
+                --verbose --log-file= --rpc= -dev= --device= -ts= --tensor-split= --list-devices -h --help"
             ;;
         "tokenize")
             subs=""

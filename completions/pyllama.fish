@@ -11,7 +11,7 @@ function __pyllama_path
     set -l path
     for token in $tokens
         string match -q -- '-*' $token; and continue
-        contains -- (string join ' ' -- $path $token) 'bench' 'chat' 'complete' 'completion' 'completion install' 'completion show' 'detokenize' 'info' 'perplexity' 'quantize' 'serve' 'tokenize'; or break
+        contains -- (string join ' ' -- $path $token) 'bench' 'chat' 'complete' 'completion' 'completion install' 'completion show' 'detokenize' 'info' 'perplexity' 'quantize' 'rpc-server' 'serve' 'tokenize'; or break
         set path $path $token
     end
     string join ' ' -- $path
@@ -82,6 +82,7 @@ complete -c pyllama -n '__pyllama_using' -a 'detokenize' -d 'Print the text that
 complete -c pyllama -n '__pyllama_using' -a 'info' -d 'Show what a GGUF model holds: architecture, size, quantization, vocab, template.'
 complete -c pyllama -n '__pyllama_using' -a 'perplexity' -d 'Score a model on a text as llama-perplexity does: same chunks, same PPL to every...'
 complete -c pyllama -n '__pyllama_using' -a 'quantize' -d 'Quantize a GGUF model to another type, as llama.cpp\'s llama-quantize does...'
+complete -c pyllama -n '__pyllama_using' -a 'rpc-server' -d 'Run ggml\'s RPC server: clients add it with --rpc HOST:PORT and put part of a model on...'
 complete -c pyllama -n '__pyllama_using' -a 'serve' -d 'Serve a model over an OpenAI-compatible HTTP API: chat, completions, embeddings.'
 complete -c pyllama -n '__pyllama_using' -a 'tokenize' -d 'Print the tokens a model turns text into, as llama-tokenize does (same ids, same lines).'
 complete -c pyllama -n '__pyllama_using' -l version -d 'Show pyllama\'s version and exit.'
@@ -107,6 +108,10 @@ complete -c pyllama -n '__pyllama_using bench' -o fa -l flash-attn -d 'Flash att
 complete -c pyllama -n '__pyllama_using bench' -o nkvo -l no-kv-offload -d 'Keep the KV cache off the GPU: 0 or 1.' -x
 complete -c pyllama -n '__pyllama_using bench' -o mmp -l mmap -d 'Memory-map the model: 0 or 1 (sets the load mode).' -x
 complete -c pyllama -n '__pyllama_using bench' -o lm -l load-mode -d 'Load mode: auto, none, mmap, mlock, mmap+mlock, dio.' -x
+complete -c pyllama -n '__pyllama_using bench' -l rpc -d 'RPC servers (`pyllama rpc-server` or llama.cpp\'s rpc-server) whose devices hold part of the model, comma-separated.' -x
+complete -c pyllama -n '__pyllama_using bench' -o dev -l device -d 'Devices to offload to: DEV/DEV...' -x
+complete -c pyllama -n '__pyllama_using bench' -o ts -l tensor-split -d 'Each device\'s share of the layers, e.g.' -x
+complete -c pyllama -n '__pyllama_using bench' -l list-devices -d 'Print the devices (local, and the --rpc servers\') with their memory and exit.'
 complete -c pyllama -n '__pyllama_using bench' -s r -l repetitions -d 'Timed runs of each test.' -x
 complete -c pyllama -n '__pyllama_using bench' -s o -l output -d 'Output format: md, csv, json, jsonl or sql.' -x -a '(__pyllama_values none csv json jsonl md sql)'
 complete -c pyllama -n '__pyllama_using bench' -l progress -d 'Print each step of each test on stderr.'
@@ -163,6 +168,10 @@ complete -c pyllama -n '__pyllama_using chat' -l no-mmap -d 'Read the model into
 complete -c pyllama -n '__pyllama_using chat' -s s -l seed -d 'Random seed (-1 = random).' -x
 complete -c pyllama -n '__pyllama_using chat' -s v -l verbose -d 'Show llama.cpp\'s own log on stderr.'
 complete -c pyllama -n '__pyllama_using chat' -l log-file -d 'Append llama.cpp\'s log to this file.' -x -a '(__pyllama_values file)'
+complete -c pyllama -n '__pyllama_using chat' -l rpc -d 'RPC servers (`pyllama rpc-server` or llama.cpp\'s rpc-server) whose devices hold part of the model, comma-separated.' -x
+complete -c pyllama -n '__pyllama_using chat' -o dev -l device -d 'Devices to offload to, comma-separated (none = no offload; default: every GPU and RPC server).' -x
+complete -c pyllama -n '__pyllama_using chat' -o ts -l tensor-split -d 'Each device\'s share of the layers, e.g.' -x
+complete -c pyllama -n '__pyllama_using chat' -l list-devices -d 'Print the devices (local, and the --rpc servers\') with their memory and exit.'
 complete -c pyllama -n '__pyllama_using chat' -s h -l help -d 'Show this message and exit.'
 
 # pyllama complete
@@ -213,6 +222,10 @@ complete -c pyllama -n '__pyllama_using complete' -l no-mmap -d 'Read the model 
 complete -c pyllama -n '__pyllama_using complete' -s s -l seed -d 'Random seed (-1 = random).' -x
 complete -c pyllama -n '__pyllama_using complete' -s v -l verbose -d 'Show llama.cpp\'s own log on stderr.'
 complete -c pyllama -n '__pyllama_using complete' -l log-file -d 'Append llama.cpp\'s log to this file.' -x -a '(__pyllama_values file)'
+complete -c pyllama -n '__pyllama_using complete' -l rpc -d 'RPC servers (`pyllama rpc-server` or llama.cpp\'s rpc-server) whose devices hold part of the model, comma-separated.' -x
+complete -c pyllama -n '__pyllama_using complete' -o dev -l device -d 'Devices to offload to, comma-separated (none = no offload; default: every GPU and RPC server).' -x
+complete -c pyllama -n '__pyllama_using complete' -o ts -l tensor-split -d 'Each device\'s share of the layers, e.g.' -x
+complete -c pyllama -n '__pyllama_using complete' -l list-devices -d 'Print the devices (local, and the --rpc servers\') with their memory and exit.'
 complete -c pyllama -n '__pyllama_using complete' -s h -l help -d 'Show this message and exit.'
 
 # pyllama completion
@@ -275,6 +288,10 @@ complete -c pyllama -n '__pyllama_using perplexity' -l no-mmap -d 'Read the mode
 complete -c pyllama -n '__pyllama_using perplexity' -s s -l seed -d 'Random seed (-1 = random).' -x
 complete -c pyllama -n '__pyllama_using perplexity' -s v -l verbose -d 'Show llama.cpp\'s own log on stderr.'
 complete -c pyllama -n '__pyllama_using perplexity' -l log-file -d 'Append llama.cpp\'s log to this file.' -x -a '(__pyllama_values file)'
+complete -c pyllama -n '__pyllama_using perplexity' -l rpc -d 'RPC servers (`pyllama rpc-server` or llama.cpp\'s rpc-server) whose devices hold part of the model, comma-separated.' -x
+complete -c pyllama -n '__pyllama_using perplexity' -o dev -l device -d 'Devices to offload to, comma-separated (none = no offload; default: every GPU and RPC server).' -x
+complete -c pyllama -n '__pyllama_using perplexity' -o ts -l tensor-split -d 'Each device\'s share of the layers, e.g.' -x
+complete -c pyllama -n '__pyllama_using perplexity' -l list-devices -d 'Print the devices (local, and the --rpc servers\') with their memory and exit.'
 complete -c pyllama -n '__pyllama_using perplexity' -s h -l help -d 'Show this message and exit.'
 
 # pyllama quantize
@@ -301,6 +318,15 @@ complete -c pyllama -n '__pyllama_using quantize' -o hft -l hf-token -d 'Hugging
 complete -c pyllama -n '__pyllama_using quantize' -l offline -d 'Resolve -hf from the local cache only, with no network call (also HF_HUB_OFFLINE=1).'
 complete -c pyllama -n '__pyllama_using quantize' -s h -l help -d 'Show this message and exit.'
 complete -c pyllama -n '__pyllama_using quantize' -a '(__pyllama_values gguf BF16 COPY F16 F32 IQ1_M IQ1_S IQ2_M IQ2_S IQ2_XS IQ2_XXS IQ3_M IQ3_S IQ3_XS IQ3_XXS IQ4_NL IQ4_XS MXFP4_MOE Q1_0 Q2_0 Q2_K Q2_K_S Q3_K Q3_K_L Q3_K_M Q3_K_S Q4_0 Q4_1 Q4_K Q4_K_M Q4_K_S Q5_0 Q5_1 Q5_K Q5_K_M Q5_K_S Q6_K Q8_0 TQ1_0 TQ2_0)'
+
+# pyllama rpc-server
+complete -c pyllama -n '__pyllama_using rpc-server' -s H -l host -d 'Address to listen on.' -x
+complete -c pyllama -n '__pyllama_using rpc-server' -s p -l port -d 'Port to listen on.' -x
+complete -c pyllama -n '__pyllama_using rpc-server' -s t -l threads -d 'Threads of the CPU device (0 = half the hardware threads).' -x
+complete -c pyllama -n '__pyllama_using rpc-server' -s d -l device -d 'Devices to lend, comma-separated (default: every GPU, else the CPU).' -x
+complete -c pyllama -n '__pyllama_using rpc-server' -s c -l cache -d 'Keep large tensors the clients send in a local cache ($LLAMA_CACHE/rpc, else ~/.cache/llama.cpp/rpc), so that a model loads faster the next time.'
+complete -c pyllama -n '__pyllama_using rpc-server' -l list-devices -d 'Print this machine\'s devices with their memory and exit.'
+complete -c pyllama -n '__pyllama_using rpc-server' -s h -l help -d 'Show this message and exit.'
 
 # pyllama serve
 complete -c pyllama -n '__pyllama_using serve' -l host -d 'Address to listen on.' -x
@@ -349,6 +375,10 @@ complete -c pyllama -n '__pyllama_using serve' -l no-mmap -d 'Read the model int
 complete -c pyllama -n '__pyllama_using serve' -s s -l seed -d 'Random seed (-1 = random).' -x
 complete -c pyllama -n '__pyllama_using serve' -s v -l verbose -d 'Show llama.cpp\'s own log on stderr.'
 complete -c pyllama -n '__pyllama_using serve' -l log-file -d 'Append llama.cpp\'s log to this file.' -x -a '(__pyllama_values file)'
+complete -c pyllama -n '__pyllama_using serve' -l rpc -d 'RPC servers (`pyllama rpc-server` or llama.cpp\'s rpc-server) whose devices hold part of the model, comma-separated.' -x
+complete -c pyllama -n '__pyllama_using serve' -o dev -l device -d 'Devices to offload to, comma-separated (none = no offload; default: every GPU and RPC server).' -x
+complete -c pyllama -n '__pyllama_using serve' -o ts -l tensor-split -d 'Each device\'s share of the layers, e.g.' -x
+complete -c pyllama -n '__pyllama_using serve' -l list-devices -d 'Print the devices (local, and the --rpc servers\') with their memory and exit.'
 complete -c pyllama -n '__pyllama_using serve' -s h -l help -d 'Show this message and exit.'
 
 # pyllama tokenize

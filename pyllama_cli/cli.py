@@ -26,6 +26,7 @@ COMMANDS = [
     ("detokenize", "tokenize", "detokenize"),
     ("quantize", "quantize", "quantize"),
     ("info", "info", "info"),
+    ("rpc-server", "rpc_server", "rpc_server"),
     ("completion", "shell_completion", "app"),
 ]
 COMMAND_NAMES = frozenset(name for name, _, _ in COMMANDS)
@@ -38,7 +39,7 @@ def build_app(only: str | None = None) -> typer.Typer:
     application = typer.Typer(
         name="pyllama",
         help="llama.cpp's command-line tools in Python: chat, complete, serve, bench, perplexity, tokenize, "
-        "quantize, info.",
+        "quantize, info, rpc-server.",
         no_args_is_help=True,
         add_completion=False,
         pretty_exceptions_enable=False,

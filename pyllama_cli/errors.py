@@ -50,6 +50,10 @@ class ModelLoadError(PyllamaError):
     """llama.cpp could not load a model or create a context for it."""
 
 
+class RpcError(PyllamaError):
+    """llama.cpp's RPC backend failed: a library built without it, or a server that cannot be reached or is gone."""
+
+
 class ContextOverflow(PyllamaError):
     """A prompt or conversation that does not fit in the context window."""
 

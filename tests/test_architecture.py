@@ -16,6 +16,9 @@ from tests.helpers import REPO_ROOT
 PACKAGE = Path(REPO_ROOT) / "pyllama_cli"
 # Whose private modules and names pyllama must not touch: they may change in any release.
 GUARDED = frozenset({"typer", "click"} | set(sys.stdlib_module_names))
+# Names with a leading underscore that the standard library documents as public API, so no release
+# may change them: os._exit (leave at once, from any thread: pyllama's answer to ggml's abort()).
+DOCUMENTED = frozenset({"os._exit"})
 _IMPORTERS = frozenset({"import_module", "__import__"})  # importlib.import_module("x._y"), __import__("x._y")
 
 
@@ -81,7 +84,8 @@ def private_uses(source: str) -> Iterator[tuple[int, str]]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute):
             chain = _attribute_chain(node)
-            if chain and chain[0] in bound and _private(node.attr):
+            if chain and chain[0] in bound and _private(node.attr) \
+                    and ".".join((bound[chain[0]], *chain[1])) not in DOCUMENTED:
                 yield node.lineno, ".".join((bound[chain[0]], *chain[1]))
         elif isinstance(node, ast.Call) and node.args:
             func = node.func
@@ -106,6 +110,7 @@ def private_uses(source: str) -> Iterator[tuple[int, str]]:
     ("from typer import _click", ["from typer import _click"]),
     ("def f():\n    import atexit\n    atexit._run_exitfuncs()", ["atexit._run_exitfuncs"]),
     ("import sys\nframe = sys._getframe(1)", ["sys._getframe"]),
+    ("import os\nos._exit(1)", []),
     ("import typer\ntyper._click.exceptions.UsageError", ["typer._click"]),
     ("import os.path as p\np._joinrealpath", ["os.path._joinrealpath"]),
     ("import sys\ngetattr(sys, '_getframe')", ["getattr(sys, '_getframe')"]),

@@ -10,21 +10,10 @@ from typing import Annotated, Any
 import typer
 
 from ..console import bench_progress, download_tqdm, out, stdout_is_tty
-from ..core.bench.spec import (
-    DEFAULT_CACHE_TYPE,
-    DEFAULT_FLASH_ATTN,
-    DEFAULT_LOAD_MODE,
-    DEFAULT_N_BATCH,
-    DEFAULT_N_DEPTH,
-    DEFAULT_N_GEN,
-    DEFAULT_N_GPU_LAYERS,
-    DEFAULT_N_PROMPT,
-    DEFAULT_N_UBATCH,
-    DEFAULT_NO_KV_OFFLOAD,
-    DEFAULT_REPETITIONS,
-)
+from ..core.bench import spec as defaults
 from ..core.model.resolve import ModelRequest, resolve_model
 from ..errors import Interrupted, UsageError
+from ..options.devices import BenchDeviceOpt, BenchTensorSplitOpt, ListDevicesOpt, RpcOpt, list_devices, parse_rpc
 from ..options.load import HfFileOpt, HfRepoOpt, HfTokenOpt, ModelPathOpt, OfflineOpt, VerboseOpt, repeatable
 
 EXAMPLES = """\
@@ -33,8 +22,8 @@ Examples:
   pyllama bench -m model.gguf -p 256 -n 64 -t 1-4 -o csv
   pyllama bench -m a.gguf -m b.gguf -pg 512,128 -d 0,1024 -fa on,off
   pyllama bench -m model.gguf -ctk f16,q8_0 -ctv f16,q8_0 -fa on
-  pyllama bench -m model.gguf --ttft -o json > base.json
-  pyllama bench -m model.gguf --compare base.json --plot speed.png
+  pyllama bench -m model.gguf --ttft -o json > base.json && pyllama bench -m model.gguf --compare base.json
+  pyllama bench -m model.gguf --rpc 10.0.0.5:50052,10.0.0.6:50052 -ts 3/1
 
 Values: 1,2,4 or ranges 1-8, 1-8+2 (step), 1-16*2 (factor); a flag may repeat.
 """
@@ -52,26 +41,27 @@ ModelsOpt = repeatable(ModelPathOpt, " Repeat the flag (or separate with ,) to c
 HfReposOpt = repeatable(HfRepoOpt, " Repeatable.")
 HfFilesOpt = repeatable(HfFileOpt, " Repeatable: the n-th -hff goes with the n-th -hf.")
 NPromptOpt = _sweep("-p", "--n-prompt",
-                    help=f"Prompt lengths to time (pp tests); 0 = none. (default: {DEFAULT_N_PROMPT[0]})")
+                    help=f"Prompt lengths to time (pp tests); 0 = none. (default: {defaults.DEFAULT_N_PROMPT[0]})")
 NGenOpt = _sweep("-n", "--n-gen",
-                 help=f"Generation lengths to time (tg tests); 0 = none. (default: {DEFAULT_N_GEN[0]})")
+                 help=f"Generation lengths to time (tg tests); 0 = none. (default: {defaults.DEFAULT_N_GEN[0]})")
 NPgOpt = _sweep("-pg", help="A PROMPT,GEN pair timed together (pp+tg test); repeatable.")
 NDepthOpt = _sweep("-d", "--n-depth",
-                   help=f"Tokens already in the context (untimed prefill). (default: {DEFAULT_N_DEPTH[0]})")
-BatchSizesOpt = _sweep("-b", "--batch-size", help=f"Logical batch size. (default: {DEFAULT_N_BATCH[0]})")
-UBatchSizesOpt = _sweep("-ub", "--ubatch-size", help=f"Physical batch size. (default: {DEFAULT_N_UBATCH[0]})")
+                   help=f"Tokens already in the context (untimed prefill). (default: {defaults.DEFAULT_N_DEPTH[0]})")
+BatchSizesOpt = _sweep("-b", "--batch-size", help=f"Logical batch size. (default: {defaults.DEFAULT_N_BATCH[0]})")
+UBatchSizesOpt = _sweep("-ub", "--ubatch-size", help=f"Physical batch size. (default: {defaults.DEFAULT_N_UBATCH[0]})")
 CacheTypeKOpt = _sweep("-ctk", "--cache-type-k", help="K cache type: f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, "
-                       f"iq4_nl. (default: {DEFAULT_CACHE_TYPE[0]})")
-CacheTypeVOpt = _sweep("-ctv", "--cache-type-v", help=f"V cache type (as -ctk). (default: {DEFAULT_CACHE_TYPE[0]})")
+                       f"iq4_nl. (default: {defaults.DEFAULT_CACHE_TYPE[0]})")
+CacheTypeVOpt = _sweep("-ctv", "--cache-type-v",
+                       help=f"V cache type (as -ctk). (default: {defaults.DEFAULT_CACHE_TYPE[0]})")
 ThreadsListOpt = _sweep("-t", "--threads", help="CPU threads. (default: physical cores)")
 GpuLayersListOpt = _sweep("-ngl", "--n-gpu-layers",
-                          help=f"Layers offloaded to the GPU (-1 = all). (default: {DEFAULT_N_GPU_LAYERS[0]})")
+                          help=f"Layers offloaded to the GPU (-1 = all). (default: {defaults.DEFAULT_N_GPU_LAYERS[0]})")
 FlashAttnListOpt = _sweep("-fa", "--flash-attn",
-                          help=f"Flash attention: on, off or auto. (default: {DEFAULT_FLASH_ATTN[0]})")
+                          help=f"Flash attention: on, off or auto. (default: {defaults.DEFAULT_FLASH_ATTN[0]})")
 NoKvOffloadOpt = _sweep("-nkvo", "--no-kv-offload",
-                        help=f"Keep the KV cache off the GPU: 0 or 1. (default: {DEFAULT_NO_KV_OFFLOAD[0]:d})")
+                        help=f"Keep the KV cache off the GPU: 0 or 1. (default: {defaults.DEFAULT_NO_KV_OFFLOAD[0]:d})")
 MmapOpt = _sweep("-mmp", "--mmap",
-                 help=f"Memory-map the model: 0 or 1 (sets the load mode). (default: {DEFAULT_LOAD_MODE[0]})")
+                 help=f"Memory-map the model: 0 or 1 (sets the load mode). (default: {defaults.DEFAULT_LOAD_MODE[0]})")
 LoadModeOpt = _sweep("-lm", "--load-mode", help="Load mode: auto, none, mmap, mlock, mmap+mlock, dio.")
 
 
@@ -95,8 +85,12 @@ def bench(
     no_kv_offload: NoKvOffloadOpt = None,
     mmap: MmapOpt = None,
     load_mode: LoadModeOpt = None,
+    rpc: RpcOpt = None,
+    device: BenchDeviceOpt = None,
+    tensor_split: BenchTensorSplitOpt = None,
+    list_devices_only: ListDevicesOpt = False,
     repetitions: Annotated[int, typer.Option("-r", "--repetitions", help="Timed runs of each test.",
-                                             rich_help_panel=RUN)] = DEFAULT_REPETITIONS,
+                                             rich_help_panel=RUN)] = defaults.DEFAULT_REPETITIONS,
     output: Annotated[str, typer.Option("-o", "--output", help="Output format: md, csv, json, jsonl or sql.",
                                         rich_help_panel=RUN)] = "md",
     progress: Annotated[bool, typer.Option("--progress", help="Print each step of each test on stderr.",
@@ -128,7 +122,10 @@ def bench(
     from ..core.bench.params import make_spec, model_requests
     from ..core.bench.plot import check_plot_target
     from ..core.bench.runner import build_info
+    from ..core.model.rpc import add_servers
 
+    if list_devices_only:
+        list_devices(parse_rpc(rpc))
     if output not in OUTPUT_FORMATS:
         raise UsageError(f"-o {output!r} is not one of {', '.join(OUTPUT_FORMATS)}", hint="e.g. -o json")
     spec = make_spec(dict(locals()))
@@ -136,6 +133,7 @@ def bench(
     if plot is not None:
         check_plot_target(plot)
     spec = replace(spec, models=_resolve(model_requests(model_path, hf_repo, hf_file, hf_token, offline)))
+    add_servers(spec.rpc)  # before build_info: the backend is RPC once servers lend devices
     _run(spec, build_info(), output, progress, baseline, plot)
 
 

@@ -78,6 +78,10 @@ def serve(
 
         resolve_template(None, chat_template)  # an unknown name fails before the model loads
     resolved = resolve_model(model, tqdm_class=download_tqdm())
+    if load.rpc:
+        from ..core.model.rpc import add_servers
+
+        add_servers(load.rpc)  # an unreachable server fails now, before the port opens
     settings = ServerSettings(
         alias=alias or _default_alias(resolved.path), sampling=sampling.settings, n_predict=sampling.n_predict,
         stop=sampling.stop, api_key=api_key or None, cors_origins=tuple(cors_origin or ()),

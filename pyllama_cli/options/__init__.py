@@ -4,6 +4,7 @@
   (`JsonOpt`, `VerboseOpt`, `ChatTemplateOpt`, `SystemPromptOpt`, ...), and what adapts a shared
   flag to one command: `in_panel` (its own help panel), `repeatable` (given several times),
   `own_option` (its own meaning, as perplexity's -c).
+- `devices`: `--rpc`, `-dev/--device`, `-ts/--tensor-split`, `--list-devices` (part of the load flags).
 - `sampling`: sampling and output-constraint flags of complete, chat and serve.
 
 May import: typer, `core` (settings only), `errors`.

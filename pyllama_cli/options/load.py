@@ -31,6 +31,16 @@ from ..core.model.settings import (
     LoadSettings,
 )
 from ..errors import UsageError
+from .devices import (
+    DeviceOpt,
+    ListDevicesOpt,
+    RpcOpt,
+    TensorSplitOpt,
+    list_devices,
+    parse_devices,
+    parse_rpc,
+    parse_tensor_split,
+)
 
 MODEL_PANEL = "Model"
 LOAD_PANEL = "Loading"
@@ -128,6 +138,10 @@ _LOAD_PARAMS = [
     option_param("seed", SeedOpt, DEFAULT_SEED),
     option_param("verbose", VerboseOpt, False),
     option_param("log_file", LogFileOpt, None),
+    option_param("rpc", RpcOpt, None),
+    option_param("device", DeviceOpt, None),
+    option_param("tensor_split", TensorSplitOpt, None),
+    option_param("list_devices", ListDevicesOpt, False),
 ]
 
 
@@ -146,7 +160,12 @@ def load_settings(kwargs: dict[str, Any]) -> LoadSettings:
         raise typer.BadParameter(f"{flash!r} is not one of {', '.join(FLASH_ATTN_CHOICES)}", param_hint="'-fa'")
     check_fits(ctx_size=("-c", INT32_MAX), n_gpu_layers=("-ngl", INT32_MAX), batch_size=("-b", INT32_MAX),
                ubatch_size=("-ub", INT32_MAX), seed=("-s", UINT32_MAX), values=kwargs)
+    rpc = parse_rpc(kwargs.pop("rpc"))
+    if kwargs.pop("list_devices"):
+        list_devices(rpc)
     return LoadSettings(
+        rpc=rpc, devices=parse_devices(kwargs.pop("device")),
+        tensor_split=parse_tensor_split(kwargs.pop("tensor_split")),
         n_ctx=kwargs.pop("ctx_size"), n_threads=kwargs.pop("threads"), n_gpu_layers=kwargs.pop("n_gpu_layers"),
         flash_attn=flash, n_batch=kwargs.pop("batch_size"), n_ubatch=kwargs.pop("ubatch_size"),
         mlock=kwargs.pop("mlock"), mmap=not kwargs.pop("no_mmap"), seed=kwargs.pop("seed"),

@@ -19,7 +19,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.middleware.cors import CORSMiddleware
 
 from .. import __version__
-from ..core.serving.engine import Engine
+from ..core.serving.engine import BROKEN, Engine
 from ..core.serving.jobs import EmbeddingJob
 from ..errors import InputError
 from . import openai_answers
@@ -100,6 +100,9 @@ def create_app(engine: Engine, settings: ServerSettings) -> FastAPI:
 
 
 def _ready(engine: Engine) -> Engine:
+    if engine.state == BROKEN:  # up, answering, but the model can no longer run: a balancer takes it out
+        message = getattr(engine.error, "message", str(engine.error))
+        raise APIError(503, f"the model can no longer run: {message}; restart the server", code="unavailable")
     if not engine.ready:
         raise loading_error()
     return engine

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +84,8 @@ def serve(sock: socket.socket, path: Path, load: LoadSettings, settings: Any, *,
         server.should_exit = True
 
     engine = make_engine(path, load, embeddings, parallel, kv_unified, on_ready=on_ready, on_failure=on_failure)
+    if load.rpc and hasattr(engine, "break_down"):
+        _survive_dead_rpc_servers(engine)
     app = create_app(engine, settings)
     config = uvicorn.Config(app, log_level="info" if load.verbose else "warning", access_log=load.verbose,
                             log_config=log_config(), timeout_graceful_shutdown=SHUTDOWN_GRACE_S, lifespan="on")
@@ -97,9 +100,26 @@ def serve(sock: socket.socket, path: Path, load: LoadSettings, settings: Any, *,
     _raise_for_stop(engine, server, path)
 
 
+def _survive_dead_rpc_servers(engine: Any) -> None:
+    """An RPC server that dies under the model fails the requests running on it (and every later one,
+    with 503: the model cannot run any more) instead of ending the process; stderr says so once."""
+    from ..core.model.rpc import on_server_gone
+    from ..errors import RpcError
+
+    def gone(message: str, hint: str) -> bool:
+        engine.break_down(RpcError(message, hint=hint))
+        sys.stderr.write(f"Error: {message}\nHint: requests now get 503 until the server is restarted; {hint}\n")
+        sys.stderr.flush()
+        return True
+
+    on_server_gone(gone)
+
+
 def _raise_for_stop(engine: Any, server: Any, path: Path) -> None:
     """Turn why the server stopped into the command's outcome: a load error, Ctrl-C, or a clean stop."""
-    if engine.error is not None:
+    from ..core.serving.engine import BROKEN
+
+    if engine.error is not None and engine.state != BROKEN:  # a broken engine's error was reported when it broke
         error = engine.error
         raise error if isinstance(error, PyllamaError) else ModelLoadError(f"could not load {path.name}: {error}")
     if server.stop_signal is not None:

@@ -51,10 +51,11 @@ _FLOAT = {"avg_ts", "stddev_ts", "speedup"}
 
 # Markdown: display names and widths (negative = left-aligned), as llama-bench prints them.
 _DISPLAY = {"n_gpu_layers": "ngl", "n_threads": "threads", "no_kv_offload": "nkvo", "flash_attn": "fa",
-            "load_mode": "lm", "peak_rss_bytes": "peak RSS", "ttft": "ttft ms", "speedup": "speed-up"}
+            "load_mode": "lm", "devices": "dev", "tensor_split": "ts", "peak_rss_bytes": "peak RSS",
+            "ttft": "ttft ms", "speedup": "speed-up"}
 _WIDTH = {"model": -30, "t/s": 20, "size": 10, "params": 10, "n_gpu_layers": 3, "n_threads": 7, "n_batch": 7,
           "n_ubatch": 8, "type_k": 6, "type_v": 6, "load_mode": 10, "flash_attn": 3, "test": 15,
-          "ttft": 20, "peak_rss_bytes": 10, "speedup": 8}
+          "devices": -12, "ttft": 20, "peak_rss_bytes": 10, "speedup": 8}
 
 
 @dataclass(frozen=True)
@@ -87,12 +88,19 @@ def field_values(r: BenchResult, build: BuildInfo) -> dict[str, str]:
         "cpu_strict": "0", "poll": "50", "type_k": i.type_k, "type_v": i.type_v,
         "n_gpu_layers": str(i.n_gpu_layers), "n_cpu_moe": "0", "split_mode": "layer", "main_gpu": "0",
         "no_kv_offload": str(int(i.no_kv_offload)), "flash_attn": str(FLASH_ATTN_TYPES[i.flash_attn]),
-        "devices": "auto", "tensor_split": "0.00", "tensor_buft_overrides": "none", "load_mode": i.load_mode,
+        "devices": "/".join(i.devices) or "auto", "tensor_split": tensor_split_text(i.tensor_split),
+        "tensor_buft_overrides": "none", "load_mode": i.load_mode,
         "lazy_mode": "auto", "embeddings": "0", "no_op_offload": "0", "no_host": "0", "repack": "1",
         "fit_target": "0", "fit_min_ctx": "0", "n_prompt": str(i.n_prompt), "n_gen": str(i.n_gen),
         "n_depth": str(i.n_depth), "test_time": r.test_time, "avg_ns": str(r.avg_ns), "stddev_ns": str(r.stddev_ns),
         "avg_ts": f"{r.avg_ts:f}", "stddev_ts": f"{r.stddev_ts:f}",
     }
+
+
+def tensor_split_text(split: tuple[float, ...]) -> str:
+    """llama-bench's tensor_split: each share with 2 decimals up to the last that is not 0, joined by /."""
+    last = max((i for i, share in enumerate(split) if share > 0), default=0)
+    return "/".join(f"{share:.2f}" for share in (split or (0.0,))[: last + 1])
 
 
 def extra_values(r: BenchResult, extras: Extras, speedup: float | None) -> dict[str, str | None]:
@@ -229,6 +237,7 @@ def md_columns(spec: BenchSpec, backend: str, extras: Extras, default_threads: i
         "type_k": tuple(spec.type_k) != DEFAULT_CACHE_TYPE, "type_v": tuple(spec.type_v) != DEFAULT_CACHE_TYPE,
         "no_kv_offload": tuple(spec.no_kv_offload) != DEFAULT_NO_KV_OFFLOAD,
         "flash_attn": tuple(spec.flash_attn) != DEFAULT_FLASH_ATTN,
+        "devices": tuple(spec.devices) != ((),), "tensor_split": tuple(spec.tensor_split) != ((),),
         "load_mode": tuple(spec.load_mode) != DEFAULT_LOAD_MODE,
     }
     cols += [name for name, shown in varying.items() if shown]

@@ -65,7 +65,7 @@ def make_spec(flags: Mapping[str, Any]) -> Any:
         n_gpu_layers=ints("n_gpu_layers", "-ngl", DEFAULT_N_GPU_LAYERS, -1, negative=True),
         no_kv_offload=tuple(ranges.parse_bool_values(flags["no_kv_offload"], DEFAULT_NO_KV_OFFLOAD, flag="-nkvo")),
         flash_attn=choices("flash_attn", "-fa", DEFAULT_FLASH_ATTN, _FLASH_ATTN),
-        load_mode=load_modes or DEFAULT_LOAD_MODE,
+        load_mode=load_modes or DEFAULT_LOAD_MODE, **_placement(flags),
         repetitions=flags["repetitions"], warmup=not flags["no_warmup"], ttft=flags["ttft"], verbose=flags["verbose"],
     )
     if not any(p > 0 for p in spec.n_prompt + spec.n_gen) and not any(pg != (0, 0) for pg in spec.n_pg):
@@ -75,6 +75,19 @@ def make_spec(flags: Mapping[str, Any]) -> Any:
         raise UsageError(f"the lists and ranges make {spec.tests_per_model()} tests per model; at most "
                          f"{MAX_TESTS} run in one bench", hint="shorten the lists, or use ranges with a step")
     return spec
+
+
+def _placement(flags: Mapping[str, Any]) -> dict[str, tuple]:
+    """--rpc, and -dev and -ts as llama-bench reads them: configurations separated by commas, the items
+    of one by / (`-dev RPC0/RPC1,RPC1 -ts 3/1,1/1` makes four)."""
+    from ...options.devices import parse_devices, parse_rpc, parse_tensor_split
+
+    def configs(value: list[str] | None, parse: Any) -> tuple:
+        raw = [part for item in value or [] for part in item.split(",") if part.strip()]
+        return tuple(parse(part.replace("/", ",")) for part in raw) or ((),)
+
+    return {"rpc": parse_rpc(flags["rpc"]), "devices": configs(flags["device"], parse_devices),
+            "tensor_split": configs(flags["tensor_split"], parse_tensor_split)}
 
 
 def _load_modes(load_mode: list[str] | None, mmap: list[str] | None) -> tuple[str, ...]:

@@ -22,6 +22,7 @@ import numpy as np
 from ...errors import ModelLoadError
 from ..model import library
 from ..model.native import Context, Model, lib
+from ..model.rpc import ModelDevices
 from ..model.settings import LoadSettings
 from .spec import KV_CACHE_TYPES, LOAD_MODES, BenchResult, BenchSpec, BuildInfo, Instance
 
@@ -68,6 +69,8 @@ def load_bench_model(inst: Instance, verbose: bool = False) -> Model:
     params = lib.llama_model_default_params()
     params.n_gpu_layers = inst.n_gpu_layers
     params.load_mode = LOAD_MODES[inst.load_mode]
+    placement = ModelDevices(inst.devices, inst.tensor_split)  # the --rpc servers were added before the run
+    placement.apply(params)
     handle = lib.llama_model_load_from_file(str(inst.model.path).encode(), params)
     if not handle:
         raise ModelLoadError(f"llama.cpp could not load {inst.model.label}",

@@ -52,6 +52,8 @@ class Instance:
     no_kv_offload: bool
     flash_attn: str
     load_mode: str
+    devices: tuple[str, ...] = ()  # -dev (() = llama.cpp's choice, ("none",) = no offload)
+    tensor_split: tuple[float, ...] = ()  # -ts
 
     @property
     def test_name(self) -> str:
@@ -66,7 +68,7 @@ class Instance:
 
     def model_key(self) -> tuple:
         """What the loaded model depends on; a change means a reload."""
-        return (self.model.path, self.n_gpu_layers, self.load_mode)
+        return (self.model.path, self.n_gpu_layers, self.load_mode, self.devices, self.tensor_split)
 
 
 # More tests than one bench can run in any reasonable time; the lists of a sweep multiply, so a few
@@ -92,6 +94,9 @@ class BenchSpec:
     no_kv_offload: tuple[bool, ...] = DEFAULT_NO_KV_OFFLOAD
     flash_attn: tuple[str, ...] = DEFAULT_FLASH_ATTN
     load_mode: tuple[str, ...] = DEFAULT_LOAD_MODE
+    rpc: tuple[str, ...] = ()  # RPC servers, added once before the run (--rpc)
+    devices: tuple[tuple[str, ...], ...] = ((),)  # -dev's configurations (() = llama.cpp's choice)
+    tensor_split: tuple[tuple[float, ...], ...] = ((),)  # -ts's configurations (() = by free memory)
     repetitions: int = DEFAULT_REPETITIONS
     warmup: bool = True
     ttft: bool = False
@@ -104,18 +109,19 @@ class BenchSpec:
 
     def tests_per_model(self) -> int:
         """How many tests `instances` makes for each model, counted without making them."""
-        lists = (self.n_gpu_layers, self.load_mode, self.n_batch, self.n_ubatch, self.type_k, self.type_v,
-                 self.no_kv_offload, self.flash_attn, self.n_threads, self.n_depth)
+        lists = (self.n_gpu_layers, self.load_mode, self.devices, self.tensor_split, self.n_batch, self.n_ubatch,
+                 self.type_k, self.type_v, self.no_kv_offload, self.flash_attn, self.n_threads, self.n_depth)
         return len(self._tests()) * math.prod(map(len, lists))
 
     def instances(self) -> list[Instance]:
         """Every test to run, in llama-bench's order (model parameters outermost, so reloads are rare)."""
         tests = self._tests()
         out = []
-        for m, ngl, lm, nb, nub, tk, tv, nkvo, fa, nt, nd in itertools.product(
-                self.models, self.n_gpu_layers, self.load_mode, self.n_batch, self.n_ubatch, self.type_k,
-                self.type_v, self.no_kv_offload, self.flash_attn, self.n_threads, self.n_depth):
-            out += [Instance(m, p, g, nd, nb, nub, tk, tv, nt, ngl, nkvo, fa, lm) for p, g in tests]
+        for m, ngl, lm, dev, ts, nb, nub, tk, tv, nkvo, fa, nt, nd in itertools.product(
+                self.models, self.n_gpu_layers, self.load_mode, self.devices, self.tensor_split, self.n_batch,
+                self.n_ubatch, self.type_k, self.type_v, self.no_kv_offload, self.flash_attn, self.n_threads,
+                self.n_depth):
+            out += [Instance(m, p, g, nd, nb, nub, tk, tv, nt, ngl, nkvo, fa, lm, dev, ts) for p, g in tests]
         return out
 
 

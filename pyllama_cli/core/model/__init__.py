@@ -4,6 +4,8 @@
 - `settings`: load and context settings with llama.cpp's defaults (no llama_cpp import).
 - `library`: llama-cpp-python's bindings (`lib`, the only llama_cpp import), llama.cpp's log, the
   backend, and ggml's device registry.
+- `rpc`: llama.cpp's RPC backend: adding `--rpc` servers (with a timeout), `-dev`/`-ts` as model
+  parameters, ggml's RPC server, and one error line when a server dies mid-run (GGML_ABORT).
 - `native`: the handles over libllama: `Model`, `Context`, `Batch` (re-exports `lib`).
 - `threads`: the persistent CPU thread pools a context runs on.
 - `memory`: whether a context's KV cache fits in this machine's memory.

@@ -12,6 +12,7 @@ import ctypes
 import functools
 import importlib
 import importlib.util
+import os
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -189,7 +190,7 @@ def _ggml() -> ctypes.CDLL:
     names = sorted(lib_dir.glob("libggml.*")) or sorted(lib_dir.glob("ggml.*"))
     if not names:
         raise PyllamaError(f"libggml not found in {lib_dir}", hint="reinstall llama-cpp-python")
-    ggml = ctypes.CDLL(str(names[0]))
+    ggml = _already_loaded(names) or ctypes.CDLL(str(names[0]))
     vp, size = ctypes.c_void_p, ctypes.c_size_t
     for name, args, res in (("ggml_backend_dev_count", [], size), ("ggml_backend_dev_get", [size], vp),
                             ("ggml_backend_dev_type", [vp], ctypes.c_int),
@@ -200,3 +201,21 @@ def _ggml() -> ctypes.CDLL:
         fn = getattr(ggml, name)
         fn.argtypes, fn.restype = args, res
     return ggml
+
+
+def _already_loaded(names: list[Path]) -> ctypes.CDLL | None:
+    """The copy of libggml that libllama itself uses, of the files in `names`.
+
+    pip's wheel holds libggml.so, libggml.so.0 and libggml.so.0.x as separate files, not links:
+    opening another of them than libllama's dependency would load a second libggml with a registry
+    of its own, where RPC servers added (or devices listed) are not the ones llama.cpp loads onto.
+    """
+    no_load = getattr(os, "RTLD_NOLOAD", 0)
+    if not no_load:
+        return None
+    for name in names:
+        try:
+            return ctypes.CDLL(str(name), mode=no_load | getattr(os, "RTLD_GLOBAL", 0))
+        except OSError:
+            continue
+    return None

@@ -33,6 +33,15 @@ sampler_sample = keeping_gil(lib.llama_sampler_sample)
 # ---------------------------------------------------------------- model
 
 
+def _placement(settings: LoadSettings) -> Any:
+    """-dev, -ts and --rpc as model parameters (None when none is given: llama.cpp's own choice)."""
+    if not (settings.rpc or settings.devices or settings.tensor_split):
+        return None
+    from .rpc import model_devices
+
+    return model_devices(settings.rpc, settings.devices, settings.tensor_split)
+
+
 class Model:
     """A loaded llama.cpp model (or just its vocabulary) and its tokenizer."""
 
@@ -69,6 +78,9 @@ class Model:
         params.vocab_only = vocab_only
         params.n_gpu_layers = settings.n_gpu_layers if settings.n_gpu_layers >= 0 else 999
         params.load_mode = _load_mode(settings)
+        placement = _placement(settings)
+        if placement is not None:
+            placement.apply(params)
         interrupted = False
 
         def progress(fraction: float, _user: Any) -> bool:

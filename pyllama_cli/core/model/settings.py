@@ -39,6 +39,9 @@ class LoadSettings:
     seed: int = DEFAULT_SEED
     verbose: bool = False
     log_file: Path | None = None
+    rpc: tuple[str, ...] = ()  # RPC servers (HOST:PORT) whose devices join this process's
+    devices: tuple[str, ...] = ()  # -dev: the devices to offload to (("none",) = none); () = llama.cpp's choice
+    tensor_split: tuple[float, ...] = ()  # -ts: each device's share of the layers
 
     def resolved_threads(self) -> int:
         return self.n_threads if self.n_threads > 0 else default_threads()

@@ -25,6 +25,7 @@ from ..model.settings import LoadSettings
 from .jobs import EmbeddingJob, EngineStats, GenerationJob, JobStream, ModelSummary, TokenProb
 
 LOADING, READY, FAILED, CLOSED = "loading", "ready", "failed", "closed"
+BROKEN = "broken"  # loaded, then unable to run: an RPC server under the model died (see ParallelEngine.break_down)
 
 
 # ---------------------------------------------------------------- interface
@@ -189,8 +190,8 @@ class Engine(ABC):
         """Wait for the worker thread to stop, mark the engine closed, and free the context and model.
         A worker still running after `timeout` keeps them (vocabulary helpers use the model until then)."""
         if worker is not None and worker is not threading.current_thread():
-            worker.join(timeout)
-        if self.state != FAILED:
+            worker.join(0 if self.state == BROKEN else timeout)  # a broken engine's worker never returns
+        if self.state not in (FAILED, BROKEN):
             self.state = CLOSED
         if self.session is not None and (worker is None or not worker.is_alive()):
             self.session.close()

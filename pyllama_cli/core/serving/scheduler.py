@@ -26,7 +26,7 @@ from typing import Any
 from ...errors import ContextOverflow, InputError
 from ..generate.decide import STOP_INTERRUPTED, Turn, common_prefix, reusable_prefix
 from ..generate.stats import GenerationStats
-from .engine import CLOSED, READY, Engine
+from .engine import BROKEN, CLOSED, READY, Engine
 from .jobs import EmbeddingJob, EngineStats, Event, GenerationJob, JobStream, ModelSummary
 from .slots import GENERATING, IDLE, PREFILL, PaddingTrial, Slot
 # How long a step may wait for a request that reached the server but is not submitted yet.
@@ -133,6 +133,19 @@ class ParallelEngine(Engine):
                 if stream is not None:
                     stream.cancel()
             self._cond.notify()
+
+    def break_down(self, error: BaseException) -> None:
+        """The context can never run again (an RPC server died under it, and the scheduler thread waits
+        inside llama.cpp for good): every running and queued request ends with `error`, later ones get 503.
+
+        Called from another thread; the scheduler thread no longer touches the slots.
+        """
+        with self._cond:
+            self.error, self.state = error, BROKEN
+            streams = [slot.stream for slot in self.slots if slot.stream is not None] + list(self._queue)
+            self._queue.clear()
+            self._stats.jobs_failed += len(streams)
+        JobStream.put_all([(stream, Event(error=error, done=True)) for stream in streams])
 
     def close(self, timeout: float = 10.0) -> None:
         if self.state == CLOSED:
