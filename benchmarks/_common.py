@@ -133,3 +133,21 @@ def print_ratio_table(rows: Sequence[tuple[str, float, float, str]], *, higher_i
         ratio = ours / ref if ref else float("nan")
         print(f"{name:<28} {ref:>12.3f} {ours:>12.3f} {ratio:>8.3f}  {target}")
     print("(ratio = pyllama / llama.cpp; " + ("higher is better)" if higher_is_better else "lower is better)"))
+
+
+def print_pp_tg_report(runs: dict, labels: tuple[str, str]) -> None:
+    """The ratio table of a pp/tg comparison against llama-bench, its per-round ratios and best rounds.
+
+    `runs` holds each tool's ("ref", "ours") t/s per round under "pp" and "tg"; `labels` name the rows.
+    """
+    rows = [(label, median(runs["ref"][kind]), median(runs["ours"][kind]), ">= 0.97")
+            for label, kind in zip(labels, ("pp", "tg"))]
+    print_ratio_table(rows, higher_is_better=True)
+    # Each round's two runs are neighbours in time: their ratio cancels slow drifts in machine load.
+    for kind in ("pp", "tg"):
+        paired = [o / r for o, r in zip(runs["ours"][kind], runs["ref"][kind])]
+        print(f"{kind}: median of per-round ratios {median(paired):.3f} (rounds: {', '.join(f'{x:.3f}' for x in paired)})")
+    # Other processes only ever slow a run down, so each tool's best round is its least disturbed one.
+    for kind in ("pp", "tg"):
+        best_ref, best_ours = max(runs["ref"][kind]), max(runs["ours"][kind])
+        print(f"{kind}: best round llama-bench {best_ref:.2f}, pyllama {best_ours:.2f} t/s, ratio {best_ours / best_ref:.3f}")

@@ -20,8 +20,7 @@ from _common import (
     base_parser,
     bench_model,
     llama_cpp_bin,
-    median,
-    print_ratio_table,
+    print_pp_tg_report,
     pyllama_cmd,
     run_timed,
     turn_order,
@@ -64,19 +63,8 @@ def main() -> None:
         same_model(outputs["ref"], outputs["ours"])
         print(f"round {i + 1}: llama-bench pp {runs['ref']['pp'][-1]:.2f} tg {runs['ref']['tg'][-1]:.2f} | "
               f"pyllama pp {runs['ours']['pp'][-1]:.2f} tg {runs['ours']['tg'][-1]:.2f} t/s", file=sys.stderr)
-    rows = [(f"pp{args.n_prompt} t/s ({args.threads} threads)", median(runs["ref"]["pp"]), median(runs["ours"]["pp"]),
-             ">= 0.97"),
-            (f"tg{args.n_gen} t/s ({args.threads} threads)", median(runs["ref"]["tg"]), median(runs["ours"]["tg"]),
-             ">= 0.97")]
-    print_ratio_table(rows, higher_is_better=True)
-    # Each round's two runs are neighbours in time: their ratio cancels slow drifts in machine load.
-    for kind in ("pp", "tg"):
-        paired = [o / r for o, r in zip(runs["ours"][kind], runs["ref"][kind])]
-        print(f"{kind}: median of per-round ratios {median(paired):.3f} (rounds: {', '.join(f'{x:.3f}' for x in paired)})")
-    # Other processes only ever slow a run down, so each tool's best round is its least disturbed one.
-    for kind in ("pp", "tg"):
-        best_ref, best_ours = max(runs["ref"][kind]), max(runs["ours"][kind])
-        print(f"{kind}: best round llama-bench {best_ref:.2f}, pyllama {best_ours:.2f} t/s, ratio {best_ours / best_ref:.3f}")
+    print_pp_tg_report(runs, (f"pp{args.n_prompt} t/s ({args.threads} threads)",
+                              f"tg{args.n_gen} t/s ({args.threads} threads)"))
 
 
 if __name__ == "__main__":

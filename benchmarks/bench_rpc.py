@@ -28,8 +28,7 @@ from _common import (
     base_parser,
     bench_model,
     llama_cpp_bin,
-    median,
-    print_ratio_table,
+    print_pp_tg_report,
     pyllama_cmd,
     run_timed,
     turn_order,
@@ -118,15 +117,7 @@ def main() -> None:
             server.terminate()
             server.wait(timeout=10)
     print(f"2 RPC servers ({args.servers}) on {rpc}, -ngl 99 -ts 1/1, backend RPC in both tools' rows")
-    rows = [(f"pp{args.n_prompt} t/s over RPC", median(runs["ref"]["pp"]), median(runs["ours"]["pp"]), ">= 0.97"),
-            (f"tg{args.n_gen} t/s over RPC", median(runs["ref"]["tg"]), median(runs["ours"]["tg"]), ">= 0.97")]
-    print_ratio_table(rows, higher_is_better=True)
-    for kind in ("pp", "tg"):
-        paired = [o / r for o, r in zip(runs["ours"][kind], runs["ref"][kind])]
-        print(f"{kind}: median of per-round ratios {median(paired):.3f} (rounds: {', '.join(f'{x:.3f}' for x in paired)})")
-    for kind in ("pp", "tg"):
-        best_ref, best_ours = max(runs["ref"][kind]), max(runs["ours"][kind])
-        print(f"{kind}: best round llama-bench {best_ref:.2f}, pyllama {best_ours:.2f} t/s, ratio {best_ours / best_ref:.3f}")
+    print_pp_tg_report(runs, (f"pp{args.n_prompt} t/s over RPC", f"tg{args.n_gen} t/s over RPC"))
 
 
 if __name__ == "__main__":
