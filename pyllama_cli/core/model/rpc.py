@@ -254,9 +254,9 @@ def abort_message(raw: str, endpoints: list[str]) -> tuple[str, str]:
 
 def _answers(endpoint: str) -> bool:
     try:
-        with socket.create_connection(_split(endpoint), timeout=0.5):
-            return True
-    except OSError:
+        check_reachable(endpoint, timeout=0.5)
+        return True
+    except RpcError:
         return False
 
 

@@ -368,11 +368,9 @@ class ParallelEngine(Engine):
 
     def _finish(self, slot: Slot, reason: str) -> None:
         stats, stream = slot.stats, slot.stream
-        if slot.turn is not None:
-            tail = slot.turn.finish(reason)
-            if tail and stream is not None:
-                self._post(stream, Event(text=tail))
-        stats.stop_reason = reason
+        tail = slot.turn.finish(reason)  # every slot with a request has its Turn (see _start); sets stop_reason
+        if tail and stream is not None:
+            self._post(stream, Event(text=tail))
         with self._cond:
             self._stats.jobs_done += reason != STOP_INTERRUPTED
             self._stats.jobs_cancelled += reason == STOP_INTERRUPTED
