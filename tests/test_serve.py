@@ -192,6 +192,20 @@ def test_models_list_names_the_alias(server: Server) -> None:
     assert server.client().models.retrieve("tiny").id == "tiny"
 
 
+def test_models_list_has_the_router_contract_fields(server: Server, tiny_model: Path) -> None:
+    card = httpx.get(f"{server.url}/v1/models").json()["data"][0]
+    assert (card["path"], card["size"], card["aliases"]) == (str(tiny_model), tiny_model.stat().st_size, [])
+    assert card["status"] == {"value": "loaded"}
+    assert card["runtime"]["n_ctx"] == N_CTX and card["runtime"]["slots_total"] == 1
+    assert card["runtime"]["memory_bytes"] > card["meta"]["size"]
+
+
+def test_a_one_model_server_does_not_unload(server: Server) -> None:
+    response = httpx.post(f"{server.url}/models/unload", json={"model": "tiny"})
+    assert _error(response, 400)["code"] == "not_router"
+    assert httpx.post(f"{server.url}/models/load", json={"model": "tiny"}).json() == {"success": True}
+
+
 def test_docs_and_openapi_schema(server: Server) -> None:
     assert httpx.get(f"{server.url}/docs").status_code == 200
     paths = httpx.get(f"{server.url}/openapi.json").json()["paths"]
@@ -769,7 +783,10 @@ def test_openai_routes_answer_without_v1_too(server: Server) -> None:
     body = {"messages": HELLO, "max_tokens": 3, "temperature": 0}
     bare, v1 = _post(server, "/chat/completions", body).json(), _post(server, "/v1/chat/completions", body).json()
     assert bare["choices"][0]["message"] == v1["choices"][0]["message"]
-    assert httpx.get(f"{server.url}/models").json() == httpx.get(f"{server.url}/v1/models").json()
+    bare_list, v1_list = httpx.get(f"{server.url}/models").json(), httpx.get(f"{server.url}/v1/models").json()
+    for listing in (bare_list, v1_list):
+        listing["data"][0]["runtime"].pop("idle_s")  # seconds since the last request: moves between the two
+    assert bare_list == v1_list
     assert _post(server, "/completions", {"prompt": "hi"}).status_code == 404  # llama-server's native API there
 
 

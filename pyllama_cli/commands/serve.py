@@ -1,18 +1,41 @@
-"""`pyllama serve`: an OpenAI-compatible HTTP server for one model."""
+"""`pyllama serve`: an OpenAI-compatible HTTP server for one model, or for many (router mode)."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated
+from typing import Any
 
 import typer
 
 from ..console import download_tqdm, warn
 from ..core.model.resolve import ModelRequest, resolve_model
 from ..core.model.settings import LoadSettings
-from ..options.load import ChatTemplateOpt, in_panel, model_options
+from ..errors import UsageError
+from ..options.load import ChatTemplateOpt, in_panel, model_options, own_option
 from ..options.sampling import SamplingOptions, sampling_options
+from ..options.serve import (
+    DEFAULT_HOST,
+    DEFAULT_MODELS_MAX,
+    DEFAULT_PORT,
+    SERVER_PANEL,
+    AliasOpt,
+    ApiKeyOpt,
+    CorsOriginOpt,
+    EmbeddingsOpt,
+    HfReposOpt,
+    HostOpt,
+    KvUnifiedOpt,
+    MaxBodySizeOpt,
+    ModelPathsOpt,
+    ModelsCacheOpt,
+    ModelsDirOpt,
+    ModelsMaxOpt,
+    ModelsPresetOpt,
+    ParallelOpt,
+    PortOpt,
+    SleepIdleOpt,
+)
 
 EXAMPLES = """\
 Examples:
@@ -21,54 +44,45 @@ Examples:
   pyllama serve -m model.gguf --host 0.0.0.0 --api-key "$(cat key.txt)" --cors-origin https://app.example
   pyllama serve -m model.gguf -np 4 -c 16384        # 4 requests at once, 4096 tokens each
   pyllama serve -m embedder.gguf --embeddings
+  pyllama serve --models-dir ~/models --models-max 2 --sleep-idle-seconds 600   # router mode
+  pyllama serve                                     # router mode over every GGUF in the HF cache
   curl http://127.0.0.1:8080/v1/chat/completions -d '{"messages": [{"role": "user", "content": "Hi"}]}'
 """
 
-SERVER_PANEL = "Server"
-DEFAULT_HOST = "127.0.0.1"
-DEFAULT_PORT = 8080
 _SIZE = re.compile(r"^\s*(\d+)\s*([kmg]?)(i?b)?\s*$", re.IGNORECASE)
 
 
 @model_options(load=True)
 @sampling_options()
 def serve(
+    ctx: typer.Context,
     model: ModelRequest,
     load: LoadSettings,
     sampling: SamplingOptions,
-    host: Annotated[str, typer.Option("--host", help="Address to listen on.", rich_help_panel=SERVER_PANEL)]
-    = DEFAULT_HOST,
-    port: Annotated[int, typer.Option(
-        "--port", min=0, max=65535, help="Port to listen on (0 = any free port; the URL is printed).",
-        rich_help_panel=SERVER_PANEL)] = DEFAULT_PORT,
-    alias: Annotated[str | None, typer.Option(
-        "-a", "--alias", help="Model id clients use (default: the model file's name without .gguf).",
-        rich_help_panel=SERVER_PANEL, show_default=False)] = None,
-    api_key: Annotated[str | None, typer.Option(
-        "--api-key", envvar="PYLLAMA_API_KEY", help="Require 'Authorization: Bearer KEY' (all routes but /health).",
-        rich_help_panel=SERVER_PANEL, show_default=False)] = None,
-    cors_origin: Annotated[list[str] | None, typer.Option(
-        "--cors-origin", help="Allow browser requests from this origin (repeatable; '*' = any). No CORS headers "
-        "unless given.", rich_help_panel=SERVER_PANEL, show_default=False)] = None,
-    embeddings: Annotated[bool, typer.Option(
-        "--embeddings", help="Serve an embedding model: /v1/embeddings only.", rich_help_panel=SERVER_PANEL)] = False,
-    max_body_size: Annotated[str, typer.Option(
-        "--max-body-size", help="Largest request body accepted (bytes, or with K/M/G; larger gets 413).",
-        rich_help_panel=SERVER_PANEL)] = "8MiB",
+    host: HostOpt = DEFAULT_HOST,
+    port: PortOpt = DEFAULT_PORT,
+    alias: AliasOpt = None,
+    api_key: ApiKeyOpt = None,
+    cors_origin: CorsOriginOpt = None,
+    embeddings: EmbeddingsOpt = False,
+    max_body_size: MaxBodySizeOpt = "8MiB",
     chat_template: in_panel(ChatTemplateOpt, SERVER_PANEL) = None,
-    parallel: Annotated[int, typer.Option(
-        "-np", "--parallel", min=1, help="Slots: requests generated at once, batched together (continuous "
-        "batching); more wait in a queue. -c is shared: each slot gets c/N tokens unless --kv-unified.",
-        rich_help_panel=SERVER_PANEL)] = 1,
-    kv_unified: Annotated[bool, typer.Option(
-        "--kv-unified", help="One KV cache for all slots: each may use the whole context while there is room.",
-        rich_help_panel=SERVER_PANEL)] = False,
+    parallel: ParallelOpt = 1,
+    kv_unified: KvUnifiedOpt = False,
+    models_dir: ModelsDirOpt = None,
+    models_cache: ModelsCacheOpt = False,
+    models_max: ModelsMaxOpt = DEFAULT_MODELS_MAX,
+    sleep_idle_seconds: SleepIdleOpt = -1,
+    models_preset: ModelsPresetOpt = None,
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API: chat, completions, embeddings.
 
     Official OpenAI clients work with base_url http://HOST:PORT/v1. The server answers /health with
     503 while the model loads and 200 after; /docs has the API's schema. Sampling flags set the
     defaults that requests override; -n sets the default max_tokens (default: the rest of the context).
+
+    Router mode (several -m or -hf, --models-dir, --models-cache, or no model at all): a request's
+    `model` picks the model, loaded on first use; see docs/server.md.
     """
     from ..server import run as server
     from ..server.settings import ServerSettings
@@ -77,21 +91,69 @@ def serve(
         from ..core.text.chat_template import resolve_template
 
         resolve_template(None, chat_template)  # an unknown name fails before the model loads
-    resolved = resolve_model(model, tqdm_class=download_tqdm())
+    paths: list[str] = list(model.model or [])  # -m and -hf are repeatable here: lists
+    repos: list[str] = list(model.hf_repo or [])
+    router = len(paths) + len(repos) != 1 or bool(models_dir) or models_cache or models_preset is not None
     if load.rpc:
         from ..core.model.rpc import add_servers
 
         add_servers(load.rpc)  # an unreachable server fails now, before the port opens
     settings = ServerSettings(
-        alias=alias or _default_alias(resolved.path), sampling=sampling.settings, n_predict=sampling.n_predict,
+        alias=alias or "", sampling=sampling.settings, n_predict=sampling.n_predict,
         stop=sampling.stop, api_key=api_key or None, cors_origins=tuple(cors_origin or ()),
         max_body_size=parse_size(max_body_size), chat_template=chat_template,
     )
+    if router:
+        _serve_router(ctx, model, paths, repos, load, settings, host, port, embeddings=embeddings, alias=alias,
+                      models_dir=models_dir or [], models_cache=models_cache, models_max=models_max,
+                      idle=sleep_idle_seconds, preset=models_preset, parallel=parallel, kv_unified=kv_unified)
+        return
+    one = ModelRequest(model=paths[0] if paths else None, hf_repo=repos[0] if repos else None,
+                       hf_file=model.hf_file, hf_token=model.hf_token, offline=model.offline)
+    resolved = resolve_model(one, tqdm_class=download_tqdm())
+    settings = _with_alias(settings, alias or _default_alias(resolved.path))
+    sock = _listen(server, host, port, settings)
+    server.serve(sock, resolved.path, load, settings, embeddings=embeddings, parallel=parallel, kv_unified=kv_unified)
+
+
+def _serve_router(ctx: typer.Context, model: ModelRequest, paths: list[str], repos: list[str], load: LoadSettings,
+                  settings: Any, host: str, port: int, *, embeddings: bool, alias: str | None, models_dir: list[Path],
+                  models_cache: bool, models_max: int, idle: float, preset: Path | None, parallel: int,
+                  kv_unified: bool) -> None:
+    from ..server import run as server
+    from ..server.router.presets import load_presets
+    from ..server.router.start import RouterOptions, find_models, router_models, serve_router
+
+    if embeddings or alias:
+        flag = "--embeddings" if embeddings else "--alias"
+        raise UsageError(f"{flag} serves one model, and this server has several (router mode)",
+                         hint="give one model, or set aliases with `alias = NAME` in --models-preset")
+    if len(repos) > 1 and model.hf_file:
+        raise UsageError("-hff picks a file of one -hf repo, and there are several", hint="use -hf user/repo:QUANT")
+    found = find_models(paths, repos, models_dir, models_cache or not (paths or repos or models_dir), model,
+                        tqdm_class=download_tqdm())
+    given = frozenset(name for name in ctx.params
+                      if (source := ctx.get_parameter_source(name)) is not None
+                      and source.name in ("COMMANDLINE", "ENVIRONMENT"))
+    options = RouterOptions(models_max, idle, parallel, kv_unified,
+                            load_presets(preset) if preset is not None else None, given)
+    models, preload = router_models(found, load, settings, options)
+    sock = _listen(server, host, port, settings)
+    serve_router(sock, models, preload, settings, options, load.verbose)
+
+
+def _listen(server: Any, host: str, port: int, settings: Any) -> Any:
     sock = server.listen(host, port)
     if not settings.api_key and not server.is_loopback(sock):
         warn(f"{server.url(sock)} is reachable from other machines and there is no --api-key: anyone who can "
              "reach it can use the model")
-    server.serve(sock, resolved.path, load, settings, embeddings=embeddings, parallel=parallel, kv_unified=kv_unified)
+    return sock
+
+
+def _with_alias(settings: Any, alias: str) -> Any:
+    from dataclasses import replace
+
+    return replace(settings, alias=alias)
 
 
 def _default_alias(path: Path) -> str:
@@ -105,3 +167,6 @@ def parse_size(text: str) -> int:
         raise typer.BadParameter(f"{text!r} is not a size such as 8388608, 512K or 8MiB",
                                  param_hint="'--max-body-size'")
     return int(match.group(1)) * 1024 ** " kmg".index(match.group(2).lower() or " ")
+
+
+serve = own_option(own_option(serve, "model_path", ModelPathsOpt), "hf_repo", HfReposOpt)

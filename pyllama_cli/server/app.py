@@ -26,6 +26,7 @@ from ..errors import InputError
 from . import openai_answers
 from .auth import ApiKeyMiddleware
 from .errors import ERROR_TYPES, APIError, install_error_handlers, loading_error
+from .leases import LeaseMiddleware
 from .metrics import CONTENT_TYPE, Metrics, MetricsMiddleware
 from .middleware import BodyLimitMiddleware
 from .models import ModelSet, ServedModel
@@ -52,6 +53,7 @@ from .schemas import (
     HealthResponse,
     ModelCard,
     ModelList,
+    ModelLoadRequest,
     TokenizeRequest,
     TokenizeResponse,
 )
@@ -61,7 +63,6 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorResponse, "description": kind} for status, kind in ERROR_TYPES.items()
     if status in (400, 401, 404, 413, 503)
 }
-OWNER = "pyllama"
 T = TypeVar("T")
 # A request body this small is turned into a job on the event loop itself (~0.1 ms: a short prompt to
 # tokenize, a small template or schema). Under load the thread pool's hand-off is what costs: its worker
@@ -93,6 +94,7 @@ def create_app(models: ModelSet, settings: ServerSettings) -> FastAPI:
     _add_routes(app, models)
     app.state.metrics = Metrics(route.path for route in app.routes)
     # Added innermost first: metrics see every answer, CORS headers go on errors too.
+    app.add_middleware(LeaseMiddleware)  # a model is held until its answer is sent (router mode)
     app.add_middleware(BodyLimitMiddleware, max_body_size=settings.max_body_size)
     if settings.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
@@ -175,14 +177,16 @@ def _add_openai_routes(app: FastAPI, models: ModelSet) -> None:
     @app.get("/models", include_in_schema=False)
     async def list_models() -> Any:
         """The models this server serves."""
-        return {"object": "list", "data": [_model_card(served) for served in models.served()]}
+        # As built, not through the response model: fields a model lacks (runtime, error) are left out, not null.
+        return JSONResponse({"object": "list", "data": models.cards()})
 
     @app.get("/v1/models/{model_id:path}", response_model=ModelCard, responses=ERRORS, tags=["OpenAI"])
     async def get_model(model_id: str) -> Any:
-        for served in models.served():
-            if served.id == model_id:
-                return _model_card(served)
-        ids = ", ".join(repr(served.id) for served in models.served())
+        cards = models.cards()
+        for card in cards:
+            if model_id == card["id"] or model_id in card["aliases"]:
+                return JSONResponse(card)
+        ids = ", ".join(repr(card["id"]) for card in cards)
         raise APIError(404, f"the model {model_id!r} is not served here; this server serves {ids}",
                        param="model", code="model_not_found")
 
@@ -191,7 +195,9 @@ def _add_utility_routes(app: FastAPI, models: ModelSet) -> None:
     @app.get("/health", response_model=HealthResponse, responses={503: ERRORS[503]}, tags=["Server"])
     @app.get("/v1/health", include_in_schema=False)  # llama-server's second name for it
     async def health(request: Request) -> Any:
-        """200 once the model is loaded, 503 while it loads."""
+        """200 once the model is loaded, 503 while it loads (router mode: 200 while the router runs)."""
+        if models.router and "model" not in request.query_params:
+            return {"status": "ok"}
         _ready((await _named(models, request)).engine)
         return {"status": "ok"}
 
@@ -208,8 +214,19 @@ def _add_utility_routes(app: FastAPI, models: ModelSet) -> None:
     @app.get("/metrics", response_class=PlainTextResponse, tags=["Server"])
     async def metrics() -> Any:
         """Prometheus text: requests, tokens, speeds, queue depth, errors."""
-        engine = next(models.served()).engine
-        return PlainTextResponse(app.state.metrics.render(engine), media_type=CONTENT_TYPE)
+        return PlainTextResponse(app.state.metrics.render(models), media_type=CONTENT_TYPE)
+
+    @app.post("/models/load", responses=ERRORS, tags=["Server"])
+    async def load_model(body: ModelLoadRequest) -> Any:
+        """Load a model now (router mode; waits until it is loaded)."""
+        await models.load(body.model)
+        return {"success": True}
+
+    @app.post("/models/unload", responses=ERRORS, tags=["Server"])
+    async def unload_model(body: ModelLoadRequest) -> Any:
+        """Unload a model (router mode; once its running requests end)."""
+        await models.unload(body.model)
+        return {"success": True}
 
     @app.get("/slots", tags=["Server"])
     async def slots(request: Request) -> Any:
@@ -255,7 +272,7 @@ async def _generate(models: ModelSet, body: Any, request: Request, prepare: Call
 
     Each endpoint keeps its own signature, so the OpenAPI schema names its request and response types.
     """
-    served = await models.get(body.model)
+    served = await models.get(body.model, body.keep_alive)
     engine, settings = served.engine, served.settings
     with engine.arriving():
         _generation(engine)
@@ -313,15 +330,3 @@ def _default_params(settings: ServerSettings) -> dict[str, Any]:
             "repeat_last_n": s.repeat_last_n, "presence_penalty": s.presence_penalty,
             "frequency_penalty": s.frequency_penalty, "mirostat": s.mirostat, "mirostat_tau": s.mirostat_ent,
             "mirostat_eta": s.mirostat_lr, "seed": s.seed, "ignore_eos": s.ignore_eos, "stop": list(settings.stop)}
-
-
-def _model_card(served: ServedModel) -> dict[str, Any]:
-    engine = served.engine
-    meta: dict[str, Any] = {}
-    s = engine.summary
-    if s is not None:
-        meta = {"path": str(s.path), "description": s.description, "n_ctx": s.n_ctx, "n_ctx_train": s.n_ctx_train,
-                "n_vocab": s.n_vocab, "n_embd": s.n_embd, "n_params": s.n_params, "size": s.size_bytes,
-                "embeddings": s.embeddings}
-    created = int(engine.path.stat().st_mtime) if engine.path.exists() else 0
-    return {"id": served.id, "object": "model", "created": created, "owned_by": OWNER, "meta": meta}

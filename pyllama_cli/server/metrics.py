@@ -1,14 +1,19 @@
-"""Prometheus metrics: HTTP counters kept here, generation figures read from the engine when scraped."""
+"""Prometheus metrics: HTTP counters kept here, generation figures read from the engines when scraped
+(labelled `model="ID"` on a server of several models)."""
 
 from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..core.serving.engine import Engine
+from ..core.serving.jobs import EngineStats
+
+if TYPE_CHECKING:
+    from .models import ModelSet
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -26,39 +31,58 @@ class Metrics:
         with self._lock:
             self._requests[(endpoint, status)] += 1
 
-    def render(self, engine: Engine) -> str:
+    def render(self, models: ModelSet) -> str:
+        """Every series; the engines' are labelled by model on a server of several (`model="ID"`)."""
         with self._lock:
             requests = sorted(self._requests.items())
-        stats = engine.stats()
+        engines = [(f'model="{label}"' if label is not None else "", engine, engine.stats())
+                   for label, engine in models.engines()]
         lines: list[str] = []
         _metric(lines, "requests_total", "counter", "HTTP requests answered, by endpoint and status.",
                 [(f'endpoint="{e}",status="{s}"', n) for (e, s), n in requests])
         _metric(lines, "request_errors_total", "counter", "HTTP requests answered with an error status (4xx, 5xx).",
                 [("", sum(n for (_, s), n in requests if s >= 400))])
-        _metric(lines, "prompt_tokens_total", "counter", "Prompt tokens of finished generations.",
-                [("", stats.prompt_tokens)])
-        _metric(lines, "prompt_tokens_evaluated_total", "counter", "Prompt tokens evaluated (not reused from cache).",
-                [("", stats.prompt_tokens_evaluated)])
-        _metric(lines, "generated_tokens_total", "counter", "Tokens generated.", [("", stats.generated_tokens)])
-        _metric(lines, "prompt_seconds_total", "counter", "Time spent evaluating prompts.",
-                [("", round(stats.prompt_seconds, 6))])
-        _metric(lines, "generation_seconds_total", "counter", "Time spent generating tokens.",
-                [("", round(stats.generation_seconds, 6))])
-        _metric(lines, "prompt_tokens_per_second", "gauge", "Average prompt evaluation speed.",
-                [("", _rate(stats.prompt_tokens_evaluated, stats.prompt_seconds))])
-        _metric(lines, "generated_tokens_per_second", "gauge", "Average generation speed.",
-                [("", _rate(stats.generated_tokens, stats.generation_seconds))])
+        for name, kind, help_text, read in _ENGINE_SERIES:
+            _metric(lines, name, kind, help_text, [(label, read(stats)) for label, _, stats in engines])
         _metric(lines, "jobs_total", "counter", "Engine jobs (generations, embedding batches) by outcome.",
-                [('outcome="done"', stats.jobs_done), ('outcome="cancelled"', stats.jobs_cancelled),
-                 ('outcome="failed"', stats.jobs_failed)])
-        _metric(lines, "embedding_inputs_total", "counter", "Inputs embedded.", [("", stats.embedding_inputs)])
-        _metric(lines, "queue_depth", "gauge", "Requests waiting for the engine.", [("", stats.queue_depth)])
-        _metric(lines, "requests_processing", "gauge", "Requests the engine is working on.", [("", stats.processing)])
-        states = Counter(slot["state"] for slot in engine.slot_states()) if engine.ready else Counter()
-        _metric(lines, "slots", "gauge", "Slots by state.",
-                [(f'state="{state}"', states.get(state, 0)) for state in ("idle", "prefill", "generating")])
-        _metric(lines, "context_size", "gauge", "Tokens one request may use.", [("", engine.n_ctx)])
+                [(_join(label, f'outcome="{outcome}"'), getattr(stats, f"jobs_{outcome}"))
+                 for label, _, stats in engines for outcome in ("done", "cancelled", "failed")])
+        _metric(lines, "queue_depth", "gauge", "Requests waiting for the engine.",
+                [(label, stats.queue_depth) for label, _, stats in engines])
+        _metric(lines, "requests_processing", "gauge", "Requests the engine is working on.",
+                [(label, stats.processing) for label, _, stats in engines])
+        slot_samples = []
+        for label, engine, _ in engines:
+            states = Counter(slot["state"] for slot in engine.slot_states()) if engine.ready else Counter()
+            slot_samples += [(_join(label, f'state="{state}"'), states.get(state, 0))
+                             for state in ("idle", "prefill", "generating")]
+        _metric(lines, "slots", "gauge", "Slots by state.", slot_samples)
+        _metric(lines, "context_size", "gauge", "Tokens one request may use.",
+                [(label, engine.n_ctx) for label, engine, _ in engines])
+        for name, kind, help_text, samples in models.model_series():
+            _metric(lines, name, kind, help_text, samples)
         return "\n".join(lines) + "\n"
+
+
+def _join(*labels: str) -> str:
+    return ",".join(label for label in labels if label)
+
+
+# Series read from each engine's stats: (name, type, help, how to read it).
+_ENGINE_SERIES: list[tuple[str, str, str, Callable[[EngineStats], float]]] = [
+    ("prompt_tokens_total", "counter", "Prompt tokens of finished generations.", lambda s: s.prompt_tokens),
+    ("prompt_tokens_evaluated_total", "counter", "Prompt tokens evaluated (not reused from cache).",
+     lambda s: s.prompt_tokens_evaluated),
+    ("generated_tokens_total", "counter", "Tokens generated.", lambda s: s.generated_tokens),
+    ("prompt_seconds_total", "counter", "Time spent evaluating prompts.", lambda s: round(s.prompt_seconds, 6)),
+    ("generation_seconds_total", "counter", "Time spent generating tokens.",
+     lambda s: round(s.generation_seconds, 6)),
+    ("prompt_tokens_per_second", "gauge", "Average prompt evaluation speed.",
+     lambda s: _rate(s.prompt_tokens_evaluated, s.prompt_seconds)),
+    ("generated_tokens_per_second", "gauge", "Average generation speed.",
+     lambda s: _rate(s.generated_tokens, s.generation_seconds)),
+    ("embedding_inputs_total", "counter", "Inputs embedded.", lambda s: s.embedding_inputs),
+]
 
 
 def _metric(lines: list[str], name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..core.model.settings import INT32_MAX
+from ..core.serving.pool import parse_keep_alive
+from ..errors import InputError
 
 
 class _Lenient(BaseModel):
@@ -113,6 +115,17 @@ class GenerationFields(_Lenient):
     grammar: str | None = Field(default=None, description="A GBNF grammar the output must match.")
     json_schema: dict[str, Any] | None = Field(default=None, description="llama-server's schema constraint.")
     ignore_eos: bool | None = None
+    keep_alive: float | str | None = Field(
+        default=None, description="ollama's: how long the model stays loaded after this request, in seconds or "
+        "as 5m, 1h; 0 = unload now, -1 = keep (router mode).")
+
+    @field_validator("keep_alive")
+    @classmethod
+    def _duration(cls, value: float | str | None) -> float | None:
+        try:
+            return parse_keep_alive(value)
+        except InputError as exc:
+            raise ValueError(exc.message) from None
 
 
 class ChatCompletionRequest(GenerationFields):
@@ -262,12 +275,37 @@ class EmbeddingList(BaseModel):
     usage: EmbeddingUsage
 
 
+class ModelLoadRequest(_Lenient):
+    model: str = Field(description="A model id (see /v1/models).")
+
+
+class ModelStatus(BaseModel):
+    value: Literal["loaded", "loading", "unloaded", "failed"]
+    failed: bool | None = None
+    error: str | None = None
+
+
+class ModelRuntime(BaseModel):
+    n_ctx: int = Field(description="Tokens per slot.")
+    slots_total: int
+    slots_busy: int
+    idle_s: float = Field(description="Seconds since its last request ended (0 while busy).")
+    memory_bytes: int = Field(description="Weights plus KV cache (an estimate).")
+
+
 class ModelCard(BaseModel):
+    model_config = ConfigDict(json_schema_extra={"description": "A served model; `runtime` only while loaded."})
+
     id: str
     object: Literal["model"] = "model"
     created: int
     owned_by: str
+    path: str
+    size: int = Field(description="Bytes on disk, every part included.")
+    aliases: list[str] = Field(default_factory=list)
+    status: ModelStatus
     meta: dict[str, Any]
+    runtime: ModelRuntime | None = None
 
 
 class ModelList(BaseModel):

@@ -1,0 +1,63 @@
+"""serve's own flags: the server's (address, key, slots) and router mode's (many models)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ..core.serving.pool import DEFAULT_MODELS_MAX
+from .load import HfRepoOpt, ModelPathOpt, repeatable
+
+SERVER_PANEL = "Server"
+ROUTER_PANEL = "Router mode (many models)"
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8080
+
+ModelPathsOpt = repeatable(ModelPathOpt, " Repeat for router mode: one server, many models.")
+HfReposOpt = repeatable(HfRepoOpt, " Repeatable (router mode).")
+HostOpt = Annotated[str, typer.Option("--host", help="Address to listen on.", rich_help_panel=SERVER_PANEL)]
+PortOpt = Annotated[int, typer.Option(
+    "--port", min=0, max=65535, help="Port to listen on (0 = any free port; the URL is printed).",
+    rich_help_panel=SERVER_PANEL)]
+AliasOpt = Annotated[str | None, typer.Option(
+    "-a", "--alias", help="Model id clients use (default: the model file's name without .gguf; router mode: "
+    "alias keys in --models-preset).", rich_help_panel=SERVER_PANEL, show_default=False)]
+ApiKeyOpt = Annotated[str | None, typer.Option(
+    "--api-key", envvar="PYLLAMA_API_KEY", help="Require 'Authorization: Bearer KEY' (all routes but /health).",
+    rich_help_panel=SERVER_PANEL, show_default=False)]
+CorsOriginOpt = Annotated[list[str] | None, typer.Option(
+    "--cors-origin", help="Allow browser requests from this origin (repeatable; '*' = any). No CORS headers "
+    "unless given.", rich_help_panel=SERVER_PANEL, show_default=False)]
+EmbeddingsOpt = Annotated[bool, typer.Option(
+    "--embeddings", help="Serve an embedding model: /v1/embeddings only.", rich_help_panel=SERVER_PANEL)]
+MaxBodySizeOpt = Annotated[str, typer.Option(
+    "--max-body-size", help="Largest request body accepted (bytes, or with K/M/G; larger gets 413).",
+    rich_help_panel=SERVER_PANEL)]
+ParallelOpt = Annotated[int, typer.Option(
+    "-np", "--parallel", min=1, help="Slots: requests generated at once, batched together (continuous "
+    "batching); more wait in a queue. -c is shared: each slot gets c/N tokens unless --kv-unified. Router "
+    "mode: per model.", rich_help_panel=SERVER_PANEL)]
+KvUnifiedOpt = Annotated[bool, typer.Option(
+    "--kv-unified", help="One KV cache for all slots: each may use the whole context while there is room.",
+    rich_help_panel=SERVER_PANEL)]
+
+ModelsDirOpt = Annotated[list[Path] | None, typer.Option(
+    "--models-dir", help="Serve every GGUF in this folder (split models as one); repeatable.",
+    rich_help_panel=ROUTER_PANEL, show_default=False, file_okay=False)]
+ModelsCacheOpt = Annotated[bool, typer.Option(
+    "--models-cache", help="Serve every GGUF in the Hugging Face cache (the default when no model is given).",
+    rich_help_panel=ROUTER_PANEL)]
+ModelsMaxOpt = Annotated[int, typer.Option(
+    "--models-max", min=0, help="Models loaded at once (0 = no limit); the least recently used idle one is "
+    "unloaded to make room.", rich_help_panel=ROUTER_PANEL)]
+SleepIdleOpt = Annotated[float, typer.Option(
+    "--sleep-idle-seconds", help="Unload a model idle this long (-1 = never); a request's keep_alive "
+    "overrides it for its model.", rich_help_panel=ROUTER_PANEL)]
+ModelsPresetOpt = Annotated[Path | None, typer.Option(
+    "--models-preset", help="INI file of per-model settings: [MODEL_ID] or [*] sections of flag = value "
+    "(c, np, chat-template, alias, temp, ...).", rich_help_panel=ROUTER_PANEL, show_default=False,
+    dir_okay=False)]
+
+__all__ = ["DEFAULT_MODELS_MAX"]

@@ -1,0 +1,125 @@
+"""`Router`: the ModelSet of a server of many models, over an `EnginePool` (core/serving/pool.py).
+
+A request names its model by id (the file's stem) or by an alias from the presets; the model is loaded
+on first use and held until the answer is sent (leases.py), so it is never unloaded under a request.
+A model that failed to load answers its requests with a 500 that says why; the others go on serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from ...core.serving.engine import Engine
+from ...core.serving.pool import FAILED, LOADED, EnginePool, PoolModel
+from ..cards import model_card
+from ..errors import APIError
+from ..leases import hold
+from ..models import ModelSet, ServedModel
+from ..settings import ServerSettings
+
+
+@dataclass(frozen=True)
+class RoutedConfig:
+    """What the router keeps per model beside the pool's own: its settings and other names."""
+
+    settings: ServerSettings
+    aliases: tuple[str, ...] = ()
+
+
+class Router(ModelSet):
+    """Many models, each loaded on first use; see the module docstring."""
+
+    router = True
+
+    def __init__(self, pool: EnginePool, preload: tuple[str, ...] = ()):
+        self.pool = pool
+        self.preload = preload
+        self._names: dict[str, str] = {}
+        for model in pool.models.values():
+            for name in (*model.config.aliases, model.id):
+                self._names[name] = model.id
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def start(self) -> None:
+        self.pool.start()
+        for model_id in self.preload:  # load-on-startup in the presets; a failure is reported, not raised
+            task = asyncio.get_running_loop().create_task(self.pool.load(model_id))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def get(self, requested: str | None, keep_alive: float | None = None) -> ServedModel:
+        model = self._find(requested)
+        try:
+            await self.pool.acquire(model.id, keep_alive)
+        except Exception as exc:  # noqa: BLE001 - whatever stopped the load, the client gets it as a 500
+            raise _load_error(model, exc) from None
+        if not hold(lambda: self.pool.release(model)):
+            self.pool.release(model)  # not inside a request: nothing to hold it for
+        assert model.engine is not None
+        return ServedModel(model.engine, model.config.settings)
+
+    def served(self) -> Iterator[ServedModel]:
+        for model in self.pool.loaded():
+            if model.engine is not None:
+                yield ServedModel(model.engine, model.config.settings)
+
+    def cards(self) -> list[dict[str, Any]]:
+        return [model_card(m.id, m.path, m.size, status=m.state, aliases=m.config.aliases,
+                           engine=m.engine if m.state == LOADED else None, idle_s=m.idle_seconds(),
+                           error=m.error if m.state == FAILED else None)
+                for m in self.pool.models.values()]
+
+    async def load(self, model_id: str) -> None:
+        model = self._find(model_id)
+        try:
+            await self.pool.load(model.id)
+        except Exception as exc:  # noqa: BLE001
+            raise _load_error(model, exc) from None
+        if model.state == FAILED:
+            raise _load_error(model, model.error)
+
+    async def unload(self, model_id: str) -> None:
+        model = self._find(model_id)
+        if not await self.pool.unload(model.id):
+            raise APIError(400, f"the model {model.id!r} is not loaded", param="model", code="model_not_loaded")
+
+    def engines(self) -> list[tuple[str | None, Engine]]:
+        return [(m.id, m.engine) for m in self.pool.loaded() if m.engine is not None]
+
+    def model_series(self) -> list[tuple[str, str, str, list[tuple[str, float]]]]:
+        models = self.pool.models.values()
+        return [
+            ("model_loads_total", "counter", "Times each model was loaded.",
+             [(f'model="{m.id}"', m.loads) for m in models]),
+            ("model_loaded", "gauge", "Whether each model is loaded (1) or not (0).",
+             [(f'model="{m.id}"', int(m.state == LOADED)) for m in models]),
+        ]
+
+    def cancel_all(self) -> None:
+        self.pool.cancel_all()
+
+    def close(self) -> None:
+        self.pool.close()
+
+    def _find(self, requested: str | None) -> PoolModel:
+        models = self.pool.models
+        if requested is None and len(models) == 1:
+            return next(iter(models.values()))
+        model_id = self._names.get(requested or "")
+        if model_id is None:
+            ids = ", ".join(repr(m) for m in models)
+            if requested is None:
+                raise APIError(400, f"this server serves several models: name one in `model` ({ids})",
+                               param="model", code="model_required")
+            raise APIError(404, f"the model {requested!r} is not served here; this server serves {ids}",
+                           param="model", code="model_not_found")
+        return models[model_id]
+
+
+def _load_error(model: PoolModel, exc: BaseException | None) -> APIError:
+    message = getattr(exc, "message", None) or str(exc)
+    return APIError(500, f"the model {model.id!r} could not be loaded: {message}", param="model",
+                    code="model_load_failed")
