@@ -331,7 +331,7 @@ complete -c pyllama -n '__pyllama_using rpc-server' -s h -l help -d 'Show this m
 # pyllama serve
 complete -c pyllama -n '__pyllama_using serve' -l host -d 'Address to listen on.' -x
 complete -c pyllama -n '__pyllama_using serve' -l port -d 'Port to listen on (0 = any free port; the URL is printed).' -x
-complete -c pyllama -n '__pyllama_using serve' -s a -l alias -d 'Model id clients use (default: the model file\'s name without .gguf).' -x
+complete -c pyllama -n '__pyllama_using serve' -s a -l alias -d 'Model id clients use (default: the model file\'s name without .gguf; router mode: alias keys in --models-preset).' -x
 complete -c pyllama -n '__pyllama_using serve' -l api-key -d 'Require \'Authorization: Bearer KEY\' (all routes but /health).' -x
 complete -c pyllama -n '__pyllama_using serve' -l cors-origin -d 'Allow browser requests from this origin (repeatable; \'*\' = any).' -x
 complete -c pyllama -n '__pyllama_using serve' -l embeddings -d 'Serve an embedding model: /v1/embeddings only.'
@@ -339,6 +339,11 @@ complete -c pyllama -n '__pyllama_using serve' -l max-body-size -d 'Largest requ
 complete -c pyllama -n '__pyllama_using serve' -l chat-template -d 'Chat template: a built-in name (chatml, llama3, ...), a .jinja file or Jinja text (default: the model\'s own).' -x -a '(__pyllama_values file chatml gemma llama2 llama2-sys llama2-sys-bos llama2-sys-strip llama3 mistral phi3 zephyr)'
 complete -c pyllama -n '__pyllama_using serve' -o np -l parallel -d 'Slots: requests generated at once, batched together (continuous batching); more wait in a queue.' -x
 complete -c pyllama -n '__pyllama_using serve' -l kv-unified -d 'One KV cache for all slots: each may use the whole context while there is room.'
+complete -c pyllama -n '__pyllama_using serve' -l models-dir -d 'Serve every GGUF in this folder (split models as one); repeatable.' -x -a '(__pyllama_values dir)'
+complete -c pyllama -n '__pyllama_using serve' -l models-cache -d 'Serve every GGUF in the Hugging Face cache (the default when no model is given).'
+complete -c pyllama -n '__pyllama_using serve' -l models-max -d 'Models loaded at once (0 = no limit); the least recently used idle one is unloaded to make room.' -x
+complete -c pyllama -n '__pyllama_using serve' -l sleep-idle-seconds -d 'Unload a model idle this long (-1 = never); a request\'s keep_alive overrides it for its model.' -x
+complete -c pyllama -n '__pyllama_using serve' -l models-preset -d 'INI file of per-model settings: [MODEL_ID] or [*] sections of flag = value (c, np, chat-template, alias, temp, ...).' -x -a '(__pyllama_values file)'
 complete -c pyllama -n '__pyllama_using serve' -s n -l n-predict -d 'Tokens to generate (-1 = until end of generation or a full context).' -x
 complete -c pyllama -n '__pyllama_using serve' -l temp -d 'Temperature (0 = greedy: always the most likely token).' -x
 complete -c pyllama -n '__pyllama_using serve' -l top-k -d 'Keep the K most likely tokens (0 = off).' -x

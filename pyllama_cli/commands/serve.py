@@ -82,7 +82,7 @@ def serve(
     defaults that requests override; -n sets the default max_tokens (default: the rest of the context).
 
     Router mode (several -m or -hf, --models-dir, --models-cache, or no model at all): a request's
-    `model` picks the model, loaded on first use; see docs/server.md.
+    `model` picks the model, loaded on first use; see docs/router.md.
     """
     from ..server import run as server
     from ..server.settings import ServerSettings

@@ -25,8 +25,6 @@ def model_card(model_id: str, path: Path, size: int, *, status: str, aliases: tu
     if engine is not None and engine.ready:
         card["meta"] = _meta(engine)
         card["runtime"] = _runtime(engine, idle_s)
-    else:
-        card["meta"] = {}
     return card
 
 

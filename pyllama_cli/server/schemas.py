@@ -304,7 +304,7 @@ class ModelCard(BaseModel):
     size: int = Field(description="Bytes on disk, every part included.")
     aliases: list[str] = Field(default_factory=list)
     status: ModelStatus
-    meta: dict[str, Any]
+    meta: dict[str, Any] | None = Field(default=None, description="Only while loaded.")
     runtime: ModelRuntime | None = None
 
 

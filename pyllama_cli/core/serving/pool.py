@@ -108,6 +108,7 @@ class EnginePool:
         self._report = report or (lambda _: None)
         self._changed: asyncio.Event | None = None
         self._reaper: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     # ---------------------------------------------------------------- requests
 
@@ -126,7 +127,7 @@ class EnginePool:
         """A request on `model` ended: it may become idle (and, with keep_alive 0, unload now)."""
         model.leases -= 1
         model.last_used = time.monotonic()
-        if model.leases == 0 and model.keep_alive == 0 and model.state == LOADED:
+        if model.keep_alive == 0 and model.state == LOADED and not model.busy:
             self._start_unload(model, "keep_alive 0")
         self._notify()
 
@@ -154,7 +155,8 @@ class EnginePool:
     def start(self) -> None:
         """Begin watching for idle models (call on the event loop)."""
         self._changed = asyncio.Event()
-        self._reaper = asyncio.get_running_loop().create_task(self._unload_idle())
+        self._loop = asyncio.get_running_loop()
+        self._reaper = self._loop.create_task(self._unload_idle())
 
     def cancel_all(self) -> None:
         for model in self.models.values():
@@ -163,8 +165,8 @@ class EnginePool:
 
     def close(self) -> None:
         """Stop every engine and free every model (from any thread, once the loop stops serving)."""
-        if self._reaper is not None:
-            self._reaper.cancel()
+        if self._reaper is not None and self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._reaper.cancel)
         for model in self.models.values():
             engine, model.engine = model.engine, None
             if engine is not None:
