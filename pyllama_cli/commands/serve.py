@@ -81,8 +81,8 @@ def serve(
     503 while the model loads and 200 after; /docs has the API's schema. Sampling flags set the
     defaults that requests override; -n sets the default max_tokens (default: the rest of the context).
 
-    Router mode (several -m or -hf, --models-dir, --models-cache, or no model at all): a request's
-    `model` picks the model, loaded on first use; see docs/router.md.
+    Router mode (several -m or -hf, --models-dir, --models-cache, --sleep-idle-seconds, or no model at
+    all): a request's `model` picks the model, loaded on first use; see docs/router.md.
     """
     from ..server import run as server
     from ..server.settings import ServerSettings
@@ -93,7 +93,8 @@ def serve(
         resolve_template(None, chat_template)  # an unknown name fails before the model loads
     paths: list[str] = list(model.model or [])  # -m and -hf are repeatable here: lists
     repos: list[str] = list(model.hf_repo or [])
-    router = len(paths) + len(repos) != 1 or bool(models_dir) or models_cache or models_preset is not None
+    router = (len(paths) + len(repos) != 1 or bool(models_dir) or models_cache or models_preset is not None
+              or sleep_idle_seconds >= 0)  # a model that unloads when idle and loads again on demand
     if load.rpc:
         from ..core.model.rpc import add_servers
 

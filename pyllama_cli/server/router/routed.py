@@ -106,7 +106,7 @@ class Router(ModelSet):
 
     def _find(self, requested: str | None) -> PoolModel:
         models = self.pool.models
-        if requested is None and len(models) == 1:
+        if len(models) == 1:  # one model answers to any name, as a one-model server does
             return next(iter(models.values()))
         model_id = self._names.get(requested or "")
         if model_id is None:
