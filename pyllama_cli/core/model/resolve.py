@@ -291,16 +291,11 @@ def _quiet_hub_logging() -> None:
 
 
 def _download(repo: str, filename: str, token: str | None, tqdm_class: Any) -> Path:
-    from huggingface_hub import hf_hub_download
+    from .download import download_to_cache
 
     _quiet_hub_logging()
     with _hub_errors(repo, filename):
-        return Path(
-            hf_hub_download(
-                repo, filename, cache_dir=hub_cache_dir(), token=_token(token),
-                endpoint=_hub_endpoint(), tqdm_class=tqdm_class,
-            )
-        )
+        return download_to_cache(repo, filename, token=_token(token), endpoint=_hub_endpoint(), tqdm_class=tqdm_class)
 
 
 class _hub_errors:
