@@ -294,3 +294,27 @@ def test_stop_on_a_one_model_server() -> None:
         result = run_cli("stop", "tiny-Q8_0", "--url", router.url)
     assert result.stderr.splitlines() == [f"Error: the server at {router.url} serves one model and cannot unload it",
                                           "Hint: stop that server instead (Ctrl-C, or SIGTERM to its process)"]
+
+
+def test_rm_refuses_what_a_real_server_has_loaded(endpoint: FakeHub, tmp_path: Path) -> None:
+    path = pull(f"{REPO}:Q8_0")
+    log = tmp_path / "serve.log"
+    with open(log, "wb") as sink:
+        proc = subprocess.Popen([sys.executable, "-m", "pyllama_cli", "serve", "-m", str(path), "--port", "0",
+                                 "-t", "1", "-c", "128"], stdout=subprocess.DEVNULL, stderr=sink, cwd=REPO_ROOT)
+    try:
+        deadline = time.monotonic() + 60
+        while "ready at" not in log.read_text() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        [server] = running_servers()
+        assert server.pid == proc.pid
+        result = run_cli("rm", f"{REPO}:Q8_0", "-y")
+        assert result.first_stderr_line == f"Error: {REPO}:Q8_0 is loaded by the server at {server.url} (model 'tiny-Q8_0')"
+        assert path.is_file()
+        ps = json.loads(run_cli("ps", "--url", server.url, "--json").stdout)
+        assert [(row["id"], row["status"]) for row in ps] == [("tiny-Q8_0", "loaded")]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
+    assert running_servers() == []
+    assert run_cli("rm", f"{REPO}:Q8_0", "-y").exit_code == 0
