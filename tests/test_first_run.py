@@ -99,11 +99,13 @@ class Terminal:
         os.close(slave)
         self.seen = ""
 
-    def wait_for(self, text: str, timeout: float = 60) -> None:
+    def wait_for(self, text: str, timeout: float = 60, after: int = 0) -> int:
+        """Wait until `text` shows (at or past offset `after`); return the offset just past it."""
         deadline = time.monotonic() + timeout
-        while text not in self.seen and self._pump():
+        while text not in self.seen[after:] and self._pump():
             assert time.monotonic() < deadline, f"no {text!r} in:\n{self.seen}"
-        assert text in self.seen, f"no {text!r} in:\n{self.seen}"
+        assert text in self.seen[after:], f"no {text!r} in:\n{self.seen}"
+        return self.seen.index(text, after) + len(text)
 
     def _pump(self) -> bool:
         """Read what the process wrote in the next 0.1 s; False once it has closed the terminal."""
@@ -137,7 +139,7 @@ def test_first_chat_on_a_terminal_downloads_the_default_model_and_chats(endpoint
         term.wait_for("No")
         term.type(ENTER)
         term.wait_for("pyllama chat · gemma-3-1b-it-Q4_K_M.gguf")
-        term.wait_for("/exit quits")
+        term.wait_for("> ", after=term.wait_for("/exit quits"))  # the chat's own prompt
         term.type("\x04")  # Ctrl-D: leave the chat
         assert term.close() == 0
     finally:

@@ -289,6 +289,13 @@ def test_stop_unloads_a_model() -> None:
                                          "models: tiny-Q8_0, big, tiny-F16, other")
 
 
+def test_stop_takes_a_cached_repo_and_quant_as_the_server_names_it(endpoint: FakeHub) -> None:
+    pull(f"{REPO}:F16")
+    with FakeRouter([dict(c) for c in CARDS]) as router:
+        assert run_cli("stop", f"{REPO}:f16", "--url", router.url).exit_code == 0
+    assert router.requests[-1] == ("POST", "/models/unload", None, {"model": "tiny-F16"})
+
+
 def test_stop_on_a_one_model_server() -> None:
     with FakeRouter([dict(CARDS[0])], one_model=True) as router:
         result = run_cli("stop", "tiny-Q8_0", "--url", router.url)

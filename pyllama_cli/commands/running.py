@@ -66,9 +66,21 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
         typer.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[5])
 
 
+def _served_id(name: str) -> str:
+    """The id a server gives a cached `user/repo[:quant]` (its file stem); other names as they are."""
+    if "/" not in name:
+        return name
+    from ..core.model.catalog import cached_models
+
+    repo, _, tag = name.partition(":")
+    matches = [m for m in cached_models(repo) if not tag or tag.upper() in (m.quant, m.id.upper())]
+    return matches[0].id if len(matches) == 1 else name
+
+
 def stop(
-    model: Annotated[str, typer.Argument(help="The model's id on the server (as `pyllama ps` shows it).",
-                                         show_default=False)],
+    model: Annotated[str, typer.Argument(
+        help="The model's id on the server (as `pyllama ps` shows it), or a cached user/repo[:quant].",
+        show_default=False)],
     url: UrlOpt = DEFAULT_URL,
     api_key: ApiKeyOpt = None,
     as_json: JsonOpt = False,
@@ -76,6 +88,7 @@ def stop(
     """Unload a model from a running server (it loads again on its next request)."""
     from ..core.model.servers import unload_model
 
+    model = _served_id(model)
     unload_model(url, model, api_key)
     if as_json:
         typer.echo(json.dumps({"model": model, "url": url, "unloaded": True}))
