@@ -4,12 +4,6 @@ first model, driven through prompt-toolkit's pipe input and through a real pseud
 from __future__ import annotations
 
 import io
-import os
-import pty
-import select
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,7 +17,8 @@ from pyllama_cli.core.model.resolve import ModelRequest
 from pyllama_cli.errors import NoModelGiven
 from tests.fixtures.fake_hf import FakeHub
 from tests.fixtures.make_gguf import write_quantized
-from tests.helpers import REPO_ROOT, run_cli
+from tests.fixtures.terminal import Terminal
+from tests.helpers import run_cli
 
 DOWN, ENTER = "\x1b[B", "\r"
 DEFAULT_REPO = "ggml-org/gemma-3-1b-it-GGUF"
@@ -85,51 +80,6 @@ def test_off_a_terminal_the_one_line_error_stays(endpoint: FakeHub) -> None:
     result = run_cli("chat")
     assert result.first_stderr_line == "Error: no model given: use -m FILE.gguf or -hf user/repo[:quant]"
     assert endpoint.requests == []
-
-
-class Terminal:
-    """A process on a pseudo-terminal: what it wrote, keys typed into it, and cursor-position
-    queries (prompt-toolkit asks for one) answered as a terminal would."""
-
-    def __init__(self, *args: str) -> None:
-        self.master, slave = pty.openpty()
-        env = {**os.environ, "TERM": "xterm", "COLUMNS": "100", "LINES": "30"}
-        self.proc = subprocess.Popen([sys.executable, "-m", "pyllama_cli", *args], stdin=slave, stdout=slave,
-                                     stderr=slave, cwd=REPO_ROOT, env=env, close_fds=True)
-        os.close(slave)
-        self.seen = ""
-
-    def wait_for(self, text: str, timeout: float = 60, after: int = 0) -> int:
-        """Wait until `text` shows (at or past offset `after`); return the offset just past it."""
-        deadline = time.monotonic() + timeout
-        while text not in self.seen[after:] and self._pump():
-            assert time.monotonic() < deadline, f"no {text!r} in:\n{self.seen}"
-        assert text in self.seen[after:], f"no {text!r} in:\n{self.seen}"
-        return self.seen.index(text, after) + len(text)
-
-    def _pump(self) -> bool:
-        """Read what the process wrote in the next 0.1 s; False once it has closed the terminal."""
-        if select.select([self.master], [], [], 0.1)[0]:
-            try:
-                chunk = os.read(self.master, 65536).decode("utf-8", "replace")
-            except OSError:
-                return False
-            if "\x1b[6n" in chunk:
-                os.write(self.master, b"\x1b[1;1R")
-            self.seen += chunk
-        return True
-
-    def type(self, keys: str) -> None:
-        os.write(self.master, keys.encode())
-
-    def close(self, timeout: float = 30) -> int:
-        deadline = time.monotonic() + timeout
-        while self.proc.poll() is None and time.monotonic() < deadline and self._pump():
-            pass
-        try:
-            return self.proc.wait(timeout=max(deadline - time.monotonic(), 1))
-        finally:
-            os.close(self.master)
 
 
 def test_first_chat_on_a_terminal_downloads_the_default_model_and_chats(endpoint: FakeHub) -> None:

@@ -16,6 +16,7 @@ from pyllama_cli.core.model.servers import register_server, running_servers
 from tests.fixtures.fake_hf import FakeHub
 from tests.fixtures.fake_router import FakeRouter
 from tests.fixtures.make_gguf import TINY, write_quantized, write_split_gguf
+from tests.fixtures.terminal import Terminal
 from tests.helpers import REPO_ROOT, run_cli
 
 REPO = "org/tiny-GGUF"
@@ -325,3 +326,24 @@ def test_rm_refuses_what_a_real_server_has_loaded(endpoint: FakeHub, tmp_path: P
         proc.wait(timeout=15)
     assert running_servers() == []
     assert run_cli("rm", f"{REPO}:Q8_0", "-y").exit_code == 0
+
+
+def test_rm_asks_on_a_terminal(endpoint: FakeHub) -> None:
+    path = pull(f"{REPO}:Q8_0")
+    term = Terminal("rm", f"{REPO}:Q8_0")
+    try:
+        term.wait_for(f"Delete {REPO}:Q8_0 (1.75 MiB: the whole repo, ")
+        term.wait_for("[y/N]:")
+        term.type("n\r")
+        assert term.close() == 0
+    finally:
+        term.proc.kill()
+    assert "Nothing deleted." in term.seen and path.exists()
+    term = Terminal("rm", f"{REPO}:Q8_0")
+    try:
+        term.wait_for("[y/N]:")
+        term.type("y\r")
+        assert term.close() == 0
+    finally:
+        term.proc.kill()
+    assert f"Deleted {REPO}:Q8_0" in term.seen and not path.exists()
