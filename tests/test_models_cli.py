@@ -106,6 +106,8 @@ def test_list_with_nothing_cached() -> None:
     cache = Path(os.environ["HF_HOME"]) / "hub"
     assert result.stderr == f"No GGUF models in {cache} yet; fetch one with: pyllama pull -hf user/repo[:quant]\n"
     assert run_cli("list", "--json").stdout == "[]\n"
+    missing = run_cli("list", "--models-dir", "/nonexistent")
+    assert (missing.exit_code, missing.first_stderr_line) == (1, "Error: --models-dir /nonexistent: no such folder")
 
 
 # ---------------------------------------------------------------- pull
@@ -159,6 +161,19 @@ def test_rm_one_quant_keeps_the_others(endpoint: FakeHub) -> None:
     assert result.stderr == "Deleted org/tiny-GGUF:Q8_0 (1.75 MiB: 1 file(s) of the repo; its other quants stay)\n"
     assert [m["name"] for m in json.loads(run_cli("list", "--json").stdout)] == ["org/tiny-GGUF:F16"]
     assert len(list((Path(os.environ["HF_HOME"]) / "hub" / CACHE_REPO / "blobs").iterdir())) == 2
+
+
+def test_rm_a_split_quant_deletes_every_part(endpoint: FakeHub, tmp_path: Path) -> None:
+    fill_cache(f"{REPO}:Q8_0", f"{REPO}:F16")
+    assert run_cli("rm", f"{REPO}:F16", "-y").stderr.startswith("Deleted org/tiny-GGUF:F16 (3.28 MiB: 2 file(s)")
+    assert len(list((Path(os.environ["HF_HOME"]) / "hub" / CACHE_REPO / "blobs").iterdir())) == 1
+    parts = write_split_gguf(tmp_path / "local", replace(TINY, ftype="F16"), 2)
+    (tmp_path / "keep.txt").write_text("not a model")
+    result = run_cli("rm", str(parts[0]), "-y", "--json")
+    assert json.loads(result.stdout)["paths"] == [str(p) for p in parts]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["home", "keep.txt"]
+    refused = run_cli("rm", str(tmp_path / "keep.txt"), "-y")
+    assert refused.first_stderr_line == f"Error: {tmp_path / 'keep.txt'} is not a GGUF model (or is a later part of a split model)"
 
 
 def test_rm_a_repo_deletes_it_whole_with_json(endpoint: FakeHub) -> None:
