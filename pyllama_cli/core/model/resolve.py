@@ -262,8 +262,20 @@ def _token(explicit: str | None) -> str | None:
     return explicit or os.environ.get("HF_TOKEN") or None
 
 
+def remote_model_files(spec: str, token: str | None = None) -> tuple[list[str], int]:
+    """The file(s) `-hf spec` would download and their size in bytes, from the Hub's file listing."""
+    repo, tag = parse_hf_spec(spec)
+    sizes = _list_repo_tree(repo, token)
+    names = pick_gguf_files(list(sizes), tag, None, repo)
+    return names, sum(sizes[n] for n in names)
+
+
 def _list_repo_files(repo: str, token: str | None) -> list[str]:
-    """The repo's file paths, in one attempt: an unreachable Hub fails at once instead of after the
+    return list(_list_repo_tree(repo, token))
+
+
+def _list_repo_tree(repo: str, token: str | None) -> dict[str, int]:
+    """The repo's file paths and sizes, in one attempt: an unreachable Hub fails at once instead of after the
     client's ~20 s of retries (HfApi.list_repo_files retries connection errors five times)."""
     from urllib.parse import quote
 
@@ -272,13 +284,13 @@ def _list_repo_files(repo: str, token: str | None) -> list[str]:
     _quiet_hub_logging()
     url = f"{_hub_endpoint() or 'https://huggingface.co'}/api/models/{quote(repo)}/tree/main"
     params: dict[str, str] | None = {"recursive": "true", "expand": "false"}
-    files: list[str] = []
+    files: dict[str, int] = {}
     with _hub_errors(repo):
         while url:
             response = get_session().get(url, params=params, headers=build_hf_headers(token=_token(token)),
                                          timeout=30, follow_redirects=True)
             hf_raise_for_status(response)
-            files += [e["path"] for e in response.json() if e.get("type") == "file"]
+            files.update({e["path"]: int(e.get("size") or 0) for e in response.json() if e.get("type") == "file"})
             url, params = (response.links.get("next") or {}).get("url"), None
     return files
 
@@ -291,16 +303,11 @@ def _quiet_hub_logging() -> None:
 
 
 def _download(repo: str, filename: str, token: str | None, tqdm_class: Any) -> Path:
-    from huggingface_hub import hf_hub_download
+    from .download import download_to_cache
 
     _quiet_hub_logging()
     with _hub_errors(repo, filename):
-        return Path(
-            hf_hub_download(
-                repo, filename, cache_dir=hub_cache_dir(), token=_token(token),
-                endpoint=_hub_endpoint(), tqdm_class=tqdm_class,
-            )
-        )
+        return download_to_cache(repo, filename, token=_token(token), endpoint=_hub_endpoint(), tqdm_class=tqdm_class)
 
 
 class _hub_errors:

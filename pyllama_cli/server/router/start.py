@@ -151,6 +151,7 @@ def serve_router(sock: socket.socket, models: list[PoolModel], preload: tuple[st
     """
     import signal
 
+    from ...core.model.servers import register_server
     from .. import run
     from ..app import create_app
 
@@ -171,7 +172,8 @@ def serve_router(sock: socket.socket, models: list[PoolModel], preload: tuple[st
     sock.listen(2048)  # clients that connect from now on wait in the backlog until uvicorn accepts
     say(f"ready at {address}/v1 - router mode, models loaded on first use ({most})")
     try:
-        server.run(sockets=[sock])
+        with register_server(address, api_key_required=bool(settings.api_key)):  # `pyllama rm` asks what it has loaded
+            server.run(sockets=[sock])
     finally:
         sock.close()
     if server.stop_signal == signal.SIGINT:
