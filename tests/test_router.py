@@ -26,6 +26,7 @@ version = 1
 [*]
 c = 1024
 np = 2
+top-k = 3
 
 [alpha]
 alias = first, primary
@@ -116,7 +117,7 @@ def router(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[R
     preset = folder.parent / "presets.ini"
     preset.write_text(PRESETS)
     server = _start(tmp_path_factory.mktemp("router") / "stderr.log", "--models-dir", str(folder),
-                    "--models-preset", str(preset))
+                    "--models-preset", str(preset), "--top-k", "7")
     yield server
     server.stop()
 
@@ -169,6 +170,7 @@ def test_presets_apply_per_model(router: Router) -> None:
     props = httpx.get(f"{router.url}/props", params={"model": "alpha"}).json()
     assert props["default_generation_settings"]["n_ctx"] == 512  # c = 1024 over np = 2 slots
     assert props["default_generation_settings"]["params"]["temperature"] == 0.25
+    assert props["default_generation_settings"]["params"]["top_k"] == 7  # the command line wins over [*]
     assert props["total_slots"] == 2
     by_alias = httpx.post(f"{router.url}/v1/chat/completions", json={"model": "primary", "messages": HELLO})
     assert by_alias.json()["model"] == "alpha"
@@ -267,6 +269,14 @@ def test_a_request_without_a_model_is_refused_listing_the_ids(small_router: Rout
     assert response.status_code == 400
     assert response.json()["error"]["message"] == (
         "this server serves several models: name one in `model` ('alpha', 'beta')")
+
+
+@pytest.mark.parametrize(("value", "seconds"), [
+    (0, 0.0), (-1, -1.0), ("300", 300.0), ("5m", 300.0), ("1h30m", 5400.0), ("-1m", -60.0), ("250ms", 0.25)])
+def test_keep_alive_takes_ollamas_durations(value: object, seconds: float) -> None:
+    from pyllama_cli.core.serving.pool import parse_keep_alive
+
+    assert parse_keep_alive(value) == seconds
 
 
 def test_a_bad_preset_file_is_one_error_naming_the_line(folder: Path, tmp_path: Path) -> None:
