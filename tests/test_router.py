@@ -16,8 +16,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.fixtures.make_gguf import TINY, write_llama_gguf
-from tests.helpers import REPO_ROOT, run_process
+from tests.fixtures.fake_hf import FakeHub
+from tests.fixtures.make_gguf import TINY, write_llama_gguf, write_split_gguf
+from tests.helpers import REPO_ROOT, run_cli, run_process
 
 HELLO = [{"role": "user", "content": "hello"}]
 PRESETS = """\
@@ -78,11 +79,11 @@ class Router:
             self.proc.wait(timeout=15)
 
 
-def _start(log: Path, *args: str) -> Router:
+def _start(log: Path, *args: str, hf_home: Path | None = None) -> Router:
     """Start `pyllama serve` in router mode on a free port and wait for its ready line."""
     home = log.parent / "home"
     env = {k: v for k, v in os.environ.items() if k != "PYLLAMA_API_KEY"}
-    env.update({"HF_HOME": str(home / "hf"), "PYLLAMA_HOME": str(home / "pyllama"),
+    env.update({"HF_HOME": str(hf_home or home / "hf"), "PYLLAMA_HOME": str(home / "pyllama"),
                 "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_DISABLE_TELEMETRY": "1"})
     with open(log, "wb") as sink:
         proc = subprocess.Popen([sys.executable, "-m", "pyllama_cli", "serve", "--host", "127.0.0.1", "--port", "0",
@@ -269,6 +270,26 @@ def test_a_request_without_a_model_is_refused_listing_the_ids(small_router: Rout
     assert response.status_code == 400
     assert response.json()["error"]["message"] == (
         "this server serves several models: name one in `model` ('alpha', 'beta')")
+
+
+def test_no_model_serves_every_gguf_in_the_hf_cache(tiny_model: Path, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    parts = write_split_gguf(tmp_path / "split", replace(TINY, ftype="F16"), 2)
+    files = {"tiny-F16-00001-of-00002.gguf": parts[0], "tiny-F16-00002-of-00002.gguf": parts[1],
+             "tiny-F32.gguf": tiny_model}
+    with FakeHub() as hub:
+        hub.add_repo("org/tiny-GGUF", files)
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        for quant in ("F16", "F32"):
+            assert run_cli("pull", "-hf", f"org/tiny-GGUF:{quant}").exit_code == 0
+    server = _start(tmp_path / "stderr.log", "-c", "512", hf_home=Path(os.environ["HF_HOME"]))
+    try:
+        cards = server.models()
+        assert sorted(cards) == ["tiny-F16", "tiny-F32"]  # the split model is one model
+        assert cards["tiny-F16"]["size"] == sum(p.stat().st_size for p in parts)
+        assert server.chat("tiny-F16").json()["model"] == "tiny-F16"
+    finally:
+        server.stop()
 
 
 @pytest.mark.parametrize(("value", "seconds"), [

@@ -190,7 +190,7 @@ class EnginePool:
                 await asyncio.shield(model._loading)
             elif model.state == FAILED and not retry_failed:
                 assert model.error is not None
-                raise model.error
+                raise model.error.with_traceback(None)  # raised again per request: keep no old frames
             else:
                 retry_failed = False  # one new try per call
                 # The load is a task of its own: a client that leaves while it waits does not stop it.
