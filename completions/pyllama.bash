@@ -288,13 +288,11 @@ _pyllama_value() {
                 mistral phi3 zephyr ;;
         "chat|--grammar" | "complete|--grammar" | "serve|--grammar")
             _pyllama_values none arithmetic c_identifier chess json json_arr list yes_no ;;
-        "list|--models-dir")
+        "list|--models-dir" | "serve|--models-dir")
             _pyllama_values dir ;;
         "quantize|--output-tensor-type" | "quantize|--token-embedding-type")
             _pyllama_values none bf16 f16 f32 iq1_m iq1_s iq2_s iq2_xs iq2_xxs iq3_s iq3_xxs iq4_nl iq4_xs \
                 mxfp4 nvfp4 q1_0 q2_0 q2_k q3_k q4_0 q4_1 q4_k q5_0 q5_1 q5_k q6_k q8_0 tq1_0 tq2_0 ;;
-        "serve|--models-dir")
-            _pyllama_values dir ;;
     esac
 }
 
