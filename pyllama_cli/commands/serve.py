@@ -95,10 +95,6 @@ def serve(
     repos: list[str] = list(model.hf_repo or [])
     router = (len(paths) + len(repos) != 1 or bool(models_dir) or models_cache or models_preset is not None
               or sleep_idle_seconds >= 0)  # a model that unloads when idle and loads again on demand
-    if load.rpc:
-        from ..core.model.rpc import add_servers
-
-        add_servers(load.rpc)  # an unreachable server fails now, before the port opens
     settings = ServerSettings(
         alias=alias or "", sampling=sampling.settings, n_predict=sampling.n_predict,
         stop=sampling.stop, api_key=api_key or None, cors_origins=tuple(cors_origin or ()),
@@ -112,6 +108,7 @@ def serve(
     one = ModelRequest(model=paths[0] if paths else None, hf_repo=repos[0] if repos else None,
                        hf_file=model.hf_file, hf_token=model.hf_token, offline=model.offline)
     resolved = resolve_model(one, tqdm_class=download_tqdm())
+    _add_rpc_servers(load)
     settings = _with_alias(settings, alias or _default_alias(resolved.path))
     sock = _listen(server, host, port, settings)
     server.serve(sock, resolved.path, load, settings, embeddings=embeddings, parallel=parallel, kv_unified=kv_unified)
@@ -139,8 +136,16 @@ def _serve_router(ctx: typer.Context, model: ModelRequest, paths: list[str], rep
     options = RouterOptions(models_max, idle, parallel, kv_unified,
                             load_presets(preset) if preset is not None else None, given)
     models, preload = router_models(found, load, settings, options)
+    _add_rpc_servers(load)
     sock = _listen(server, host, port, settings)
     serve_router(sock, models, preload, settings, options, load.verbose)
+
+
+def _add_rpc_servers(load: LoadSettings) -> None:
+    if load.rpc:
+        from ..core.model.rpc import add_servers
+
+        add_servers(load.rpc)  # an unreachable server fails now, before the port opens
 
 
 def _listen(server: Any, host: str, port: int, settings: Any) -> Any:
