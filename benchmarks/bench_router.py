@@ -70,7 +70,8 @@ async def throughput(url: str, first: int) -> tuple[int, float]:
     async def worker(client) -> None:
         nonlocal tokens
         while not queue.empty():
-            tokens += (await stream(client, url, queue.get_nowait()))[0]
+            got, _ = await stream(client, url, queue.get_nowait())
+            tokens += got  # not `tokens += await ...`: that reads `tokens` before the await
 
     async with httpx.AsyncClient() as client:
         start = time.perf_counter()
