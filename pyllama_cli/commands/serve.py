@@ -11,8 +11,10 @@ import typer
 from ..console import download_tqdm, warn
 from ..core.model.resolve import ModelRequest, resolve_model
 from ..core.model.settings import LoadSettings
+from ..options.limits import limit_options
 from ..options.load import ChatTemplateOpt, in_panel, model_options
 from ..options.sampling import SamplingOptions, sampling_options
+from ..server.settings import ServerLimits
 
 EXAMPLES = """\
 Examples:
@@ -32,10 +34,12 @@ _SIZE = re.compile(r"^\s*(\d+)\s*([kmg]?)(i?b)?\s*$", re.IGNORECASE)
 
 @model_options(load=True)
 @sampling_options()
+@limit_options()
 def serve(
     model: ModelRequest,
     load: LoadSettings,
     sampling: SamplingOptions,
+    limits: ServerLimits,
     host: Annotated[str, typer.Option("--host", help="Address to listen on.", rich_help_panel=SERVER_PANEL)]
     = DEFAULT_HOST,
     port: Annotated[int, typer.Option(
@@ -85,7 +89,7 @@ def serve(
     settings = ServerSettings(
         alias=alias or _default_alias(resolved.path), sampling=sampling.settings, n_predict=sampling.n_predict,
         stop=sampling.stop, api_key=api_key or None, cors_origins=tuple(cors_origin or ()),
-        max_body_size=parse_size(max_body_size), chat_template=chat_template,
+        max_body_size=parse_size(max_body_size), chat_template=chat_template, limits=limits,
     )
     sock = server.listen(host, port)
     if not settings.api_key and not server.is_loopback(sock):
