@@ -34,6 +34,11 @@ from .settings import ServerLimits
 # what httptools buffers of one huge header value, which no callback sees until it is complete.
 HEAD_SLACK = 4096
 OVER_CAPACITY_RETRY_S = 1
+# After a refusal the connection is half-closed and what the client still sends is read and dropped, for
+# at most this long and this much: closing at once, with its data unread, would make the kernel send a
+# reset that can destroy the answer before the client reads it (a "lingering close", as nginx does).
+LINGER_S = 1.0
+LINGER_BYTES = 4 * 1024 * 1024
 
 
 class Refused(Exception):
@@ -79,6 +84,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self.header_bytes = 0  # bytes of its complete header fields
         self.head_timer: asyncio.TimerHandle | None = None
         self.body_timer: asyncio.TimerHandle | None = None
+        self.lingering: int | None = None  # bytes dropped since a refusal (None: not refused)
 
     # ---- connection
 
@@ -91,6 +97,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self.lingering is not None:
+            self.lingering += len(data)
+            if self.lingering > LINGER_BYTES:
+                self.transport.close()
+            return
         if self.in_head:
             self.head_bytes += len(data)
             if self.head_timer is None:  # the first byte of a request on a kept-alive connection
@@ -202,7 +213,13 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             cycle.disconnected = True  # the app, if it is reading the body, sees the client gone
             cycle.message_event.set()
         self.logger.info("%s - refused: %d %s", _client(self.client), refusal.status, refusal.message)
-        self.transport.close()
+        if not self.transport.can_write_eof():
+            self.transport.close()
+            return
+        self.transport.write_eof()
+        self.lingering = 0
+        self.flow.resume_reading()
+        self.loop.call_later(LINGER_S, self.transport.close)
 
     def cancel_head_timer(self) -> None:
         if self.head_timer is not None:

@@ -14,7 +14,7 @@ MASK = "[REDACTED]"
 SECRET_PARAMS = ("api_key", "api-key", "apikey", "key", "token", "access_token")
 SECRET_HEADERS = ("authorization", "proxy-authorization", "x-api-key", "api-key")
 
-# `?api_key=VALUE` / `&token=VALUE`, the value up to the next separator (raw or %-encoded names alike).
+# `?api_key=VALUE` / `&token=VALUE`: the value up to the next separator.
 _PARAMS = "|".join(re.escape(p) for p in SECRET_PARAMS)
 _HEADERS = "|".join(re.escape(h) for h in SECRET_HEADERS)
 _QUERY = re.compile(rf"(?i)([?&;](?:{_PARAMS})=)[^&;#\s\"']*")

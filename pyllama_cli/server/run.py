@@ -71,7 +71,9 @@ def serve(sock: socket.socket, path: Path, load: LoadSettings, settings: Any, *,
     import uvicorn
 
     from .app import create_app
+    from .memory import fix_mmap_threshold
 
+    fix_mmap_threshold()  # before the first request: big request bodies must not grow the heap for good
     address = url(sock)
     server: uvicorn.Server
 
