@@ -430,6 +430,17 @@ def test_connections_beyond_the_cap_get_503(limited: Server) -> None:
         time.sleep(0.05)
 
 
+def test_a_cut_stream_ends_in_each_api_shape() -> None:
+    from pyllama_cli.errors import ServerShutdown
+    from pyllama_cli.server import sse
+
+    assert sse.error_event(ServerShutdown()) == (b'data: {"error":{"message":"the server is shutting down",'
+                                                 b'"type":"server_shutdown","param":null,"code":"server_shutdown"}}\n\n')
+    assert sse.anthropic_error_event(ServerShutdown()) == (b'event: error\ndata: {"type":"error","error":{"type":'
+                                                           b'"overloaded_error","message":"the server is shutting '
+                                                           b'down"}}\n\n')
+
+
 def test_sigterm_cuts_streams_with_an_error_event_and_exits_0(tiny_model: Path, tmp_path: Path) -> None:
     srv = _start(tiny_model, tmp_path / "stderr.log", "-np", "4", "-c", "65536", "--shutdown-grace", "1")
     body = {"messages": [{"role": "user", "content": "tell a story"}], "max_tokens": 100_000, "ignore_eos": True}
