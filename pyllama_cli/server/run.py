@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..console import err
+from ..core.model.servers import register_server
 from ..core.model.settings import LoadSettings
 from ..errors import Interrupted, ModelLoadError, PyllamaError, ServerShutdown, UsageError
 
@@ -72,6 +73,7 @@ def serve(sock: socket.socket, path: Path, load: LoadSettings, settings: Any, *,
 
     from .app import create_app
     from .memory import fix_mmap_threshold
+    from .models import OneModel
 
     fix_mmap_threshold()  # before the first request: big request bodies must not grow the heap for good
     address = url(sock)
@@ -88,7 +90,7 @@ def serve(sock: socket.socket, path: Path, load: LoadSettings, settings: Any, *,
     engine = make_engine(path, load, embeddings, parallel, kv_unified, on_ready=on_ready, on_failure=on_failure)
     if load.rpc and hasattr(engine, "break_down"):
         _survive_dead_rpc_servers(engine)
-    app = create_app(engine, settings)
+    app = create_app(OneModel(engine, settings), settings)
     config = uvicorn_config(app, settings.limits, verbose=load.verbose)
     server = server_class()(config)
     server.grace = settings.limits.shutdown_grace
@@ -96,7 +98,8 @@ def serve(sock: socket.socket, path: Path, load: LoadSettings, settings: Any, *,
     err().print(f"pyllama serve: listening on {address} - loading {path.name} (/health answers 503 until ready)",
                 markup=False, highlight=False)
     try:
-        server.run(sockets=[sock])
+        with register_server(address, api_key_required=bool(settings.api_key)):  # `pyllama rm` asks what it has loaded
+            server.run(sockets=[sock])
     finally:
         sock.close()
     _raise_for_stop(engine, server, path)
