@@ -213,8 +213,8 @@ _pyllama_spec() {
         "serve")
             subs=""
             opts="--host= --port= -a= --alias= --api-key= --cors-origin= --embeddings --max-body-size= \
-                --chat-template= -np= --parallel= --kv-unified -n= --n-predict= --temp= --top-k= --top-p= \
-                --min-p= --typical= --repeat-penalty= --repeat-last-n= --presence-penalty= \
+                --chat-template= -np= --parallel= --kv-unified --no-webui -n= --n-predict= --temp= --top-k= \
+                --top-p= --min-p= --typical= --repeat-penalty= --repeat-last-n= --presence-penalty= \
                 --frequency-penalty= --mirostat= --mirostat-lr= --mirostat-ent= --ignore-eos -r= \
                 --reverse-prompt= --logit-bias= --grammar= --grammar-file= -j= --json-schema= -jf= \
                 --json-schema-file= -m= --model= -hf= --hf-repo= -hff= --hf-file= -hft= --hf-token= \

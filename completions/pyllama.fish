@@ -339,6 +339,7 @@ complete -c pyllama -n '__pyllama_using serve' -l max-body-size -d 'Largest requ
 complete -c pyllama -n '__pyllama_using serve' -l chat-template -d 'Chat template: a built-in name (chatml, llama3, ...), a .jinja file or Jinja text (default: the model\'s own).' -x -a '(__pyllama_values file chatml gemma llama2 llama2-sys llama2-sys-bos llama2-sys-strip llama3 mistral phi3 zephyr)'
 complete -c pyllama -n '__pyllama_using serve' -o np -l parallel -d 'Slots: requests generated at once, batched together (continuous batching); more wait in a queue.' -x
 complete -c pyllama -n '__pyllama_using serve' -l kv-unified -d 'One KV cache for all slots: each may use the whole context while there is room.'
+complete -c pyllama -n '__pyllama_using serve' -l no-webui -d 'Do not serve the chat page at / (the API is unchanged).'
 complete -c pyllama -n '__pyllama_using serve' -s n -l n-predict -d 'Tokens to generate (-1 = until end of generation or a full context).' -x
 complete -c pyllama -n '__pyllama_using serve' -l temp -d 'Temperature (0 = greedy: always the most likely token).' -x
 complete -c pyllama -n '__pyllama_using serve' -l top-k -d 'Keep the K most likely tokens (0 = off).' -x

@@ -561,6 +561,7 @@ function fail(run, message) {
 function done(run) {
   clearTimeout(run.timer);
   cancelAnimationFrame(run.frame);
+  if (state.nCtx === null) loadProps().catch(() => {});  // the page opened while the model loaded
   state.running = null;
   setRunning(false);
   saveChats();
