@@ -71,6 +71,7 @@ def serve(sock: socket.socket, path: Path, load: LoadSettings, settings: Any, *,
     import uvicorn
 
     from .app import create_app
+    from .models import OneModel
 
     address = url(sock)
     server: uvicorn.Server
@@ -86,7 +87,7 @@ def serve(sock: socket.socket, path: Path, load: LoadSettings, settings: Any, *,
     engine = make_engine(path, load, embeddings, parallel, kv_unified, on_ready=on_ready, on_failure=on_failure)
     if load.rpc and hasattr(engine, "break_down"):
         _survive_dead_rpc_servers(engine)
-    app = create_app(engine, settings)
+    app = create_app(OneModel(engine, settings), settings)
     config = uvicorn.Config(app, log_level="info" if load.verbose else "warning", access_log=load.verbose,
                             log_config=log_config(), timeout_graceful_shutdown=SHUTDOWN_GRACE_S, lifespan="on")
     server = server_class()(config)
