@@ -440,7 +440,8 @@ function stop() {
 function requestBody(chat) {
   const s = state.settings;
   const system = systemPrompt(chat);
-  const history = chat.messages.filter((m) => !m.error).map((m) => ({role: m.role, content: m.content}));
+  const history = chat.messages.filter((m) => !m.error && (m.content || m.role === "user"))
+    .map((m) => ({role: m.role, content: m.content}));
   const body = {model: $("model").value || undefined, stream: true, stream_options: {include_usage: true},
     messages: [...(system ? [{role: "system", content: system}] : []), ...history]};
   if (s.temperature !== "") body.temperature = Number(s.temperature);
@@ -537,6 +538,7 @@ function scheduleRender(run) {
       run.tail = el("span", "plain tail");
       body.append(run.tail);
       drawRunning(run);
+      saveChats();  // a reload mid-answer keeps what came so far
     }, () => {}).finally(() => { run.timer = null; });
   }, RENDER_EVERY_MS);
 }
