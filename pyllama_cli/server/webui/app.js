@@ -93,7 +93,8 @@ async function loadModels() {
   const remembered = load(STORE.model, null);
   picker.value = state.models.includes(remembered) ? remembered : state.models[0];
   picker.hidden = state.models.length < 2;
-  await loadProps();
+  // With several models, /props would load the one it names: it is asked after that model has answered.
+  if (state.models.length < 2) await loadProps();
 }
 
 async function loadProps() {
@@ -560,10 +561,13 @@ function fail(run, message) {
   done(run);
 }
 
-function done(run) {
+async function done(run) {
   clearTimeout(run.timer);
   cancelAnimationFrame(run.frame);
-  if (state.nCtx === null) loadProps().catch(() => {});  // the page opened while the model loaded
+  if (state.nCtx === null && run.m.stats) {  // first answer of this model (or the page opened while it loaded)
+    await loadProps().catch(() => {});
+    run.m.stats.nCtx = state.nCtx;
+  }
   state.running = null;
   setRunning(false);
   saveChats();
@@ -601,7 +605,7 @@ function wire() {
   $("toggle-sidebar").onclick = () => document.body.classList.toggle("show-sidebar");
   $("model").onchange = () => {
     store(STORE.model, $("model").value);
-    loadProps().catch(() => {});
+    state.nCtx = null;
   };
 }
 
