@@ -21,8 +21,10 @@ from ..settings import ServerSettings
 from .render import RenderLimiter, check_size, render_markdown
 
 PAGE = "/"
-ASSETS = {"/webui/app.js": ("app.js", "text/javascript; charset=utf-8"),
-          "/webui/style.css": ("style.css", "text/css; charset=utf-8")}
+MEDIA_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8"}
+# /webui/NAME for each script module and style sheet of the page (app.js imports the other modules).
+ASSETS = {f"/webui/{f.name}": (f.name, MEDIA_TYPES[ext]) for f in files(__package__).iterdir()
+          if (ext := "." + f.name.rpartition(".")[2]) in MEDIA_TYPES}
 # What the API-key check lets through: the page and its two files, never an API route.
 PAGE_PATHS = frozenset({PAGE, *ASSETS})
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' data:; "
