@@ -42,7 +42,8 @@ function requestBody(chat) {
   if (s.temperature !== "") body.temperature = Number(s.temperature);
   if (s.top_p !== "") body.top_p = Number(s.top_p);
   if (s.max_tokens !== "") body.max_tokens = Number(s.max_tokens);
-  return {...body, ...(s.extra ? JSON.parse(s.extra) : {})};
+  // The extra fields first: the page's own (stream, messages, model) always win.
+  return {...(s.extra ? JSON.parse(s.extra) : {}), ...body};
 }
 
 export async function answer(chat) {
