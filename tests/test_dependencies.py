@@ -11,7 +11,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "pyllama_cli"
 # Distribution name -> the module it is imported as, where the two differ.
-MODULE_OF = {"llama-cpp-python": "llama_cpp", "huggingface-hub": "huggingface_hub", "prompt-toolkit": "prompt_toolkit"}
+MODULE_OF = {"llama-cpp-python": "llama_cpp", "huggingface-hub": "huggingface_hub", "prompt-toolkit": "prompt_toolkit",
+             "markdown-it-py": "markdown_it"}
 # Declared for uvicorn to find by itself (a faster event loop); never imported.
 USED_BY_UVICORN = {"uvloop"}
 

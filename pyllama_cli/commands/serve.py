@@ -67,12 +67,17 @@ def serve(
     kv_unified: Annotated[bool, typer.Option(
         "--kv-unified", help="One KV cache for all slots: each may use the whole context while there is room.",
         rich_help_panel=SERVER_PANEL)] = False,
+    no_webui: Annotated[bool, typer.Option(
+        "--no-webui", help="Do not serve the chat page at / (the API is unchanged).",
+        rich_help_panel=SERVER_PANEL)] = False,
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API: chat, completions, embeddings.
 
     Official OpenAI clients work with base_url http://HOST:PORT/v1. The server answers /health with
     503 while the model loads and 200 after; /docs has the API's schema. Sampling flags set the
     defaults that requests override; -n sets the default max_tokens (default: the rest of the context).
+
+    A browser at http://HOST:PORT/ gets a chat page (--no-webui turns it off).
     """
     from ..server import run as server
     from ..server.settings import ServerSettings
@@ -89,7 +94,8 @@ def serve(
     settings = ServerSettings(
         alias=alias or _default_alias(resolved.path), sampling=sampling.settings, n_predict=sampling.n_predict,
         stop=sampling.stop, api_key=api_key or None, cors_origins=tuple(cors_origin or ()),
-        max_body_size=parse_size(max_body_size), chat_template=chat_template, limits=limits,
+        max_body_size=parse_size(max_body_size), chat_template=chat_template, webui=not no_webui,
+        limits=limits,
     )
     sock = server.listen(host, port)
     if not settings.api_key and not server.is_loopback(sock):

@@ -38,4 +38,5 @@ class ServerSettings:
     cors_origins: tuple[str, ...] = ()
     max_body_size: int = DEFAULT_MAX_BODY_SIZE
     chat_template: str | None = None  # NAME|FILE|JINJA override of the model's template
+    webui: bool = True  # serve the chat page at GET /
     limits: ServerLimits = field(default_factory=ServerLimits)
