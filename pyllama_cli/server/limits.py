@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import http
 import json
+from collections.abc import Iterable
 from typing import Any
 
 import httptools
@@ -49,7 +50,7 @@ class Refused(Exception):
         self.status, self.message, self.code = status, message, code
 
 
-def error_bytes(status: int, message: str, code: str, headers: list[tuple[bytes, bytes]] = ()) -> bytes:
+def error_bytes(status: int, message: str, code: str, headers: Iterable[tuple[bytes, bytes]] = ()) -> bytes:
     """A whole HTTP/1.1 response carrying the API's error JSON, closing the connection."""
     body = json.dumps({"error": {"message": message, "type": ERROR_TYPES.get(status, "invalid_request_error"),
                                  "param": None, "code": code}}).encode()
