@@ -229,12 +229,14 @@ _pyllama_spec() {
         "serve")
             subs=""
             opts="--host= --port= -a= --alias= --api-key= --cors-origin= --embeddings --max-body-size= \
-                --chat-template= -np= --parallel= --kv-unified --models-dir= --models-cache --models-max= \
-                --sleep-idle-seconds= --models-preset= -n= --n-predict= --temp= --top-k= --top-p= --min-p= \
-                --typical= --repeat-penalty= --repeat-last-n= --presence-penalty= --frequency-penalty= \
-                --mirostat= --mirostat-lr= --mirostat-ent= --ignore-eos -r= --reverse-prompt= --logit-bias= \
-                --grammar= --grammar-file= -j= --json-schema= -jf= --json-schema-file= -m= --model= -hf= \
-                --hf-repo= -hff= --hf-file= -hft= --hf-token= --offline -c= --ctx-size= -t= --threads= -ngl= \
+                --chat-template= -np= --parallel= --kv-unified --no-webui --models-dir= --models-cache \
+                --models-max= --sleep-idle-seconds= --models-preset= --shutdown-grace= --max-header-size= \
+                --max-headers= --max-url-length= --header-timeout= --body-timeout= --max-connections= \
+                --keep-alive-timeout= -n= --n-predict= --temp= --top-k= --top-p= --min-p= --typical= \
+                --repeat-penalty= --repeat-last-n= --presence-penalty= --frequency-penalty= --mirostat= \
+                --mirostat-lr= --mirostat-ent= --ignore-eos -r= --reverse-prompt= --logit-bias= --grammar= \
+                --grammar-file= -j= --json-schema= -jf= --json-schema-file= -m= --model= -hf= --hf-repo= \
+                -hff= --hf-file= -hft= --hf-token= --offline -c= --ctx-size= -t= --threads= -ngl= \
                 --gpu-layers= --n-gpu-layers= -fa= --flash-attn= -b= --batch-size= -ub= --ubatch-size= \
                 --mlock --no-mmap -s= --seed= -v --verbose --log-file= --rpc= -dev= --device= -ts= \
                 --tensor-split= --list-devices -h --help"

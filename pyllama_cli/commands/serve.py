@@ -12,8 +12,10 @@ from ..console import download_tqdm, warn
 from ..core.model.resolve import ModelRequest, resolve_model
 from ..core.model.settings import LoadSettings
 from ..errors import UsageError
+from ..options.limits import limit_options
 from ..options.load import ChatTemplateOpt, in_panel, model_options, own_option
 from ..options.sampling import SamplingOptions, sampling_options
+from ..server.settings import ServerLimits
 from ..options.serve import (
     DEFAULT_HOST,
     DEFAULT_MODELS_MAX,
@@ -32,6 +34,7 @@ from ..options.serve import (
     ModelsDirOpt,
     ModelsMaxOpt,
     ModelsPresetOpt,
+    NoWebuiOpt,
     ParallelOpt,
     PortOpt,
     SleepIdleOpt,
@@ -54,11 +57,13 @@ _SIZE = re.compile(r"^\s*(\d+)\s*([kmg]?)(i?b)?\s*$", re.IGNORECASE)
 
 @model_options(load=True)
 @sampling_options()
+@limit_options()
 def serve(
     ctx: typer.Context,
     model: ModelRequest,
     load: LoadSettings,
     sampling: SamplingOptions,
+    limits: ServerLimits,
     host: HostOpt = DEFAULT_HOST,
     port: PortOpt = DEFAULT_PORT,
     alias: AliasOpt = None,
@@ -69,6 +74,7 @@ def serve(
     chat_template: in_panel(ChatTemplateOpt, SERVER_PANEL) = None,
     parallel: ParallelOpt = 1,
     kv_unified: KvUnifiedOpt = False,
+    no_webui: NoWebuiOpt = False,
     models_dir: ModelsDirOpt = None,
     models_cache: ModelsCacheOpt = False,
     models_max: ModelsMaxOpt = DEFAULT_MODELS_MAX,
@@ -80,6 +86,8 @@ def serve(
     Official OpenAI clients work with base_url http://HOST:PORT/v1. The server answers /health with
     503 while the model loads and 200 after; /docs has the API's schema. Sampling flags set the
     defaults that requests override; -n sets the default max_tokens (default: the rest of the context).
+
+    A browser at http://HOST:PORT/ gets a chat page (--no-webui turns it off).
 
     Router mode (several -m or -hf, --models-dir, --models-cache, --sleep-idle-seconds, or no model at
     all): a request's `model` picks the model, loaded on first use; see docs/router.md.
@@ -98,7 +106,8 @@ def serve(
     settings = ServerSettings(
         alias=alias or "", sampling=sampling.settings, n_predict=sampling.n_predict,
         stop=sampling.stop, api_key=api_key or None, cors_origins=tuple(cors_origin or ()),
-        max_body_size=parse_size(max_body_size), chat_template=chat_template,
+        max_body_size=parse_size(max_body_size), chat_template=chat_template, webui=not no_webui,
+        limits=limits,
     )
     if router:
         _serve_router(ctx, model, paths, repos, load, settings, host, port, embeddings=embeddings, alias=alias,

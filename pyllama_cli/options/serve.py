@@ -42,6 +42,8 @@ ParallelOpt = Annotated[int, typer.Option(
 KvUnifiedOpt = Annotated[bool, typer.Option(
     "--kv-unified", help="One KV cache for all slots: each may use the whole context while there is room.",
     rich_help_panel=SERVER_PANEL)]
+NoWebuiOpt = Annotated[bool, typer.Option(
+    "--no-webui", help="Do not serve the chat page at / (the API is unchanged).", rich_help_panel=SERVER_PANEL)]
 
 ModelsDirOpt = Annotated[list[Path] | None, typer.Option(
     "--models-dir", help="Serve every GGUF in this folder (split models as one); repeatable.",

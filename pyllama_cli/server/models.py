@@ -77,8 +77,8 @@ class ModelSet(ABC):
         """Every model, for listings (/v1/models, /metrics)."""
 
     @abstractmethod
-    def cancel_all(self) -> None:
-        """Stop every running and queued job of every model (a server shutting down)."""
+    def cancel_all(self, reason: BaseException | None = None) -> None:
+        """Stop every running and queued job of every model (a server shutting down: `reason`)."""
 
     @abstractmethod
     def close(self) -> None:
@@ -124,8 +124,8 @@ class OneModel(ModelSet):
     async def unload(self, model_id: str) -> None:
         raise APIError(400, "this server serves one model; stop the server instead", code="not_router")
 
-    def cancel_all(self) -> None:
-        self.model.engine.cancel_all()
+    def cancel_all(self, reason: BaseException | None = None) -> None:
+        self.model.engine.cancel_all(reason)
 
     def close(self) -> None:
         self.model.engine.close()

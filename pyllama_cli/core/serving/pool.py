@@ -158,10 +158,10 @@ class EnginePool:
         self._loop = asyncio.get_running_loop()
         self._reaper = self._loop.create_task(self._unload_idle())
 
-    def cancel_all(self) -> None:
+    def cancel_all(self, reason: BaseException | None = None) -> None:
         for model in self.models.values():
             if model.engine is not None:
-                model.engine.cancel_all()
+                model.engine.cancel_all(reason)
 
     def close(self) -> None:
         """Stop every engine and free every model (from any thread, once the loop stops serving)."""

@@ -98,8 +98,8 @@ class Router(ModelSet):
              [(f'model="{m.id}"', int(m.state == LOADED)) for m in models]),
         ]
 
-    def cancel_all(self) -> None:
-        self.pool.cancel_all()
+    def cancel_all(self, reason: BaseException | None = None) -> None:
+        self.pool.cancel_all(reason)
 
     def close(self) -> None:
         self.pool.close()

@@ -152,8 +152,10 @@ def serve_router(sock: socket.socket, models: list[PoolModel], preload: tuple[st
     import signal
 
     from ...core.model.servers import register_server
+    from ...errors import ServerShutdown
     from .. import run
     from ..app import create_app
+    from ..memory import fix_mmap_threshold
 
     def say(message: str) -> None:
         err().print(f"pyllama serve: {message}", markup=False, highlight=False)
@@ -164,8 +166,10 @@ def serve_router(sock: socket.socket, models: list[PoolModel], preload: tuple[st
     pool = EnginePool(models, make_engine, max_loaded=options.models_max, idle_seconds=options.idle_seconds,
                       report=say)
     router = Router(pool, preload)
-    server = _uvicorn(create_app(router, settings), verbose)
-    server.on_stop = router.cancel_all
+    fix_mmap_threshold()  # before the first request: big request bodies must not grow the heap for good
+    server = run.server_class()(run.uvicorn_config(create_app(router, settings), settings.limits, verbose=verbose))
+    server.grace = settings.limits.shutdown_grace
+    server.on_stop = lambda: router.cancel_all(ServerShutdown())
     address, ids = run.url(sock), ", ".join(m.id for m in models)
     most = f"up to {options.models_max} loaded at once" if options.models_max > 0 else "no limit on loaded models"
     say(f"listening on {address} - router mode, {len(models)} models: {ids}")
@@ -181,12 +185,3 @@ def serve_router(sock: socket.socket, models: list[PoolModel], preload: tuple[st
     if server.stop_signal is not None:
         say(f"stopped ({signal.Signals(server.stop_signal).name})")
 
-
-def _uvicorn(app: Any, verbose: bool) -> Any:
-    import uvicorn
-
-    from ..run import SHUTDOWN_GRACE_S, log_config, server_class
-
-    config = uvicorn.Config(app, log_level="info" if verbose else "warning", access_log=verbose,
-                            log_config=log_config(), timeout_graceful_shutdown=SHUTDOWN_GRACE_S, lifespan="on")
-    return server_class()(config)
