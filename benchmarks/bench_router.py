@@ -152,11 +152,11 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 def main() -> None:
+    global REQUESTS, N_TOKENS
     parser = common.base_parser(__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=REQUESTS, help="requests per throughput run")
     parser.add_argument("--tokens", type=int, default=N_TOKENS, help="tokens per request")
     args = parser.parse_args()
-    global REQUESTS, N_TOKENS
     REQUESTS, N_TOKENS = args.requests, args.tokens
     model = (args.model or common.bench_model("Q4_0")).resolve()
     folder = Path(tempfile.mkdtemp(prefix="bench-router-"))
