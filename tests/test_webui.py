@@ -14,6 +14,7 @@ import re
 import shutil
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from pyllama_cli.core.generate.conversation import Conversation
 from pyllama_cli.server.errors import APIError
 from pyllama_cli.server.webui.render import MAX_RENDER_CHARS, RenderLimiter, render_markdown
 from pyllama_cli.server.webui.routes import ASSETS
+from tests.fixtures.make_gguf import TINY, write_llama_gguf
 from tests.helpers import REPO_ROOT
 from tests.test_serve import N_CTX, Server, _metric, _start
 
@@ -392,6 +394,34 @@ def test_a_rendered_answer_has_code_a_list_a_table_and_copy_buttons(browser: Any
 
 
 # ---------------------------------------------------------------- API key and --no-webui
+
+
+def test_the_model_picker_switches_model_on_a_two_model_server(browser: Any, tiny_model: Path,
+                                                                tmp_path: Path) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.select import Select
+
+    other = write_llama_gguf(tmp_path / "other.gguf", replace(TINY, seed=7))
+    srv = _start(tiny_model, tmp_path / "stderr.log", "-m", str(other))
+    try:
+        open_page(browser, srv.url, max_tokens="8")
+        assert browser.find_element(By.ID, "model").is_displayed()
+        assert [o.text for o in Select(browser.find_element(By.ID, "model")).options] == ["tiny", "other"]
+        answers = {}
+        for model in ("other", "tiny"):
+            Select(browser.find_element(By.ID, "model")).select_by_visible_text(model)
+            if answers:
+                browser.find_element(By.CSS_SELECTOR, ".regenerate").click()
+            else:
+                send(browser, "hello")
+            wait_answered(browser)
+            answers[model] = stored_chats(browser)[0]["messages"][1]["content"]
+            expected = api_answer(srv, [{"role": "user", "content": "hello"}], model=model, max_tokens=8)
+            assert answers[model] == expected["choices"][0]["message"]["content"]
+        assert answers["tiny"] != answers["other"]
+        assert browser.execute_script("return localStorage.getItem('pyllama.model')") == '"tiny"'
+    finally:
+        srv.stop()
 
 
 def test_with_an_api_key_the_page_loads_and_asks_for_the_key(browser: Any, tiny_model: Path,
