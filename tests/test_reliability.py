@@ -46,17 +46,56 @@ def _alive(server: Server) -> bool:
 # ---------------------------------------------------------------- hostile requests and schema fuzzing
 
 
-@pytest.mark.parametrize("case", fuzzing.hostile_requests(), ids=lambda c: c.name)
-def test_hostile_request_gets_a_clear_answer(rserver: Server, case: fuzzing.Hostile) -> None:
-    with httpx.Client(timeout=60) as client:
-        response = case.send(client, rserver.url)
+GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
+ROUTER_IDS = ("red", "green", "blue")
+
+
+@pytest.fixture(scope="module")
+def router_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """Router mode over three copies of the tiny model, at most two loaded."""
+    folder = tmp_path_factory.mktemp("reliability-router")
+    red, green, blue = (shutil.copyfile(tiny_model, folder / f"{name}.gguf") for name in ROUTER_IDS)
+    srv = _start(red, folder / "stderr.log", "-m", str(green), "-m", str(blue), "--models-max", "2")
+    yield srv
+    srv.stop()
+
+
+def _check_hostile_answer(response: httpx.Response, case: fuzzing.Hostile, model: str) -> None:
     assert response.status_code == case.status, response.text[:500]
     if case.status >= 400:
         assert fuzzing.error_shape_problem(response.status_code, response.content) is None
         assert case.expect in response.json()["error"]["message"], response.text[:500]
-    else:
+    elif case.path in GENERATION_PATHS:
         assert response.json()["choices"][0]["finish_reason"] in ("stop", "length")
-        assert response.json()["model"] == "tiny"
+        assert response.json()["model"] == model
+    else:
+        assert case.expect in response.text, response.text[:500]
+
+
+@pytest.mark.parametrize("case", fuzzing.hostile_requests(), ids=lambda c: c.name)
+def test_hostile_request_gets_a_clear_answer(rserver: Server, case: fuzzing.Hostile) -> None:
+    with httpx.Client(timeout=60) as client:
+        response = case.send(client, rserver.url)
+    _check_hostile_answer(response, case, "tiny")
+
+
+@pytest.mark.parametrize("case", fuzzing.router_hostile_requests(ROUTER_IDS), ids=lambda c: c.name)
+def test_hostile_request_to_a_router_gets_a_clear_answer(router_server: Server, case: fuzzing.Hostile) -> None:
+    with httpx.Client(timeout=60) as client:
+        response = case.send(client, router_server.url)
+    _check_hostile_answer(response, case, case.body.get("model") if isinstance(case.body, dict) else None)
+
+
+def test_schema_fuzz_of_a_router_finds_no_server_error(router_server: Server) -> None:
+    report = fuzzing.schema_fuzz(router_server.url, examples_per_operation=3, model_ids=ROUTER_IDS)
+    assert report.cases >= 40
+    assert report.problems == []
+    assert report.statuses.get(200, 0) >= 5  # some cases reached a model, not only 404s
+    assert _alive(router_server)
+    loaded = [card["id"] for card in httpx.get(f"{router_server.url}/v1/models").json()["data"]
+              if card["status"]["value"] != "unloaded"]
+    assert len(loaded) <= 2, loaded
+    assert "Traceback" not in router_server.stderr
 
 
 def test_schema_fuzz_finds_no_server_error(rserver: Server) -> None:

@@ -19,6 +19,7 @@ a worker thread so the loop keeps serving the other models.
 from __future__ import annotations
 
 import asyncio
+import math
 import re
 import time
 from collections.abc import Callable, Iterable
@@ -47,13 +48,15 @@ def parse_keep_alive(value: float | str | None) -> float | None:
         return None if value is None else float(value)
     text = str(value).strip()
     try:
-        return float(text)
+        seconds = float(text)
     except ValueError:
-        pass
+        seconds = math.nan
     sign = -1.0 if text.startswith("-") else 1.0
     body = text.lstrip("+-")
-    if body and _DURATION.sub("", body) == "":
-        return sign * sum(float(n) * _UNIT_S[unit] for n, unit in _DURATION.findall(body))
+    if math.isnan(seconds) and body and _DURATION.sub("", body) == "":
+        seconds = sign * sum(float(n) * _UNIT_S[unit] for n, unit in _DURATION.findall(body))
+    if not math.isnan(seconds):  # "nan" is no duration: it would mean "never unload" without saying so
+        return seconds
     raise InputError(f"keep_alive {value!r} is not a duration: give seconds (300, -1) or text such as 5m or 1h30m")
 
 
