@@ -4,11 +4,14 @@ The same checks as tests/test_reliability.py, with many more cases:
 
   * schema: every operation of the live server's /openapi.json, valid and invalid cases
     (--examples per operation and mode), against each server of SCHEMA_SERVERS (a generation
-    server with -np 4, an --embeddings one): no 5xx, every error in OpenAI's error shape, the
-    server alive afterwards and no traceback in its log. A route a server adds to its schema is
-    fuzzed with no change here; a new way to start the server (a router) is one table entry;
-  * hostile: the hand-written list (nesting, 10 MB strings, bad UTF-8, bad numbers and ids,
-    bad grammars and schemas), each with the answer it must get;
+    server with -np 4, an --embeddings one, a router of three models with --models-max 2, whose
+    generated `model` fields mostly name its models): no 5xx, every error in OpenAI's error shape,
+    the server alive afterwards and no traceback in its log; a router never more models loaded than
+    its limit. A route a server adds to its schema is fuzzed with no change here; a new way to start
+    the server is one table entry;
+  * hostile: the hand-written lists (nesting, 10 MB strings, bad UTF-8, bad numbers and ids,
+    bad grammars and schemas, /render's Markdown; a router's unknown ids, bad keep_alive, /models/*),
+    each with the answer it must get;
   * limits: the raw-socket heads of LIMIT_CASES (huge headers, a huge URL, too many fields), each
     with the status it must get, then /health; one entry per case;
   * gguf: every targeted mutation of the tiny model's header plus --gguf-random blind ones, each
@@ -39,10 +42,13 @@ from tests.fixtures import fuzzing
 from tests.fixtures.make_gguf import TINY, write_llama_gguf
 
 
-# Servers the schema part fuzzes: name -> (the model: "generation" or "embedding", serve's flags).
+# Servers the schema part fuzzes: name -> (its models, each "generation", "embedding" or a router's id
+# (a tiny model of its own), serve's flags). More than one model is router mode.
+ROUTER_IDS = ("red", "green", "blue")
 SCHEMA_SERVERS = {
-    "generation": ("generation", ("-np", "4")),
-    "embeddings": ("embedding", ("--embeddings",)),
+    "generation": (("generation",), ("-np", "4")),
+    "embeddings": (("embedding",), ("--embeddings",)),
+    "router": (ROUTER_IDS, ("--models-max", "2")),
 }
 # Raw request heads and the status each must get (the server must answer /health after each).
 LIMIT_CASES = {
@@ -74,51 +80,84 @@ def serve(model: Path, log: Path, *args: str) -> Any:
     return _start(model, log, *(args or ("-np", "4")))
 
 
-def schema_part(model: Path, tmp: Path, examples: int, *args: str) -> list[str]:
+def serve_router(models: dict[str, Path], log: Path, *args: str) -> Any:
+    """Router mode over ROUTER_IDS' models (`-m` each), with ARGS."""
+    first, *others = (models[model_id] for model_id in ROUTER_IDS)
+    return serve(first, log, *(arg for path in others for arg in ("-m", str(path))), *args)
+
+
+def loaded_models(url: str) -> list[str]:
     import httpx
 
-    server = serve(model, tmp / f"schema{'-'.join(args)}.log", *args)
+    cards = httpx.get(f"{url}/v1/models", timeout=10).json()["data"]
+    return [card["id"] for card in cards if card.get("status", {}).get("value", "loaded") != "unloaded"]
+
+
+def schema_part(models: dict[str, Path], kinds: tuple[str, ...], tmp: Path, examples: int, *args: str) -> list[str]:
+    import httpx
+
+    log = tmp / f"schema{'-'.join((*kinds, *args))}.log"
+    router = len(kinds) > 1
+    server = serve_router(models, log, *args) if router else serve(models[kinds[0]], log, *args)
+    label = "schema" + (" router" if router else "") + (" " + " ".join(args) if args else "")
     try:
         start = time.perf_counter()
-        report = fuzzing.schema_fuzz(server.url, examples, seed=None)
+        report = fuzzing.schema_fuzz(server.url, examples, seed=None, model_ids=kinds if router else ())
         alive = httpx.get(f"{server.url}/health", timeout=10).status_code == 200
+        loaded = loaded_models(server.url)
         routes = sorted(httpx.get(f"{server.url}/openapi.json", timeout=10).json()["paths"])
-        print(f"schema{' ' + ' '.join(args) if args else ''}: routes {', '.join(routes)}")
-        print(f"schema{' ' + ' '.join(args) if args else ''}: {report.cases} cases in "
-              f"{time.perf_counter() - start:.0f} s, statuses {dict(sorted(report.statuses.items()))}, "
-              f"server alive: {alive}")
+        print(f"{label}: routes {', '.join(routes)}")
+        print(f"{label}: {report.cases} cases in {time.perf_counter() - start:.0f} s, statuses "
+              f"{dict(sorted(report.statuses.items()))}, server alive: {alive}"
+              + (f", loaded at the end: {', '.join(loaded) or 'none'}" if router else ""))
     finally:
         server.stop()
     problems = list(report.problems)
     if not alive:
         problems.append("schema: the server did not answer /health afterwards")
+    if router and len(loaded) > 2:
+        problems.append(f"schema: {len(loaded)} models loaded under --models-max 2: {loaded}")
     if "Traceback" in server.stderr:
         where = server.stderr.index("Traceback")
         problems.append("schema: a traceback in the server log:\n" + server.stderr[where:where + 2000])
     return problems
 
 
-def hostile_part(model: Path, tmp: Path) -> list[str]:
+def hostile_part(models: dict[str, Path], tmp: Path) -> list[str]:
+    """The one-model list on a one-model server, the router's list on a router of ROUTER_IDS."""
+    problems = []
+    one = serve(models["generation"], tmp / "hostile.log")
+    try:
+        problems += send_hostile(one.url, fuzzing.hostile_requests(), "hostile")
+    finally:
+        one.stop()
+    router = serve_router(models, tmp / "hostile-router.log", "--models-max", "2")
+    try:
+        problems += send_hostile(router.url, fuzzing.router_hostile_requests(ROUTER_IDS), "hostile router")
+        loaded = loaded_models(router.url)
+        if len(loaded) > 2:
+            problems.append(f"hostile router: {len(loaded)} models loaded under --models-max 2: {loaded}")
+    finally:
+        router.stop()
+    return problems
+
+
+def send_hostile(url: str, cases: list[fuzzing.Hostile], label: str) -> list[str]:
     import httpx
 
-    server = serve(model, tmp / "hostile.log")
     problems = []
-    try:
-        with httpx.Client(timeout=120) as client:
-            for case in fuzzing.hostile_requests():
-                reply = case.send(client, server.url)
-                status = reply.status_code
-                shape = fuzzing.error_shape_problem(status, reply.content) if status >= 400 else None
-                # The message as written, not as JSON escapes it (an expected '"not"' is '\"not\"' there).
-                said = reply.json()["error"]["message"] if status >= 400 and not shape else reply.text
-                if reply.status_code != case.status or shape or case.expect not in said:
-                    problems.append(f"hostile {case.name}: {reply.status_code} {reply.text[:300]}")
-            alive = client.get(f"{server.url}/health").status_code == 200
-        print(f"hostile: {len(fuzzing.hostile_requests())} requests, {len(problems)} unexpected answers, "
-              f"server alive: {alive}")
-    finally:
-        server.stop()
-    return problems if alive else [*problems, "hostile: the server died"]
+    with httpx.Client(timeout=120) as client:
+        for case in cases:
+            reply = case.send(client, url)
+            status = reply.status_code
+            shape = fuzzing.error_shape_problem(status, reply.content) if status >= 400 else None
+            # The message as written, not as JSON escapes it (an expected '"not"' is '\"not\"' there).
+            said = reply.json()["error"]["message"] if status >= 400 and not shape else reply.text
+            if reply.status_code != case.status or shape or case.expect not in said:
+                problems.append(f"{label} {case.name}: {reply.status_code} {reply.text[:300]}")
+        alive = client.get(f"{url}/health").status_code == 200
+    print(f"{label}: {len(cases)} requests, {len(problems)} unexpected answers, server alive: {alive}")
+    return problems if alive else [*problems, f"{label}: the server died"]
 
 
 def limits_part(model: Path, tmp: Path) -> list[str]:
@@ -175,17 +214,19 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         model = write_llama_gguf(tmp / "tiny.gguf", TINY)
+        models = {"generation": model,
+                  "embedding": write_llama_gguf(tmp / "tiny-embed.gguf", replace(TINY, embedding_only=True)),
+                  **{model_id: write_llama_gguf(tmp / f"{model_id}.gguf", replace(TINY, seed=i))
+                     for i, model_id in enumerate(ROUTER_IDS, 1)}}
         os.environ.pop("PYLLAMA_API_KEY", None)
         problems: list[str] = []
         if "hostile" in parts:
-            problems += hostile_part(model, tmp)
+            problems += hostile_part(models, tmp)
         if "limits" in parts:
             problems += limits_part(model, tmp)
         if "schema" in parts:
-            models = {"generation": model,
-                      "embedding": write_llama_gguf(tmp / "tiny-embed.gguf", replace(TINY, embedding_only=True))}
-            for kind, flags in SCHEMA_SERVERS.values():
-                problems += schema_part(models[kind], tmp, args.examples, *flags)
+            for kinds, flags in SCHEMA_SERVERS.values():
+                problems += schema_part(models, kinds, tmp, args.examples, *flags)
         if "gguf" in parts:
             problems += gguf_part(model, tmp, args.gguf_random, args.seed)
     for problem in problems[:50]:

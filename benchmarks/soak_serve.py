@@ -1,12 +1,18 @@
 """Soak `pyllama serve --parallel 4`: 16 streaming clients for 5 minutes, 10% of them hanging up mid-stream.
 
+With --router, the server is in router mode over three models (tiny ones of different shapes, made
+once) with --models-max 2, and each client's requests rotate over the three, so that models load and
+unload throughout; GET /v1/models is polled during the run, and no more than --models-max models may
+ever be loaded at once.
+
 A bounded load (127.0.0.1 only, at most --max-requests requests, at most --duration seconds):
 each client sends streaming chat or text completions one after another; a request drawn with
 probability --disconnect-rate reads a few events and closes the connection. Checked at the end:
 
   * zero failed requests among those that stayed (HTTP 200, no error event, ends with [DONE]);
   * the server's resident memory at the end within 10% of its value after the first minute;
-  * no slot busy and no request queued once the load has stopped;
+  * no slot busy and no request queued once the load has stopped (router: on each loaded model);
+  * router: never more than --models-max models loaded at once (polled every 0.2 s);
   * SIGTERM then stops the server with exit status 0 within 5 s.
 
 Printed: requests (completed, disconnected, failed), RSS after 1 min and at the end, p50/p95
@@ -16,7 +22,7 @@ The routes the clients draw from are the ROUTES table: a route is one entry (its
 body, and the event that ends a good stream), chosen with --routes.
 
     python benchmarks/soak_serve.py [-m MODEL.gguf] [--duration 300] [--clients 16] [--max-requests 50000]
-                                    [--routes chat,completions]
+                                    [--routes chat,completions] [--router [--models-max 2]]
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ from pathlib import Path
 from typing import Any
 
 from _common import REPO_ROOT
+
+ROUTER_MODELS = {"red": 2, "green": 3, "blue": 4}  # router mode's models: id -> layers of a tiny model
 
 PROMPTS = ["hello", "Tell me a story about a cat.", "What is the capital of France?", "Write a poem about the sea",
            "Explain how a bicycle works, step by step.", "the quick brown fox jumps over the lazy dog " * 8]
@@ -89,7 +97,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("-t", "--threads", type=int, default=1, help="server threads (default 1: the clients need a core)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--routes", default=",".join(ROUTES), help=f"routes to draw from ({','.join(ROUTES)})")
+    p.add_argument("--router", action="store_true", help="router mode: requests rotate over three models")
+    p.add_argument("--models-max", type=int, default=2, help="router mode's --models-max (default 2)")
     args = p.parse_args()
+    if args.router and args.model:
+        p.error("--router makes its own three models; leave out -m")
+    args.model_ids = tuple(ROUTER_MODELS) if args.router else ()
     args.routes = [name.strip() for name in args.routes.split(",")]
     unknown = [name for name in args.routes if name not in ROUTES]
     if unknown:
@@ -106,9 +119,28 @@ def tiny_model() -> Path:
     return path
 
 
-def start_server(args: argparse.Namespace, model: Path, log: Path) -> tuple[subprocess.Popen, str]:
-    cmd = [sys.executable, "-m", "pyllama_cli", "serve", "-m", str(model), "--host", "127.0.0.1", "--port", "0",
+def router_models() -> list[Path]:
+    """The router's three models: the tiny model's shape with 2, 3 and 4 layers, each its own weights."""
+    from dataclasses import replace
+
+    from tests.fixtures.make_gguf import TINY, write_llama_gguf
+
+    paths = []
+    for seed, (model_id, layers) in enumerate(ROUTER_MODELS.items(), 1):
+        path = Path(tempfile.gettempdir()) / "pyllama-soak-router" / f"{model_id}.gguf"
+        if not path.exists():
+            path.parent.mkdir(exist_ok=True)
+            write_llama_gguf(path.with_suffix(".tmp"), replace(TINY, seed=seed, n_layer=layers)).rename(path)
+        paths.append(path)
+    return paths
+
+
+def start_server(args: argparse.Namespace, models: list[Path], log: Path) -> tuple[subprocess.Popen, str]:
+    cmd = [sys.executable, "-m", "pyllama_cli", "serve", *(a for m in models for a in ("-m", str(m))),
+           "--host", "127.0.0.1", "--port", "0",
            "-np", str(args.parallel), "-c", str(args.ctx_size), "-t", str(args.threads)]
+    if args.router:
+        cmd += ["--models-max", str(args.models_max)]
     env = {k: v for k, v in os.environ.items() if k != "PYLLAMA_API_KEY"}
     with open(log, "wb") as sink:
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=sink, cwd=REPO_ROOT, env=env)
@@ -133,10 +165,11 @@ def rss_mib(pid: int) -> float:
     return float("nan")
 
 
-async def one_request(client, url: str, rng: random.Random, tally: Tally, args: argparse.Namespace) -> None:
+async def one_request(client, url: str, rng: random.Random, tally: Tally, args: argparse.Namespace,
+                      model: str | None = None) -> None:
     route = ROUTES[rng.choice(args.routes)]
     body = {**route.body(rng.choice(PROMPTS), rng.randint(8, args.max_tokens)), "stream": True,
-            "seed": rng.randrange(1 << 30)}
+            "seed": rng.randrange(1 << 30), **({"model": model} if model else {})}
     hang_up_after = rng.randint(1, 8) if rng.random() < args.disconnect_rate else None
     start, first, events, done, usage = time.perf_counter(), None, 0, False, None
     try:
@@ -175,7 +208,8 @@ async def one_request(client, url: str, rng: random.Random, tally: Tally, args: 
     tally.tokens += (usage.get("completion_tokens") or usage.get("output_tokens") or 0) if usage else 0
 
 
-async def load(url: str, args: argparse.Namespace, tally: Tally, pid: int, rss: dict[str, float]) -> float:
+async def load(url: str, args: argparse.Namespace, tally: Tally, pid: int, rss: dict[str, float],
+               seen: dict[str, int]) -> float:
     import httpx
 
     deadline = time.monotonic() + args.duration
@@ -185,9 +219,26 @@ async def load(url: str, args: argparse.Namespace, tally: Tally, pid: int, rss: 
         rng = random.Random(args.seed * 1000 + i)
         limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
         async with httpx.AsyncClient(limits=limits) as client:
+            n = i  # router mode: each client takes the models in turn, starting at its own
             while time.monotonic() < deadline and budget[0] > 0:
                 budget[0] -= 1
-                await one_request(client, url, rng, tally, args)
+                model = args.model_ids[n % len(args.model_ids)] if args.model_ids else None
+                n += 1
+                await one_request(client, url, rng, tally, args, model)
+
+    async def poll_models() -> None:
+        """Router mode: the most models loaded, and loading or loaded, at any one poll of GET /v1/models.
+
+        "loading" includes a load still waiting for room (for a loaded model to become idle and unload),
+        so loading-or-loaded may exceed the limit while loaded may not."""
+        async with httpx.AsyncClient() as client:
+            while True:
+                cards = (await client.get(url + "/v1/models", timeout=30)).json()["data"]
+                states = [card["status"]["value"] for card in cards]
+                seen["polls"] += 1
+                seen["max_loaded"] = max(seen["max_loaded"], states.count("loaded"))
+                seen["max_held"] = max(seen["max_held"], states.count("loaded") + states.count("loading"))
+                await asyncio.sleep(0.2)
 
     async def sample_rss() -> None:
         start, first = time.monotonic(), min(60.0, args.duration / 2)  # short trial runs sample at half time
@@ -198,23 +249,40 @@ async def load(url: str, args: argparse.Namespace, tally: Tally, pid: int, rss: 
                 print(f"  after {first:.0f} s: {tally.sent} requests, RSS {rss['1min']:.1f} MiB", file=sys.stderr)
 
     started = time.monotonic()
-    sampler = asyncio.create_task(sample_rss())
+    watchers = [asyncio.create_task(sample_rss())] + ([asyncio.create_task(poll_models())] if args.router else [])
     await asyncio.gather(*(client_loop(i) for i in range(args.clients)))
-    sampler.cancel()
+    for watcher in watchers:
+        watcher.cancel()
     return time.monotonic() - started
 
 
-def idle_after(url: str, timeout: float = 5.0) -> tuple[int, int]:
-    """Slots still busy and requests still queued, polled until both are zero or `timeout` passes."""
+def idle_after(url: str, router: bool, timeout: float = 5.0) -> tuple[int, int]:
+    """Slots still busy and requests still queued (router: summed over the loaded models), polled until
+    both are zero or `timeout` passes."""
     import httpx
 
     deadline = time.monotonic() + timeout
     while True:
-        state = httpx.get(url + "/slots", timeout=10).json()
-        busy = sum(slot["state"] != "idle" for slot in state["slots"])
-        if (busy == 0 and state["queue"] == 0) or time.monotonic() > deadline:
-            return busy, state["queue"]
+        if router:
+            loaded = [card["id"] for card in httpx.get(url + "/v1/models", timeout=10).json()["data"]
+                      if card["status"]["value"] == "loaded"]
+            states = [httpx.get(url + "/slots", params={"model": m}, timeout=10).json() for m in loaded]
+        else:
+            states = [httpx.get(url + "/slots", timeout=10).json()]
+        busy = sum(slot["state"] != "idle" for state in states for slot in state["slots"])
+        queued = sum(state["queue"] for state in states)
+        if (busy == 0 and queued == 0) or time.monotonic() > deadline:
+            return busy, queued
         time.sleep(0.2)
+
+
+def model_loads(url: str) -> dict[str, int]:
+    """Router mode: how many times each model was loaded (from /metrics)."""
+    import httpx
+
+    text = httpx.get(url + "/metrics", timeout=10).text
+    return {m.group(1): int(float(m.group(2))) for m in
+            re.finditer(r'^pyllama_model_loads_total\{model="([^"]+)"\} (\S+)$', text, re.MULTILINE)}
 
 
 def stop(proc: subprocess.Popen) -> tuple[int, float]:
@@ -236,18 +304,20 @@ def pct(values: list[float], q: float) -> float:
 
 def main() -> int:
     args = parse_args()
-    model = args.model or tiny_model()
+    models = router_models() if args.router else [args.model or tiny_model()]
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp) / "serve.log"
-        proc, url = start_server(args, model, log)
+        proc, url = start_server(args, models, log)
         print(f"soak: {args.clients} streaming clients, {args.duration:.0f} s or {args.max_requests} requests, "
               f"{args.disconnect_rate:.0%} hang up, against {url} -np {args.parallel}, routes "
-              f"{', '.join(args.routes)}", file=sys.stderr)
-        tally, rss = Tally(), {}
+              f"{', '.join(args.routes)}" + (f"; router over {', '.join(args.model_ids)} with --models-max "
+                                            f"{args.models_max}" if args.router else ""), file=sys.stderr)
+        tally, rss, seen, loads = Tally(), {}, {"polls": 0, "max_loaded": 0, "max_held": 0}, {}
         try:
-            wall = asyncio.run(load(url, args, tally, proc.pid, rss))
+            wall = asyncio.run(load(url, args, tally, proc.pid, rss, seen))
             rss.setdefault("1min", float("nan"))
-            busy, queued = idle_after(url)
+            busy, queued = idle_after(url, args.router)
+            loads = model_loads(url) if args.router else {}
             rss["end"] = rss_mib(proc.pid)
         finally:
             code, stop_s = stop(proc)
@@ -257,6 +327,8 @@ def main() -> int:
         "zero failed requests": not tally.failures,
         "RSS at the end within 10% of 1 min": abs(growth) <= 0.10,
         "no slot busy, no request queued after the load": busy == 0 and queued == 0,
+        **({f"never more than --models-max {args.models_max} models loaded ({seen['polls']} polls)":
+            0 < seen["max_loaded"] <= args.models_max} if args.router else {}),
         "SIGTERM: exit 0 within 5 s": code == 0 and stop_s <= 5,
         "no traceback in the server log": "Traceback" not in log_text,
     }
@@ -268,6 +340,9 @@ def main() -> int:
         "latency_p95_s": round(pct(tally.latencies, 95), 3), "ttft_p50_s": round(pct(tally.ttfts, 50), 3),
         "ttft_p95_s": round(pct(tally.ttfts, 95), 3), "slots_busy_after": busy, "queued_after": queued,
         "exit_code": code, "stop_s": round(stop_s, 2),
+        **({"models_max": args.models_max, "max_models_loaded": seen["max_loaded"],
+            "max_models_loading_or_loaded": seen["max_held"], "model_polls": seen["polls"], "model_loads": loads}
+           if args.router else {}),
     }
     print(f"requests      {tally.sent} in {wall:.0f} s: {tally.completed} completed, {tally.disconnected} hung up "
           f"mid-stream, {len(tally.failures)} failed ({tally.tokens} tokens streamed)")
@@ -275,9 +350,15 @@ def main() -> int:
           f"({growth:+.1%})")
     print(f"latency       p50 {summary['latency_p50_s']} s, p95 {summary['latency_p95_s']} s "
           f"(first token p50 {summary['ttft_p50_s']} s, p95 {summary['ttft_p95_s']} s)")
+    if args.router:
+        print(f"models        at most {seen['max_loaded']} loaded, {seen['max_held']} loading or loaded at once "
+              f"(--models-max {args.models_max}, {seen['polls']} polls of /v1/models); loads: "
+              + ", ".join(f"{m} {n}" for m, n in loads.items()))
     print(f"after load    {busy} slots busy, {queued} queued; SIGTERM -> exit {code} in {stop_s:.2f} s")
     for failure in tally.failures[:10]:
         print(f"  failure: {failure}")
+    if "Traceback" in log_text:
+        print("  server log: " + log_text[log_text.index("Traceback"):][:3000])
     for name, ok in checks.items():
         print(f"{'PASS' if ok else 'FAIL'}  {name}")
     print(json.dumps(summary))

@@ -86,6 +86,30 @@ def test_hostile_request_to_a_router_gets_a_clear_answer(router_server: Server, 
     _check_hostile_answer(response, case, case.body.get("model") if isinstance(case.body, dict) else None)
 
 
+def test_three_first_requests_under_models_max_2_are_all_answered(tiny_model: Path, tmp_path: Path) -> None:
+    """Once, each of the three loads waited for room that one of the other two waiting loads held: none ever ran."""
+    paths = [shutil.copyfile(tiny_model, tmp_path / f"{name}.gguf") for name in ROUTER_IDS]
+    srv = _start(paths[0], tmp_path / "stderr.log", "-m", str(paths[1]), "-m", str(paths[2]), "--models-max", "2")
+    try:
+        async def ask_all() -> list[httpx.Response]:
+            async with httpx.AsyncClient(timeout=30) as client:
+                return await asyncio.gather(*(client.post(f"{srv.url}/v1/completions", json=_completion_body(m))
+                                              for m in ROUTER_IDS))
+
+        answers = asyncio.run(ask_all())
+        assert [(a.status_code, a.json()["model"]) for a in answers] == [(200, m) for m in ROUTER_IDS]
+        states = [card["status"]["value"] for card in httpx.get(f"{srv.url}/v1/models").json()["data"]]
+        assert sorted(states) == ["loaded", "loaded", "unloaded"]
+        assert srv.stderr.count("(to make room for ") == 1
+    finally:
+        srv.stop()
+    assert "Traceback" not in srv.stderr
+
+
+def _completion_body(model: str) -> dict[str, object]:
+    return {"model": model, "prompt": "hi", "max_tokens": 2}
+
+
 def test_schema_fuzz_of_a_router_finds_no_server_error(router_server: Server) -> None:
     report = fuzzing.schema_fuzz(router_server.url, examples_per_operation=3, model_ids=ROUTER_IDS)
     assert report.cases >= 40

@@ -81,6 +81,7 @@ class PoolModel:
     keep_alive: float | None = None  # the last request's keep_alive; None = the pool's idle_seconds
     _loading: asyncio.Task[None] | None = None
     _closing: asyncio.Task[None] | None = None
+    _room_made: bool = False  # LOADING past _make_room: it counts against max_loaded (before, it waits)
 
     @property
     def busy(self) -> bool:
@@ -211,6 +212,7 @@ class EnginePool:
         started = time.monotonic()
         try:
             await self._make_room(model)
+            model._room_made = True
             model.loads += 1
             self._report(f"loading model {model.id!r} ({model.path.name})")
             started = time.monotonic()
@@ -228,6 +230,7 @@ class EnginePool:
                          f"{model.parallel} slot{'s' * (model.parallel > 1)}")
 
     def _finish_load(self, model: PoolModel, engine: Engine | None, error: BaseException | None) -> None:
+        model._room_made = False
         if error is not None or engine is None or engine.state != READY:
             model.state, model.error = FAILED, error or RuntimeError("the model did not load")
             failed_engine, model.engine = model.engine, None
@@ -243,8 +246,10 @@ class EnginePool:
     async def _make_room(self, model: PoolModel) -> None:
         """Unload least recently used idle models until `model` may load too (waiting while all are busy)."""
         while self.max_loaded > 0:
-            others = [m for m in self.models.values()
-                      if m is not model and (m.state in (LOADED, LOADING) or m._closing is not None)]
+            # Not the loads still waiting here for room: counted, three first requests under a limit of 2
+            # each waited for one of the other two to load, and none ever did.
+            others = [m for m in self.models.values() if m is not model and (
+                m.state == LOADED or (m.state == LOADING and m._room_made) or m._closing is not None)]
             if len(others) < self.max_loaded:
                 return
             idle = [m for m in others if m.state == LOADED and not m.busy and m._closing is None]
