@@ -13,6 +13,7 @@ from ..core.model.resolve import ModelRequest, resolve_model
 from ..core.model.settings import LoadSettings
 from ..options.load import ChatTemplateOpt, in_panel, model_options
 from ..options.sampling import SamplingOptions, sampling_options
+from ..options.speculative import SpeculativeOptions, speculative_options
 
 EXAMPLES = """\
 Examples:
@@ -32,10 +33,12 @@ _SIZE = re.compile(r"^\s*(\d+)\s*([kmg]?)(i?b)?\s*$", re.IGNORECASE)
 
 @model_options(load=True)
 @sampling_options()
+@speculative_options()
 def serve(
     model: ModelRequest,
     load: LoadSettings,
     sampling: SamplingOptions,
+    speculative: SpeculativeOptions,
     host: Annotated[str, typer.Option("--host", help="Address to listen on.", rich_help_panel=SERVER_PANEL)]
     = DEFAULT_HOST,
     port: Annotated[int, typer.Option(
@@ -70,6 +73,7 @@ def serve(
     503 while the model loads and 200 after; /docs has the API's schema. Sampling flags set the
     defaults that requests override; -n sets the default max_tokens (default: the rest of the context).
     """
+    from ..core.generate.speculative import resolve_draft
     from ..server import run as server
     from ..server.settings import ServerSettings
 
@@ -78,6 +82,7 @@ def serve(
 
         resolve_template(None, chat_template)  # an unknown name fails before the model loads
     resolved = resolve_model(model, tqdm_class=download_tqdm())
+    spec = resolve_draft(speculative.settings, speculative.draft, download_tqdm())
     if load.rpc:
         from ..core.model.rpc import add_servers
 
@@ -85,7 +90,7 @@ def serve(
     settings = ServerSettings(
         alias=alias or _default_alias(resolved.path), sampling=sampling.settings, n_predict=sampling.n_predict,
         stop=sampling.stop, api_key=api_key or None, cors_origins=tuple(cors_origin or ()),
-        max_body_size=parse_size(max_body_size), chat_template=chat_template,
+        max_body_size=parse_size(max_body_size), chat_template=chat_template, speculative=spec,
     )
     sock = server.listen(host, port)
     if not settings.api_key and not server.is_loopback(sock):

@@ -48,6 +48,10 @@ class Metrics:
                 [("", _rate(stats.prompt_tokens_evaluated, stats.prompt_seconds))])
         _metric(lines, "generated_tokens_per_second", "gauge", "Average generation speed.",
                 [("", _rate(stats.generated_tokens, stats.generation_seconds))])
+        _metric(lines, "draft_tokens_total", "counter", "Tokens drafted by speculative decoding.",
+                [("", stats.draft_tokens)])
+        _metric(lines, "draft_tokens_accepted_total", "counter", "Drafted tokens the model accepted.",
+                [("", stats.draft_tokens_accepted)])
         _metric(lines, "jobs_total", "counter", "Engine jobs (generations, embedding batches) by outcome.",
                 [('outcome="done"', stats.jobs_done), ('outcome="cancelled"', stats.jobs_cancelled),
                  ('outcome="failed"', stats.jobs_failed)])

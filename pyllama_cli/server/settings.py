@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..core.generate.sampling import SamplingSettings
+from ..core.generate.speculative import SpeculativeSettings
 
 DEFAULT_MAX_BODY_SIZE = 8 * 1024 * 1024
 
@@ -21,3 +22,4 @@ class ServerSettings:
     cors_origins: tuple[str, ...] = ()
     max_body_size: int = DEFAULT_MAX_BODY_SIZE
     chat_template: str | None = None  # NAME|FILE|JINJA override of the model's template
+    speculative: SpeculativeSettings = field(default_factory=SpeculativeSettings)  # --spec-type, -md

@@ -29,6 +29,21 @@ class Slot:
     stats: GenerationStats = field(default_factory=GenerationStats)
     turn: Turn | None = None  # the per-token decisions of the current request
     requests_served: int = 0
+    drafter: Any = None  # this slot's speculative drafter (None: no speculation)
+    drafts: list[int] = field(default_factory=list)  # tokens drafted after last_token in this step's batch
+
+    def plan_draft(self, n_ctx: int, n_max: int, n_min: int) -> list[int]:
+        """What to draft after `last_token` this step (nothing without a drafter or room for one)."""
+        from ..generate.speculative import draft_room, safe_draft
+
+        self.drafts = []
+        if self.drafter is None or self.state != GENERATING or self.turn is None:
+            return self.drafts
+        room = draft_room(self.turn, len(self.cached), n_ctx, n_max)
+        if room > 0:
+            drafts = safe_draft(self.drafter, [*self.cached, self.last_token], room)
+            self.drafts = drafts if len(drafts) >= max(n_min, 1) else []
+        return self.drafts
 
     @property
     def job(self) -> GenerationJob:
