@@ -158,7 +158,7 @@ class Generator:
         result = verify(turn, lambda i: sampler.sample(self.ctx, i), 0, position, drafts, emit, stop_flag)
         if drafts:
             turn.stats.n_drafted += len(drafts)
-            turn.stats.n_draft_accepted += result.kept
+            turn.stats.n_draft_accepted += result.accepted
             kept = position + 1 + result.kept
             self.ctx.remove_tokens(0, kept, -1)  # what the model did not agree with leaves the KV cache
             del self.cached[kept:]

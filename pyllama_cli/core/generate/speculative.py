@@ -353,10 +353,15 @@ def draft_room(turn: Turn, position: int, n_ctx: int, n_max: int) -> int:
 class Verified:
     """What one verification step decided."""
 
-    kept: int  # drafted tokens the target agreed with: they stay in the KV cache
+    kept: int  # drafted tokens that stay in the KV cache (accepted, and not the one that ended generation)
     token: int  # the last token sampled (the next step's input), when generation goes on
     stop: str | None
-    evaluated: bool = False  # the last token is already in the KV cache (a drafted one that ended generation)
+    evaluated: bool = False  # the last token is already in the KV cache (a drafted one that filled the context)
+    accepted: int = -1  # drafted tokens the target agreed with (-1: the same as kept)
+
+    def __post_init__(self) -> None:
+        if self.accepted < 0:
+            self.accepted = self.kept
 
 
 def verify(turn: Turn, sample: Callable[[int], int], first_index: int, position: int, drafts: Sequence[int],
@@ -378,7 +383,7 @@ def verify(turn: Turn, sample: Callable[[int], int], first_index: int, position:
         matched = i < len(drafts) and token == drafts[i]
         if accepted.stop is not None:
             evaluated = matched and accepted.stop == STOP_CONTEXT
-            return Verified(kept + evaluated, token, accepted.stop, evaluated)
+            return Verified(kept + evaluated, token, accepted.stop, evaluated, kept + matched)
         if not matched:
             return Verified(kept, token, None)
         kept += 1

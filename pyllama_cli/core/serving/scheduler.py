@@ -401,7 +401,7 @@ class ParallelEngine(Engine):
                         lambda: slot.stream.cancelled)
         if drafts:
             slot.stats.n_drafted += len(drafts)
-            slot.stats.n_draft_accepted += result.kept
+            slot.stats.n_draft_accepted += result.accepted
             kept = position + 1 + result.kept
             self._ctx.remove_tokens(slot.id, kept, -1)  # what the model did not agree with leaves the KV cache
             del slot.cached[kept:]
