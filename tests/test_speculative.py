@@ -168,6 +168,7 @@ def test_ngram_drafters_copy_what_followed_the_last_ngram() -> None:
     assert NgramSimple(2, 4).draft(history, 16) == [7, 1, 2, 5]  # the latest earlier "5 6" was followed by 7 1 2 5
     assert NgramSimple(2, 4).draft(history, 2) == [7, 1]
     assert NgramSimple(3, 4).draft(history, 16) == []  # "2 5 6" never came before
+    assert NgramSimple(2, 5).draft([1, 2, 3, 1, 2], 16) == [3, 1, 2, 3, 1]  # a loop is drafted past its period
     # map-k counts continuations: "5 6" -> 7 twice, so 7 and what followed its latest occurrence.
     mapk = NgramMapK(2, 3, min_hits=2)
     assert mapk.draft(history, 16) == [7, 1, 2]

@@ -114,11 +114,20 @@ class NgramSimple:
         first = pattern[0]
         for j in range(cur - n - 1, -1, -1):  # backwards: the latest occurrence first, the current one skipped
             if history[j] == first and list(history[j:j + n]) == pattern:
-                return list(history[j + n:j + n + min(self.size_m, n_max)])
+                return copy_on(history, j + n, min(self.size_m, n_max))
         return []
 
     def reset(self) -> None:
         pass
+
+
+def copy_on(history: Sequence[int], start: int, n: int) -> list[int]:
+    """`n` tokens copied from `start` on, the copy reading its own output past the end (as LZ77 does):
+    a loop shorter than the draft, the usual repetition, is drafted whole instead of cut at its period."""
+    seq = list(history[start:])
+    while len(seq) < n:
+        seq.extend(seq[:n - len(seq)])
+    return seq[:n]
 
 
 class NgramMapK:
@@ -147,8 +156,7 @@ class NgramMapK:
         token, count = max(hits.items(), key=lambda item: (item[1], self._first[key][item[0]]))
         if count < self.min_hits:
             return []
-        start = self._first[key][token]
-        return list(history[start:start + min(self.size_m, n_max)])
+        return copy_on(history, self._first[key][token], min(self.size_m, n_max))
 
     def _sync(self, history: Sequence[int]) -> None:
         """Index the n-grams that end before the last token (whose continuation is known)."""
