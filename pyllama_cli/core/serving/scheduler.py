@@ -34,7 +34,7 @@ from ..generate.speculative import SpeculativeSettings, verify
 from ..generate.stats import GenerationStats
 from .engine import BROKEN, CLOSED, READY, Engine
 from .jobs import EmbeddingJob, EngineStats, Event, GenerationJob, JobStream, ModelSummary
-from .slots import GENERATING, IDLE, PREFILL, PaddingTrial, Slot
+from .slots import GENERATING, IDLE, PREFILL, PaddingTrial, Slot, plan_drafts
 # How long a step may wait for a request that reached the server but is not submitted yet.
 ARRIVAL_WAIT_S = 0.003
 
@@ -303,7 +303,7 @@ class ParallelEngine(Engine):
         batch = self._batch
         batch.clear()
         room = self._ctx.n_batch - sum(slot.state == GENERATING for slot in self.slots)
-        room -= self._plan_drafts(room)
+        room -= plan_drafts(self.slots, self.speculative, self.n_ctx_slot, room)
         candidate = self._pad_candidate()
         self._timing_padding = candidate is not None and self._padding.decision is None
         pad_slot = candidate if candidate is not None and self._padding.choose() else None
@@ -330,16 +330,6 @@ class ParallelEngine(Engine):
                     slot.cached.append(token)
         return batch.n_tokens > 0
 
-    def _plan_drafts(self, room: int) -> int:
-        """Each generating slot's draft for this step, within the `room` the batch has; returns its size."""
-        spec = self.speculative
-        used = 0
-        for slot in self.slots:
-            slot.drafts = []
-            if spec is not None and slot.drafter is not None and room - used > 0:
-                used += len(slot.plan_draft(self.n_ctx_slot, min(spec.n_max, room - used), spec.n_min))
-        return used
-
     def _pad_candidate(self) -> Slot | None:
         """The idle slot that could hold a throwaway token making this step four tokens instead of
         three (see PaddingTrial), or None. Only for steps of one token per slot in a KV cache per
@@ -347,7 +337,8 @@ class ParallelEngine(Engine):
         if self.kv_unified or self._padding.decision is False:  # nothing to pad, or to time
             return None
         busy = [slot for slot in self.slots if slot.state != IDLE]
-        if len(busy) % 4 != 3 or any(slot.drafts for slot in busy) or any(slot.state == PREFILL and len(slot.pending) != 1 for slot in busy):
+        if len(busy) % 4 != 3 or any(slot.drafts for slot in busy) \
+                or any(slot.state == PREFILL and len(slot.pending) != 1 for slot in busy):
             return None
         idle = [slot for slot in self.slots if slot.state == IDLE and len(slot.cached) < self.n_ctx_slot - 1]
         return min(idle, key=self._runs_with) if idle else None
@@ -399,13 +390,7 @@ class ParallelEngine(Engine):
 
         result = verify(turn, lambda i: slot.sampler.sample(self._ctx, i), slot.batch_index, position, drafts, emit,
                         lambda: slot.stream.cancelled)
-        if drafts:
-            slot.stats.n_drafted += len(drafts)
-            slot.stats.n_draft_accepted += result.accepted
-            kept = position + 1 + result.kept
-            self._ctx.remove_tokens(slot.id, kept, -1)  # what the model did not agree with leaves the KV cache
-            del slot.cached[kept:]
-            slot.drafts = []
+        slot.settle_draft(self._ctx, position, result)
         if result.stop is not None:
             return self._finish(slot, result.stop)
         slot.last_token = result.token
