@@ -11,6 +11,7 @@ n-gram drafts are made for. Four figures, each a median of interleaved rounds (A
      same shape reads half the target's bytes per token, so it may not pay).
 
     python benchmarks/bench_speculative.py [--llama-cpp-bin DIR] [-t THREADS] [--repeat 3] [-n 256]
+        [--requests-per-client 2] [--skip-draft]
 """
 
 from __future__ import annotations
@@ -99,7 +100,8 @@ def serve_rounds(model: str, args, extra: list[str], parallel: int, loads: list[
                         tps, timings = asyncio.run(single_tps(url, args.n))
                         runs[load][name].append((tps, timings.get("draft_n", 0), timings.get("draft_n_accepted", 0)))
                     else:
-                        runs[load][name].append((asyncio.run(clients_tps(url, clients, 2 * clients, args.n)), 0, 0))
+                        requests = args.requests_per_client * clients
+                        runs[load][name].append((asyncio.run(clients_tps(url, clients, requests, args.n)), 0, 0))
         return runs
     finally:
         for proc in procs.values():
@@ -143,6 +145,7 @@ def report_complete(title: str, runs: dict[str, list[tuple[float, dict]]], targe
 def main() -> None:
     parser = common.base_parser(__doc__.splitlines()[0])
     parser.add_argument("-n", type=int, default=256, help="tokens to generate per request")
+    parser.add_argument("--requests-per-client", type=int, default=2, help="requests each client sends per round")
     parser.add_argument("--skip-draft", action="store_true", help="leave out the -md figures")
     args = parser.parse_args()
     model = str(args.model or common.bench_model("Q4_0"))
