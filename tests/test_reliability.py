@@ -56,6 +56,7 @@ def test_hostile_request_gets_a_clear_answer(rserver: Server, case: fuzzing.Host
         assert case.expect in response.json()["error"]["message"], response.text[:500]
     else:
         assert response.json()["choices"][0]["finish_reason"] in ("stop", "length")
+        assert response.json()["model"] == "tiny"
 
 
 def test_schema_fuzz_finds_no_server_error(rserver: Server) -> None:

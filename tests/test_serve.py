@@ -173,10 +173,12 @@ def test_health_is_503_while_the_model_loads(tiny_model: Path) -> None:
     from pyllama_cli.core.serving.scheduler import ParallelEngine
     from pyllama_cli.core.model.settings import LoadSettings
     from pyllama_cli.server.app import create_app
+    from pyllama_cli.server.models import OneModel
     from pyllama_cli.server.settings import ServerSettings
 
     # Without the lifespan (no `with`), the engine never starts loading: the state while loading.
-    client = TestClient(create_app(ParallelEngine(tiny_model, LoadSettings()), ServerSettings(alias="tiny")))
+    settings = ServerSettings(alias="tiny")
+    client = TestClient(create_app(OneModel(ParallelEngine(tiny_model, LoadSettings()), settings), settings))
     response = client.get("/health")
     assert _error(response, 503) == {"message": "Loading model", "type": "unavailable_error", "param": None,
                                      "code": "model_loading"}
@@ -564,9 +566,13 @@ def test_prompt_longer_than_the_context_is_400_with_both_numbers(server: Server)
     assert (error["code"], error["n_prompt_tokens"], error["n_ctx"]) == ("context_length_exceeded", N_CTX + 101, N_CTX)
 
 
-def test_unknown_model_is_404(server: Server) -> None:
+def test_a_one_model_server_answers_to_any_model_name_with_its_real_id(server: Server) -> None:
+    # As llama-server does: the OpenAI client's examples and many tools send names such as "gpt-4o-mini".
+    answer = server.client().chat.completions.create(model="gpt-4o-mini", messages=HELLO, max_tokens=2)
+    assert answer.model == "tiny"
+    assert answer.choices[0].message.content
     with pytest.raises(openai.NotFoundError) as caught:
-        server.client().chat.completions.create(model="gpt-4o", messages=HELLO, max_tokens=1)
+        server.client().models.retrieve("gpt-4o")
     assert caught.value.body == {"message": "the model 'gpt-4o' is not served here; this server serves 'tiny'",
                                  "type": "not_found_error", "param": "model", "code": "model_not_found"}
     assert _error(httpx.get(f"{server.url}/v1/nothing-here"), 404)["message"] == "no such endpoint: GET /v1/nothing-here"
@@ -830,10 +836,12 @@ def _in_process(model: Path, template: str | None) -> Iterator[Any]:
     from pyllama_cli.core.model.settings import LoadSettings
     from pyllama_cli.core.serving.scheduler import ParallelEngine
     from pyllama_cli.server.app import create_app
+    from pyllama_cli.server.models import OneModel
     from pyllama_cli.server.settings import ServerSettings
 
     engine = ParallelEngine(model, LoadSettings(n_ctx=512, n_threads=1))
-    with TestClient(create_app(engine, ServerSettings(alias="tiny", chat_template=template))) as client:
+    settings = ServerSettings(alias="tiny", chat_template=template)
+    with TestClient(create_app(OneModel(engine, settings), settings)) as client:
         deadline = time.monotonic() + 60
         while client.get("/health").status_code != 200:
             assert time.monotonic() < deadline, "the model did not load"

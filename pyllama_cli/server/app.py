@@ -1,8 +1,9 @@
 """The FastAPI application: OpenAI's routes plus llama-server's /health, /metrics, /tokenize and friends.
 
-`create_app(engine, settings)` holds everything a request needs in `app.state`; there is no module
-state, so several apps (tests, several models) can live in one process. Routes only translate:
-prepare.py turns requests into engine jobs, openai_answers.py answers with what the engine yields.
+`create_app(models, settings)` holds everything a request needs in `app.state`; there is no module
+state, so several apps can live in one process. Routes only translate: they ask the `ModelSet`
+(models.py) for the model a request names, prepare.py turns the request into an engine job, and
+openai_answers.py answers with what the engine yields.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ from .auth import ApiKeyMiddleware
 from .errors import ERROR_TYPES, APIError, install_error_handlers, loading_error
 from .metrics import CONTENT_TYPE, Metrics, MetricsMiddleware
 from .middleware import BodyLimitMiddleware
+from .models import ModelSet, ServedModel
 from .prepare import (
-    check_model,
     message_dicts,
     plan_request_tools,
     prepare_chat,
@@ -69,24 +70,27 @@ T = TypeVar("T")
 INLINE_PREPARE_BYTES = 8192
 
 
-def create_app(engine: Engine, settings: ServerSettings) -> FastAPI:
-    """The server for `engine`'s model; it starts the engine's loading on startup and closes it on shutdown."""
+def create_app(models: ModelSet, settings: ServerSettings) -> FastAPI:
+    """The server for `models`; it starts their loading on startup and closes them on shutdown.
+
+    `settings` holds the server-wide options (key, CORS, body limit); each model has its own too.
+    """
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        engine.start()
+        models.start()
         try:
             yield
         finally:
-            await run_in_threadpool(engine.close)
+            await run_in_threadpool(models.close)
 
     app = FastAPI(title="pyllama serve", version=__version__, lifespan=lifespan,
                   description="An OpenAI-compatible API over llama.cpp. Send `Authorization: Bearer KEY` when the "
                               "server was started with --api-key.")
-    app.state.engine = engine
+    app.state.models = models
     app.state.settings = settings
     install_error_handlers(app)
-    _add_routes(app, engine, settings)
+    _add_routes(app, models)
     app.state.metrics = Metrics(route.path for route in app.routes)
     # Added innermost first: metrics see every answer, CORS headers go on errors too.
     app.add_middleware(BodyLimitMiddleware, max_body_size=settings.max_body_size)
@@ -117,33 +121,38 @@ def _generation(engine: Engine) -> Engine:
     return engine
 
 
-def _add_routes(app: FastAPI, engine: Engine, settings: ServerSettings) -> None:
-    _add_openai_routes(app, engine, settings)
-    _add_utility_routes(app, engine, settings)
+async def _named(models: ModelSet, request: Request) -> ServedModel:
+    """The model a route without a body names with `?model=ID` (the default one without)."""
+    return await models.get(request.query_params.get("model"))
 
 
-def _add_openai_routes(app: FastAPI, engine: Engine, settings: ServerSettings) -> None:
+def _add_routes(app: FastAPI, models: ModelSet) -> None:
+    _add_openai_routes(app, models)
+    _add_utility_routes(app, models)
+
+
+def _add_openai_routes(app: FastAPI, models: ModelSet) -> None:
     # Each OpenAI route also answers without /v1, as llama-server's do, for clients whose base URL lacks it.
     # Not /completions: in llama-server that is the native API, with another shape.
     @app.post("/v1/chat/completions", response_model=ChatCompletion, responses=ERRORS, tags=["OpenAI"])
     @app.post("/chat/completions", include_in_schema=False)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
         """Answer a conversation; `stream: true` sends server-sent events ending with `data: [DONE]`."""
-        return await _generate(engine, settings, body, request, prepare_chat, openai_answers.chat_stream,
+        return await _generate(models, body, request, prepare_chat, openai_answers.chat_stream,
                                openai_answers.chat_body)
 
     @app.post("/v1/completions", response_model=Completion, responses=ERRORS, tags=["OpenAI"])
     async def text_completions(body: CompletionRequest, request: Request) -> Any:
         """Continue a prompt (a string, a list of strings, or token ids)."""
-        return await _generate(engine, settings, body, request, prepare_completion, openai_answers.completion_stream,
+        return await _generate(models, body, request, prepare_completion, openai_answers.completion_stream,
                                openai_answers.completion_body)
 
     @app.post("/v1/embeddings", response_model=EmbeddingList, responses=ERRORS, tags=["OpenAI"])
     @app.post("/embeddings", include_in_schema=False)
     async def embeddings(body: EmbeddingRequest, request: Request) -> Any:
         """L2-normalised, pooled embeddings of each input (needs a server started with --embeddings)."""
-        check_model(body.model, settings)
-        _ready(engine)
+        served = await models.get(body.model)
+        engine = _ready(served.engine)
         if not engine.embeddings:
             raise APIError(400, "this server does not compute embeddings: start it with --embeddings",
                            code="not_supported")
@@ -159,33 +168,38 @@ def _add_openai_routes(app: FastAPI, engine: Engine, settings: ServerSettings) -
         n_tokens = sum(len(ids) for ids in inputs)
         data = [{"object": "embedding", "index": i, "embedding": _encode(v, body.encoding_format)}
                 for i, v in enumerate(vectors)]
-        return JSONResponse({"object": "list", "data": data, "model": settings.alias,
+        return JSONResponse({"object": "list", "data": data, "model": served.id,
                              "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}})
 
     @app.get("/v1/models", response_model=ModelList, tags=["OpenAI"])
     @app.get("/models", include_in_schema=False)
     async def list_models() -> Any:
-        """The one model this server serves."""
-        return {"object": "list", "data": [_model_card(engine, settings)]}
+        """The models this server serves."""
+        return {"object": "list", "data": [_model_card(served) for served in models.served()]}
 
     @app.get("/v1/models/{model_id:path}", response_model=ModelCard, responses=ERRORS, tags=["OpenAI"])
     async def get_model(model_id: str) -> Any:
-        check_model(model_id, settings)
-        return _model_card(engine, settings)
+        for served in models.served():
+            if served.id == model_id:
+                return _model_card(served)
+        ids = ", ".join(repr(served.id) for served in models.served())
+        raise APIError(404, f"the model {model_id!r} is not served here; this server serves {ids}",
+                       param="model", code="model_not_found")
 
 
-def _add_utility_routes(app: FastAPI, engine: Engine, settings: ServerSettings) -> None:
+def _add_utility_routes(app: FastAPI, models: ModelSet) -> None:
     @app.get("/health", response_model=HealthResponse, responses={503: ERRORS[503]}, tags=["Server"])
     @app.get("/v1/health", include_in_schema=False)  # llama-server's second name for it
-    async def health() -> Any:
+    async def health(request: Request) -> Any:
         """200 once the model is loaded, 503 while it loads."""
-        _ready(engine)
+        _ready((await _named(models, request)).engine)
         return {"status": "ok"}
 
     @app.get("/props", tags=["Server"])
-    async def props() -> Any:
+    async def props(request: Request) -> Any:
         """llama-server's server properties: slots, context size, default sampling, model path, chat template."""
-        _ready(engine)
+        served = await _named(models, request)
+        engine, settings = _ready(served.engine), served.settings
         template = await run_in_threadpool(engine.chat_template_text, settings.chat_template)
         return {"default_generation_settings": {"n_ctx": engine.n_ctx, "params": _default_params(settings)},
                 "total_slots": len(engine.slot_states()), "model_path": str(engine.path),
@@ -194,18 +208,19 @@ def _add_utility_routes(app: FastAPI, engine: Engine, settings: ServerSettings) 
     @app.get("/metrics", response_class=PlainTextResponse, tags=["Server"])
     async def metrics() -> Any:
         """Prometheus text: requests, tokens, speeds, queue depth, errors."""
+        engine = next(models.served()).engine
         return PlainTextResponse(app.state.metrics.render(engine), media_type=CONTENT_TYPE)
 
     @app.get("/slots", tags=["Server"])
-    async def slots() -> Any:
+    async def slots(request: Request) -> Any:
         """Each slot's state (idle, prefill, generating), its cached, prompt and generated tokens, and the queue."""
-        _ready(engine)
+        engine = _ready((await _named(models, request)).engine)
         return {"slots": engine.slot_states(), "queue": engine.stats().queue_depth}
 
     @app.post("/tokenize", response_model=TokenizeResponse, responses=ERRORS, tags=["Server"])
-    async def tokenize(body: TokenizeRequest) -> Any:
+    async def tokenize(body: TokenizeRequest, request: Request) -> Any:
         """Token ids of `content` (with `with_pieces`, each id with its text)."""
-        _ready(engine)
+        engine = _ready((await _named(models, request)).engine)
         # What llama.cpp's tokenizer gives, as llama-server reports it: a BOS the text writes stays
         # after the one add_special adds.
         ids = await run_in_threadpool(engine.tokenize, body.content, add_special=body.add_special,
@@ -215,36 +230,39 @@ def _add_utility_routes(app: FastAPI, engine: Engine, settings: ServerSettings) 
         return {"tokens": [{"id": t, "piece": _piece(engine.piece(t))} for t in ids]}
 
     @app.post("/detokenize", response_model=DetokenizeResponse, responses=ERRORS, tags=["Server"])
-    async def detokenize(body: DetokenizeRequest) -> Any:
+    async def detokenize(body: DetokenizeRequest, request: Request) -> Any:
         """The text of a list of token ids."""
-        _ready(engine)
+        engine = _ready((await _named(models, request)).engine)
         try:
             return {"content": engine.detokenize(body.tokens)}
         except InputError as exc:
             raise APIError(400, exc.message, param="tokens", code="invalid_value") from None
 
     @app.post("/apply-template", response_model=ApplyTemplateResponse, responses=ERRORS, tags=["Server"])
-    async def apply_template(body: ApplyTemplateRequest) -> Any:
+    async def apply_template(body: ApplyTemplateRequest, request: Request) -> Any:
         """The prompt the chat template makes of `messages` (and `tools`), as /v1/chat/completions would."""
-        _ready(engine)
+        served = await _named(models, request)
+        _ready(served.engine)
         plan = plan_request_tools(body.tools, body.tool_choice)
-        prompt = await run_in_threadpool(render_prompt, engine, settings, message_dicts(body.messages), plan)
+        prompt = await run_in_threadpool(render_prompt, served.engine, served.settings, message_dicts(body.messages),
+                                         plan)
         return {"prompt": prompt}
 
 
-async def _generate(engine: Engine, settings: ServerSettings, body: Any, request: Request,
-                    prepare: Callable[..., Any], stream: Callable[..., Any], answer: Callable[..., Any]) -> Any:
-    """The path both generation endpoints take: check, prepare, then stream or answer whole.
+async def _generate(models: ModelSet, body: Any, request: Request, prepare: Callable[..., Any],
+                    stream: Callable[..., Any], answer: Callable[..., Any]) -> Any:
+    """The path both generation endpoints take: find the model, check, prepare, then stream or answer whole.
 
     Each endpoint keeps its own signature, so the OpenAPI schema names its request and response types.
     """
+    served = await models.get(body.model)
+    engine, settings = served.engine, served.settings
     with engine.arriving():
-        check_model(body.model, settings)
         _generation(engine)
         prepared = await _prepare(request, prepare, engine, settings, body)
         if body.stream:
-            return stream(engine, prepared, settings.alias, _include_usage(body))
-        return JSONResponse(await answer(engine, prepared, settings.alias, request))
+            return stream(engine, prepared, served.id, _include_usage(body))
+        return JSONResponse(await answer(engine, prepared, served.id, request))
 
 
 async def _prepare(request: Request, prepare: Callable[..., T], *args: Any) -> T:
@@ -297,7 +315,8 @@ def _default_params(settings: ServerSettings) -> dict[str, Any]:
             "mirostat_eta": s.mirostat_lr, "seed": s.seed, "ignore_eos": s.ignore_eos, "stop": list(settings.stop)}
 
 
-def _model_card(engine: Engine, settings: ServerSettings) -> dict[str, Any]:
+def _model_card(served: ServedModel) -> dict[str, Any]:
+    engine = served.engine
     meta: dict[str, Any] = {}
     s = engine.summary
     if s is not None:
@@ -305,4 +324,4 @@ def _model_card(engine: Engine, settings: ServerSettings) -> dict[str, Any]:
                 "n_vocab": s.n_vocab, "n_embd": s.n_embd, "n_params": s.n_params, "size": s.size_bytes,
                 "embeddings": s.embeddings}
     created = int(engine.path.stat().st_mtime) if engine.path.exists() else 0
-    return {"id": settings.alias, "object": "model", "created": created, "owned_by": OWNER, "meta": meta}
+    return {"id": served.id, "object": "model", "created": created, "owned_by": OWNER, "meta": meta}

@@ -31,13 +31,6 @@ class PreparedChat:
     logprobs: bool
 
 
-def check_model(requested: str | None, settings: ServerSettings) -> None:
-    """A request naming another model gets 404, as OpenAI answers an unknown model id."""
-    if requested and requested != settings.alias:
-        raise APIError(404, f"the model {requested!r} is not served here; this server serves {settings.alias!r}",
-                       param="model", code="model_not_found")
-
-
 def prepare_chat(engine: Engine, settings: ServerSettings, req: ChatCompletionRequest) -> PreparedChat:
     _check_n(req.n)
     if req.top_logprobs is not None and not req.logprobs:

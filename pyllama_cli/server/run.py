@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..console import err
+from ..core.model.servers import register_server
 from ..core.model.settings import LoadSettings
 from ..errors import Interrupted, ModelLoadError, PyllamaError, UsageError
 
@@ -71,6 +72,7 @@ def serve(sock: socket.socket, path: Path, load: LoadSettings, settings: Any, *,
     import uvicorn
 
     from .app import create_app
+    from .models import OneModel
 
     address = url(sock)
     server: uvicorn.Server
@@ -87,7 +89,7 @@ def serve(sock: socket.socket, path: Path, load: LoadSettings, settings: Any, *,
                          on_ready=on_ready, on_failure=on_failure)
     if load.rpc and hasattr(engine, "break_down"):
         _survive_dead_rpc_servers(engine)
-    app = create_app(engine, settings)
+    app = create_app(OneModel(engine, settings), settings)
     config = uvicorn.Config(app, log_level="info" if load.verbose else "warning", access_log=load.verbose,
                             log_config=log_config(), timeout_graceful_shutdown=SHUTDOWN_GRACE_S, lifespan="on")
     server = server_class()(config)
@@ -95,7 +97,8 @@ def serve(sock: socket.socket, path: Path, load: LoadSettings, settings: Any, *,
     err().print(f"pyllama serve: listening on {address} - loading {path.name} (/health answers 503 until ready)",
                 markup=False, highlight=False)
     try:
-        server.run(sockets=[sock])
+        with register_server(address, api_key_required=bool(settings.api_key)):  # `pyllama rm` asks what it has loaded
+            server.run(sockets=[sock])
     finally:
         sock.close()
     _raise_for_stop(engine, server, path)
