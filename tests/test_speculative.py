@@ -160,6 +160,13 @@ def test_bad_speculative_flags_are_one_error_line(tiny_model: Path, args: tuple[
     assert result.first_stderr_line == message
 
 
+def test_an_embeddings_server_refuses_speculation(tiny_model: Path) -> None:
+    result = run_cli("serve", "-m", str(tiny_model), "--embeddings", "--spec-type", "ngram-simple")
+    assert result.exit_code == 1
+    assert result.first_stderr_line == ("Error: --spec-type and -md speed up generation; an --embeddings server "
+                                        "generates nothing")
+
+
 # ---------------------------------------------------------------- the drafters
 
 

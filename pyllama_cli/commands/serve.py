@@ -11,6 +11,7 @@ import typer
 from ..console import download_tqdm, warn
 from ..core.model.resolve import ModelRequest, resolve_model
 from ..core.model.settings import LoadSettings
+from ..errors import UsageError
 from ..options.load import ChatTemplateOpt, in_panel, model_options
 from ..options.sampling import SamplingOptions, sampling_options
 from ..options.speculative import SpeculativeOptions, speculative_options
@@ -81,6 +82,9 @@ def serve(
         from ..core.text.chat_template import resolve_template
 
         resolve_template(None, chat_template)  # an unknown name fails before the model loads
+    if embeddings and speculative.settings.enabled:
+        raise UsageError("--spec-type and -md speed up generation; an --embeddings server generates nothing",
+                         hint="drop --spec-type/-md, or serve a generating model without --embeddings")
     resolved = resolve_model(model, tqdm_class=download_tqdm())
     spec = resolve_draft(speculative.settings, speculative.draft, download_tqdm())
     if load.rpc:
