@@ -139,6 +139,8 @@ def test_complete_prints_the_same_text_and_the_acceptance_in_stats(tiny_model: P
     assert text.stdout == plain.stdout
     # The target's own weights as the draft: every drafted token is accepted.
     assert re.search(r"^speculative: (\d+)/\1 drafted tokens accepted \(100\.0%\)$", text.stderr, re.MULTILINE)
+    small_batch = run_cli(*args, "-md", str(tiny_model), "-b", "4")  # a step's decode holds 1 + 3 drafted at most
+    assert (small_batch.exit_code, small_batch.stdout) == (0, plain.stdout)
 
 
 def test_a_draft_model_with_another_vocabulary_is_one_error_line(tiny_model: Path, draft_models) -> None:

@@ -32,8 +32,7 @@ class Generator:
         self.cached: list[int] = []  # tokens whose keys/values sit in sequence 0
         self.speculation = speculation
         self.drafter = speculation.drafter(0) if speculation is not None else None
-        n_max = speculation.settings.n_max if speculation is not None else 0
-        self.batch = Batch(max(ctx.n_batch, n_max + 1, 1))
+        self.batch = Batch(max(ctx.n_batch, 1))
         self.stats = GenerationStats()
 
     def close(self) -> None:
@@ -168,7 +167,7 @@ class Generator:
         if self.drafter is None:
             return []
         spec = self.speculation.settings  # type: ignore[union-attr]
-        room = draft_room(turn, position, self.ctx.n_ctx, spec.n_max)
+        room = draft_room(turn, position, self.ctx.n_ctx, min(spec.n_max, self.ctx.n_batch - 1))  # one decode
         drafts = safe_draft(self.drafter, [*self.cached, token], room) if room > 0 else []
         return drafts if len(drafts) >= max(spec.n_min, 1) else []
 
