@@ -25,8 +25,7 @@ import time
 import _common as common
 from bench_serve_parallel import free_port, start_server, stop_server
 
-PROMPT = "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n\n" \
-         "Copy the function above, renamed to fib:\n"
+PROMPT = "def fibonacci(n):"  # the synthetic model soon loops on it at temperature 0
 SPEC = ["--spec-type", "ngram-simple"]
 
 

@@ -21,6 +21,7 @@ from pyllama_cli.core.generate.conversation import ChatEngine
 from pyllama_cli.core.generate.generator import Generator
 from pyllama_cli.core.generate.sampling import SamplingSettings
 from pyllama_cli.core.generate.speculative import (
+    Adaptive,
     NgramMapK,
     NgramSimple,
     Speculation,
@@ -183,6 +184,18 @@ def test_ngram_drafters_copy_what_followed_the_last_ngram() -> None:
     assert mapk.draft(history, 16) == [7, 1, 2]
     assert NgramMapK(2, 3, min_hits=3).draft(history, 16) == []
     assert mapk.draft([1, 2, 3, 1, 2], 16) == []  # a new sequence is indexed from scratch
+
+
+def test_draft_length_adapts_to_what_the_model_accepts() -> None:
+    adaptive = Adaptive(NgramSimple(1, 48))
+    loop = [7, 8] * 20
+    assert len(adaptive.draft(loop, 16)) == 16  # the first draft is as long as allowed
+    adaptive.feedback(16, 3)
+    assert len(adaptive.draft(loop, 16)) == 4  # one more than was accepted
+    adaptive.feedback(4, 4)
+    assert len(adaptive.draft(loop, 16)) == 8  # twice as long after a draft accepted whole
+    adaptive.feedback(8, 0)
+    assert len(adaptive.draft(loop, 16)) == 1
 
 
 # ---------------------------------------------------------------- temperature > 0: the same distribution

@@ -156,6 +156,7 @@ class Generator:
 
         result = verify(turn, lambda i: sampler.sample(self.ctx, i), 0, position, drafts, emit, stop_flag)
         if drafts:
+            self.drafter.feedback(len(drafts), result.accepted)  # type: ignore[union-attr]
             turn.stats.n_drafted += len(drafts)
             turn.stats.n_draft_accepted += result.accepted
             kept = position + 1 + result.kept

@@ -255,6 +255,29 @@ def _common(a: Sequence[int], b: Sequence[int]) -> int:
     return i
 
 
+class Adaptive:
+    """A drafter whose draft length follows its recent luck: one more than what was accepted after a
+    rejection, twice as long after a draft accepted whole (up to --spec-draft-n-max).
+
+    On a CPU, checking a token costs little only while the batch stays memory-bound: a long draft
+    that is mostly rejected (text that does not repeat) would cost more than it saves.
+    """
+
+    def __init__(self, inner: Any):
+        self.inner = inner
+        self.limit = 1 << 30  # the first draft is as long as allowed
+
+    def draft(self, history: Sequence[int], n_max: int) -> list[int]:
+        return self.inner.draft(history, min(n_max, self.limit))
+
+    def feedback(self, drafted: int, accepted: int) -> None:
+        """What the model made of the last draft."""
+        self.limit = min(max(self.limit, drafted) * 2, 1 << 30) if accepted >= drafted else accepted + 1
+
+    def reset(self) -> None:
+        self.inner.reset()
+
+
 class Speculation:
     """What --spec-type made: per-sequence drafters, sharing a draft model's context when there is one."""
 
@@ -263,6 +286,10 @@ class Speculation:
         self.draft_model = draft
 
     def drafter(self, seq: int = 0) -> Any:
+        inner = self._drafter(seq)
+        return Adaptive(inner) if inner is not None else None
+
+    def _drafter(self, seq: int) -> Any:
         s = self.settings
         if s.type == SPEC_NGRAM_SIMPLE:
             return NgramSimple(s.ngram_size_n, s.ngram_size_m)

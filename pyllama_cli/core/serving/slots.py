@@ -51,6 +51,7 @@ class Slot:
         from the KV cache; `position` is where last_token sat."""
         if not self.drafts:
             return
+        self.drafter.feedback(len(self.drafts), result.accepted)
         self.stats.n_drafted += len(self.drafts)
         self.stats.n_draft_accepted += result.accepted
         kept = position + 1 + result.kept
