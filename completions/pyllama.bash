@@ -239,7 +239,9 @@ _pyllama_spec() {
         "serve")
             subs=""
             opts="--host= --port= -a= --alias= --api-key= --cors-origin= --embeddings --max-body-size= \
-                --chat-template= -np= --parallel= --kv-unified --spec-type= -md= --model-draft= \
+                --chat-template= -np= --parallel= --kv-unified --no-webui --shutdown-grace= \
+                --max-header-size= --max-headers= --max-url-length= --header-timeout= --body-timeout= \
+                --max-connections= --keep-alive-timeout= --spec-type= -md= --model-draft= \
                 --spec-draft-model= -hfd= --hf-repo-draft= --spec-draft-hf= --spec-draft-n-max= \
                 --spec-draft-n-min= --draft-p-min= --spec-draft-p-min= --spec-ngram-simple-size-n= \
                 --spec-ngram-simple-size-m= --spec-ngram-simple-min-hits= --spec-ngram-map-k-size-n= \

@@ -394,6 +394,15 @@ complete -c pyllama -n '__pyllama_using serve' -l max-body-size -d 'Largest requ
 complete -c pyllama -n '__pyllama_using serve' -l chat-template -d 'Chat template: a built-in name (chatml, llama3, ...), a .jinja file or Jinja text (default: the model\'s own).' -x -a '(__pyllama_values file chatml gemma llama2 llama2-sys llama2-sys-bos llama2-sys-strip llama3 mistral phi3 zephyr)'
 complete -c pyllama -n '__pyllama_using serve' -o np -l parallel -d 'Slots: requests generated at once, batched together (continuous batching); more wait in a queue.' -x
 complete -c pyllama -n '__pyllama_using serve' -l kv-unified -d 'One KV cache for all slots: each may use the whole context while there is room.'
+complete -c pyllama -n '__pyllama_using serve' -l no-webui -d 'Do not serve the chat page at / (the API is unchanged).'
+complete -c pyllama -n '__pyllama_using serve' -l shutdown-grace -d 'Seconds running requests get to finish after SIGTERM/Ctrl-C; then streams end with a server_shutdown error event and waiting requests get 503.' -x
+complete -c pyllama -n '__pyllama_using serve' -l max-header-size -d 'Largest total size of a request\'s header fields in bytes (larger gets 431).' -x
+complete -c pyllama -n '__pyllama_using serve' -l max-headers -d 'Most header fields in one request (more gets 431).' -x
+complete -c pyllama -n '__pyllama_using serve' -l max-url-length -d 'Longest request URL in bytes (longer gets 414).' -x
+complete -c pyllama -n '__pyllama_using serve' -l header-timeout -d 'Seconds a client has to send a request\'s head; then the connection is closed.' -x
+complete -c pyllama -n '__pyllama_using serve' -l body-timeout -d 'Seconds a client has to send a request\'s body once its head is in (slower gets 408).' -x
+complete -c pyllama -n '__pyllama_using serve' -l max-connections -d 'Open connections served at once; a request on one beyond gets 503.' -x
+complete -c pyllama -n '__pyllama_using serve' -l keep-alive-timeout -d 'Seconds an idle keep-alive connection stays open.' -x
 complete -c pyllama -n '__pyllama_using serve' -l spec-type -d 'Speculative decoding: none, draft-simple, ngram-simple, ngram-map-k, ngram-cache (ngram-cache is not implemented).' -x
 complete -c pyllama -n '__pyllama_using serve' -o md -l model-draft -l spec-draft-model -d 'Draft model for draft-simple (a GGUF with the model\'s vocabulary; given alone, it turns draft-simple on).' -x
 complete -c pyllama -n '__pyllama_using serve' -o hfd -l hf-repo-draft -l spec-draft-hf -d 'Same as -hf, for the draft model: user/repo[:quant].' -x

@@ -76,6 +76,14 @@ class Interrupted(PyllamaError):
     exit_code = 130
 
 
+class ServerShutdown(PyllamaError):
+    """A served request was cut short by the server, not finished: it is shutting down (SIGTERM,
+    Ctrl-C) or its model is being unloaded. Clients get it in the API's error shape (503, retry later)."""
+
+    def __init__(self, message: str = "the server is shutting down", hint: str | None = "retry the request"):
+        super().__init__(message, hint=hint)
+
+
 class OutputClosed(PyllamaError):
     """The reader of stdout went away (`pyllama tokenize ... | head`): stop quietly, as Unix tools do.
 

@@ -12,9 +12,11 @@ from ..console import download_tqdm, warn
 from ..core.model.resolve import ModelRequest, resolve_model
 from ..core.model.settings import LoadSettings
 from ..errors import UsageError
+from ..options.limits import limit_options
 from ..options.load import ChatTemplateOpt, in_panel, model_options
 from ..options.sampling import SamplingOptions, sampling_options
 from ..options.speculative import SpeculativeOptions, speculative_options
+from ..server.settings import ServerLimits
 
 EXAMPLES = """\
 Examples:
@@ -35,11 +37,13 @@ _SIZE = re.compile(r"^\s*(\d+)\s*([kmg]?)(i?b)?\s*$", re.IGNORECASE)
 @model_options(load=True)
 @sampling_options()
 @speculative_options()
+@limit_options()
 def serve(
     model: ModelRequest,
     load: LoadSettings,
     sampling: SamplingOptions,
     speculative: SpeculativeOptions,
+    limits: ServerLimits,
     host: Annotated[str, typer.Option("--host", help="Address to listen on.", rich_help_panel=SERVER_PANEL)]
     = DEFAULT_HOST,
     port: Annotated[int, typer.Option(
@@ -67,12 +71,17 @@ def serve(
     kv_unified: Annotated[bool, typer.Option(
         "--kv-unified", help="One KV cache for all slots: each may use the whole context while there is room.",
         rich_help_panel=SERVER_PANEL)] = False,
+    no_webui: Annotated[bool, typer.Option(
+        "--no-webui", help="Do not serve the chat page at / (the API is unchanged).",
+        rich_help_panel=SERVER_PANEL)] = False,
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API: chat, completions, embeddings.
 
     Official OpenAI clients work with base_url http://HOST:PORT/v1. The server answers /health with
     503 while the model loads and 200 after; /docs has the API's schema. Sampling flags set the
     defaults that requests override; -n sets the default max_tokens (default: the rest of the context).
+
+    A browser at http://HOST:PORT/ gets a chat page (--no-webui turns it off).
     """
     from ..core.generate.speculative import resolve_draft
     from ..server import run as server
@@ -94,7 +103,8 @@ def serve(
     settings = ServerSettings(
         alias=alias or _default_alias(resolved.path), sampling=sampling.settings, n_predict=sampling.n_predict,
         stop=sampling.stop, api_key=api_key or None, cors_origins=tuple(cors_origin or ()),
-        max_body_size=parse_size(max_body_size), chat_template=chat_template, speculative=spec,
+        max_body_size=parse_size(max_body_size), chat_template=chat_template, webui=not no_webui,
+        limits=limits, speculative=spec,
     )
     sock = server.listen(host, port)
     if not settings.api_key and not server.is_loopback(sock):

@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
-from ...errors import ContextOverflow, InputError
+from ...errors import ContextOverflow, InputError, ServerShutdown
 from ..generate.decide import STOP_INTERRUPTED, Turn, common_prefix, reusable_prefix
 from ..generate.speculative import SpeculativeSettings, verify
 from ..generate.stats import GenerationStats
@@ -136,11 +136,11 @@ class ParallelEngine(Engine):
         with self._cond:
             return [slot.describe() for slot in self.slots]
 
-    def cancel_all(self) -> None:
+    def cancel_all(self, reason: BaseException | None = None) -> None:
         with self._cond:
             for stream in [*(slot.stream for slot in self.slots), *self._queue]:
                 if stream is not None:
-                    stream.cancel()
+                    stream.cancel(reason)
             self._cond.notify()
 
     def break_down(self, error: BaseException) -> None:
@@ -201,7 +201,7 @@ class ParallelEngine(Engine):
                 self._finish(slot, STOP_INTERRUPTED)
         self._flush()
         while self._queue:
-            self._queue.popleft().put(Event(error=InputError("the server is shutting down"), done=True))
+            self._queue.popleft().put(Event(error=ServerShutdown(), done=True))
         if self._batch is not None:
             self._batch.close()
         if self._speculation is not None:
