@@ -15,6 +15,7 @@ from ..errors import UsageError
 from ..options.limits import limit_options
 from ..options.load import ChatTemplateOpt, in_panel, model_options, own_option
 from ..options.sampling import SamplingOptions, sampling_options
+from ..options.speculative import SpeculativeOptions, speculative_options
 from ..server.settings import ServerLimits
 from ..options.serve import (
     DEFAULT_HOST,
@@ -57,12 +58,14 @@ _SIZE = re.compile(r"^\s*(\d+)\s*([kmg]?)(i?b)?\s*$", re.IGNORECASE)
 
 @model_options(load=True)
 @sampling_options()
+@speculative_options()
 @limit_options()
 def serve(
     ctx: typer.Context,
     model: ModelRequest,
     load: LoadSettings,
     sampling: SamplingOptions,
+    speculative: SpeculativeOptions,
     limits: ServerLimits,
     host: HostOpt = DEFAULT_HOST,
     port: PortOpt = DEFAULT_PORT,
@@ -92,6 +95,7 @@ def serve(
     Router mode (several -m or -hf, --models-dir, --models-cache, --sleep-idle-seconds, or no model at
     all): a request's `model` picks the model, loaded on first use; see docs/router.md.
     """
+    from ..core.generate.speculative import resolve_draft
     from ..server import run as server
     from ..server.settings import ServerSettings
 
@@ -99,6 +103,10 @@ def serve(
         from ..core.text.chat_template import resolve_template
 
         resolve_template(None, chat_template)  # an unknown name fails before the model loads
+    if embeddings and speculative.settings.enabled:
+        raise UsageError("--spec-type and -md speed up generation; an --embeddings server generates nothing",
+                         hint="drop --spec-type/-md, or serve a generating model without --embeddings")
+    spec = resolve_draft(speculative.settings, speculative.draft, download_tqdm())
     paths: list[str] = list(model.model or [])  # -m and -hf are repeatable here: lists
     repos: list[str] = list(model.hf_repo or [])
     router = (len(paths) + len(repos) != 1 or bool(models_dir) or models_cache or models_preset is not None
@@ -107,7 +115,7 @@ def serve(
         alias=alias or "", sampling=sampling.settings, n_predict=sampling.n_predict,
         stop=sampling.stop, api_key=api_key or None, cors_origins=tuple(cors_origin or ()),
         max_body_size=parse_size(max_body_size), chat_template=chat_template, webui=not no_webui,
-        limits=limits,
+        limits=limits, speculative=spec,
     )
     if router:
         _serve_router(ctx, model, paths, repos, load, settings, host, port, embeddings=embeddings, alias=alias,

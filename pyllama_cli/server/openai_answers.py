@@ -107,7 +107,8 @@ async def _chat_events(stream: JobStream, prep: PreparedChat, header: r.Header,
                                      logprobs=r.chat_logprobs(probs) if prep.logprobs else None))
         for delta in r.tool_call_deltas(calls or []):
             yield event(r.chat_chunk(header, delta))
-        yield event(r.chat_chunk(header, {}, finish="tool_calls" if calls else r.finish_reason(answer.stats)))
+        yield event({**r.chat_chunk(header, {}, finish="tool_calls" if calls else r.finish_reason(answer.stats)),
+                     "timings": r.timings([answer])})
         if include_usage:
             yield event(r.usage_chunk(header, "chat.completion.chunk", [answer]))
     except Exception as exc:  # noqa: BLE001 - the status line is gone; report in the stream, as OpenAI does
@@ -188,7 +189,8 @@ async def _completion_events(engine: Engine, jobs: list[GenerationJob], first: J
                 elif ev.text:
                     yield texts.event(ev.text)
             answers.append(answer)
-            yield event(r.text_chunk(header, index, "", finish=r.finish_reason(answer.stats)))
+            yield event({**r.text_chunk(header, index, "", finish=r.finish_reason(answer.stats)),
+                         "timings": r.timings([answer])})
         if include_usage:
             yield event(r.usage_chunk(header, "text_completion", answers))
     except Exception as exc:  # noqa: BLE001 - the status line is gone; report in the stream, as OpenAI does

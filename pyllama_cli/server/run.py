@@ -50,7 +50,7 @@ def url(sock: socket.socket) -> str:
 
 
 def make_engine(path: Path, load: LoadSettings, embeddings: bool, parallel: int, kv_unified: bool,
-                **callbacks: Any) -> Any:
+                speculative: Any = None, **callbacks: Any) -> Any:
     """Embeddings run one input at a time; generation runs on the continuous-batching slots."""
     if embeddings:
         from ..core.serving.embedding_engine import EmbeddingEngine
@@ -58,7 +58,7 @@ def make_engine(path: Path, load: LoadSettings, embeddings: bool, parallel: int,
         return EmbeddingEngine(path, load, **callbacks)
     from ..core.serving.scheduler import ParallelEngine
 
-    return ParallelEngine(path, load, n_slots=parallel, kv_unified=kv_unified, **callbacks)
+    return ParallelEngine(path, load, n_slots=parallel, kv_unified=kv_unified, speculative=speculative, **callbacks)
 
 
 def serve(sock: socket.socket, path: Path, load: LoadSettings, settings: Any, *, embeddings: bool, parallel: int,
@@ -87,7 +87,8 @@ def serve(sock: socket.socket, path: Path, load: LoadSettings, settings: Any, *,
     def on_failure(_: BaseException) -> None:
         server.should_exit = True
 
-    engine = make_engine(path, load, embeddings, parallel, kv_unified, on_ready=on_ready, on_failure=on_failure)
+    engine = make_engine(path, load, embeddings, parallel, kv_unified, settings.speculative,
+                         on_ready=on_ready, on_failure=on_failure)
     if load.rpc and hasattr(engine, "break_down"):
         _survive_dead_rpc_servers(engine)
     app = create_app(OneModel(engine, settings), settings)

@@ -16,6 +16,12 @@ class GenerationStats:
     stop_reason: str = ""
     seed: int = -1
     tokens: list[int] = field(default_factory=list)
+    n_drafted: int = 0  # tokens speculative decoding proposed (llama-server's draft_n)
+    n_draft_accepted: int = 0  # of those, the ones the model agreed with (draft_n_accepted)
+
+    @property
+    def draft_acceptance(self) -> float:
+        return self.n_draft_accepted / self.n_drafted if self.n_drafted else 0.0
 
     @property
     def n_evaluated(self) -> int:
@@ -38,4 +44,6 @@ class GenerationStats:
             "generated_tokens": self.n_generated, "generation_ms": round(self.generation_ms, 3),
             "generation_tps": round(self.generation_tps, 3), "ttft_ms": round(self.ttft_ms, 3),
             "stop_reason": self.stop_reason, "seed": self.seed,
+            "draft_tokens": self.n_drafted, "draft_accepted": self.n_draft_accepted,
+            "draft_acceptance": round(self.draft_acceptance, 4),
         }

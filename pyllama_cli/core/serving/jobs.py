@@ -156,6 +156,8 @@ class EngineStats:
     generated_tokens: int = 0
     generation_seconds: float = 0.0
     embedding_inputs: int = 0
+    draft_tokens: int = 0  # tokens speculative decoding drafted
+    draft_tokens_accepted: int = 0  # of those, the ones the model agreed with
     queue_depth: int = 0  # jobs waiting for the worker
     processing: int = 0  # jobs being worked on
 
@@ -166,6 +168,8 @@ class EngineStats:
         self.prompt_seconds += gen.prompt_ms / 1000
         self.generated_tokens += gen.n_generated
         self.generation_seconds += gen.generation_ms / 1000
+        self.draft_tokens += gen.n_drafted
+        self.draft_tokens_accepted += gen.n_draft_accepted
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,11 @@ next prompt chunk of slots still evaluating their prompt beside the last sampled
 that are generating — and calls llama_decode once for it. A request that arrives while others
 generate starts at the next step instead of waiting for them (llama-server's design, `-np N`).
 
+With speculative decoding (--spec-type), each generating slot drafts on its own: its last token
+and its draft go into the same batch with logits at every position, and the slot samples along
+its draft until the model disagrees (`speculative.verify`); the rest leaves its KV cache. A slot
+with nothing to draft adds one token, as without speculation.
+
 Requests beyond N wait in a FIFO queue. A new request goes to the idle slot whose cached tokens
 share the longest prefix with its prompt, and only the rest of the prompt is evaluated.
 The HTTP layer only submits jobs and reads `JobStream`s; it never touches llama.cpp.
@@ -25,10 +30,11 @@ from typing import Any
 
 from ...errors import ContextOverflow, InputError, ServerShutdown
 from ..generate.decide import STOP_INTERRUPTED, Turn, common_prefix, reusable_prefix
+from ..generate.speculative import SpeculativeSettings, verify
 from ..generate.stats import GenerationStats
 from .engine import BROKEN, CLOSED, READY, Engine
 from .jobs import EmbeddingJob, EngineStats, Event, GenerationJob, JobStream, ModelSummary
-from .slots import GENERATING, IDLE, PREFILL, PaddingTrial, Slot
+from .slots import GENERATING, IDLE, PREFILL, PaddingTrial, Slot, plan_drafts
 # How long a step may wait for a request that reached the server but is not submitted yet.
 ARRIVAL_WAIT_S = 0.003
 
@@ -48,8 +54,11 @@ _ARRIVING: contextvars.ContextVar[_Arrival | None] = contextvars.ContextVar("pyl
 class ParallelEngine(Engine):
     """N slots, one context, one scheduler thread doing continuous batching."""
 
-    def __init__(self, *args: Any, n_slots: int = 1, kv_unified: bool = False, **kwargs: Any):
+    def __init__(self, *args: Any, n_slots: int = 1, kv_unified: bool = False,
+                 speculative: SpeculativeSettings | None = None, **kwargs: Any):
         super().__init__(*args, **kwargs)
+        self.speculative = speculative
+        self._speculation: Any = None
         if n_slots < 1:
             raise InputError(f"--parallel must be at least 1, got {n_slots}")
         self.n_slots = n_slots
@@ -165,15 +174,26 @@ class ParallelEngine(Engine):
 
         # -c (or the model's training context) is shared by the slots.
         session = self._open_session({"n_seq_max": self.n_slots, "kv_unified": self.kv_unified})
-        try:
-            self._batch = Batch(max(session.ctx.n_batch, self.n_slots), n_seq_max=1)
-        except BaseException:
-            session.close()
-            raise
         self.session, self._ctx = session, session.ctx
         # Without a unified cache each sequence gets an equal share of the context, as llama-server does.
         self.n_ctx_slot = self._ctx.n_ctx if self.kv_unified else self._ctx.n_ctx // self.n_slots
+        try:
+            self._batch = Batch(max(session.ctx.n_batch, self.n_slots), n_seq_max=1)
+            self._open_speculation()
+        except BaseException:
+            session.close()
+            raise
         self.summary = ModelSummary.of(self.path, session.model, self._ctx, n_ctx=self.n_ctx_slot, embeddings=False)
+
+    def _open_speculation(self) -> None:
+        from ..generate.speculative import open_speculation
+
+        if self.speculative is None:
+            return
+        self._speculation = open_speculation(self.speculative, self.settings, self.session.model,
+                                             n_ctx_seq=self.n_ctx_slot, n_seq=self.n_slots, kv_unified=self.kv_unified)
+        for slot in self.slots:
+            slot.drafter = self._speculation.drafter(slot.id) if self._speculation is not None else None
 
     def _unload(self) -> None:
         for slot in self.slots:
@@ -184,6 +204,8 @@ class ParallelEngine(Engine):
             self._queue.popleft().put(Event(error=ServerShutdown(), done=True))
         if self._batch is not None:
             self._batch.close()
+        if self._speculation is not None:
+            self._speculation.close()
         # The session (context and model) is freed by close(): vocabulary helpers may still be in use.
 
     def _work(self) -> None:
@@ -281,6 +303,7 @@ class ParallelEngine(Engine):
         batch = self._batch
         batch.clear()
         room = self._ctx.n_batch - sum(slot.state == GENERATING for slot in self.slots)
+        room -= plan_drafts(self.slots, self.speculative, self.n_ctx_slot, room)
         candidate = self._pad_candidate()
         self._timing_padding = candidate is not None and self._padding.decision is None
         pad_slot = candidate if candidate is not None and self._padding.choose() else None
@@ -292,8 +315,9 @@ class ParallelEngine(Engine):
                 batch.add(0, len(slot.cached), (slot.id,), False)
             elif slot.state == GENERATING:
                 slot.batch_index, slot.in_batch = batch.n_tokens, True
-                batch.add(slot.last_token, len(slot.cached), (slot.id,), True)
-                slot.cached.append(slot.last_token)
+                for token in [slot.last_token, *slot.drafts]:
+                    batch.add(token, len(slot.cached), (slot.id,), True)
+                    slot.cached.append(token)
             elif slot.state == PREFILL and room > 0:
                 chunk, slot.pending = slot.pending[:room], slot.pending[room:]
                 room -= len(chunk)
@@ -313,7 +337,8 @@ class ParallelEngine(Engine):
         if self.kv_unified or self._padding.decision is False:  # nothing to pad, or to time
             return None
         busy = [slot for slot in self.slots if slot.state != IDLE]
-        if len(busy) % 4 != 3 or any(slot.state == PREFILL and len(slot.pending) != 1 for slot in busy):
+        if len(busy) % 4 != 3 or any(slot.drafts for slot in busy) \
+                or any(slot.state == PREFILL and len(slot.pending) != 1 for slot in busy):
             return None
         idle = [slot for slot in self.slots if slot.state == IDLE and len(slot.cached) < self.n_ctx_slot - 1]
         return min(idle, key=self._runs_with) if idle else None
@@ -350,19 +375,25 @@ class ParallelEngine(Engine):
             self._sample(slot)
 
     def _sample(self, slot: Slot) -> None:
-        job, turn = slot.job, slot.turn
+        """Sample the slot's next token, and on along its draft while the model agrees (speculative.verify)."""
+        job, turn, drafts = slot.job, slot.turn, slot.drafts
         if (reason := turn.stop_before_sampling(slot.stream.cancelled)) is not None:
             return self._finish(slot, reason)
-        token = slot.sampler.sample(self._ctx, slot.batch_index)
-        accepted = turn.accept(token, len(slot.cached))
-        probs = []
-        if accepted.counted and job.n_probs >= 0:
-            probs = [self.token_prob(self._ctx.logits(slot.batch_index), token, job.n_probs)]
-        if accepted.text or probs:
-            self._post(slot.stream, Event(text=accepted.text, probs=probs))
-        if accepted.stop is not None:
-            return self._finish(slot, accepted.stop)
-        slot.last_token = token
+        position = len(slot.cached) - 1 - len(drafts)  # where the token at batch_index sits
+
+        def emit(accepted: Any, token: int, index: int) -> None:
+            probs = []
+            if accepted.counted and job.n_probs >= 0:
+                probs = [self.token_prob(self._ctx.logits(index), token, job.n_probs)]
+            if accepted.text or probs:
+                self._post(slot.stream, Event(text=accepted.text, probs=probs))
+
+        result = verify(turn, lambda i: slot.sampler.sample(self._ctx, i), slot.batch_index, position, drafts, emit,
+                        lambda: slot.stream.cancelled)
+        slot.settle_draft(self._ctx, position, result)
+        if result.stop is not None:
+            return self._finish(slot, result.stop)
+        slot.last_token = result.token
 
     # ---- ending a request
 
@@ -404,5 +435,5 @@ class ParallelEngine(Engine):
         if slot.sampler is not None:
             slot.sampler.close()
         slot.sampler, slot.stream, slot.state = None, None, IDLE
-        slot.pending, slot.batch_index, slot.last_token = [], -1, -1
+        slot.pending, slot.batch_index, slot.last_token, slot.drafts = [], -1, -1, []
         slot.turn = None

@@ -161,7 +161,9 @@ def serve_router(sock: socket.socket, models: list[PoolModel], preload: tuple[st
         err().print(f"pyllama serve: {message}", markup=False, highlight=False)
 
     def make_engine(model: PoolModel, **callbacks: Any) -> Any:
-        return run.make_engine(model.path, model.load, False, model.parallel, model.kv_unified, **callbacks)
+        # Speculation applies to every model; a -md draft whose vocabulary is not a model's fails that model's load.
+        return run.make_engine(model.path, model.load, False, model.parallel, model.kv_unified, settings.speculative,
+                               **callbacks)
 
     pool = EnginePool(models, make_engine, max_loaded=options.models_max, idle_seconds=options.idle_seconds,
                       report=say)
