@@ -48,8 +48,12 @@ def serve(
         "--api-key", envvar="PYLLAMA_API_KEY", help="Require 'Authorization: Bearer KEY' (all routes but /health).",
         rich_help_panel=SERVER_PANEL, show_default=False)] = None,
     cors_origin: Annotated[list[str] | None, typer.Option(
-        "--cors-origin", help="Allow browser requests from this origin (repeatable; '*' = any). No CORS headers "
-        "unless given.", rich_help_panel=SERVER_PANEL, show_default=False)] = None,
+        "--cors-origin", help="Also allow browser requests from this origin (repeatable; '*' = any origin, as "
+        "llama-server does). Loopback origins (localhost, 127.0.0.1, [::1], any port) are always allowed.",
+        rich_help_panel=SERVER_PANEL, show_default=False)] = None,
+    slot_save_path: Annotated[Path | None, typer.Option(
+        "--slot-save-path", help="Folder for /slots/ID?action=save|restore files (off unless given).",
+        rich_help_panel=SERVER_PANEL, show_default=False, file_okay=False, exists=True)] = None,
     embeddings: Annotated[bool, typer.Option(
         "--embeddings", help="Serve an embedding model: /v1/embeddings only.", rich_help_panel=SERVER_PANEL)] = False,
     max_body_size: Annotated[str, typer.Option(
@@ -86,7 +90,11 @@ def serve(
         alias=alias or _default_alias(resolved.path), sampling=sampling.settings, n_predict=sampling.n_predict,
         stop=sampling.stop, api_key=api_key or None, cors_origins=tuple(cors_origin or ()),
         max_body_size=parse_size(max_body_size), chat_template=chat_template,
+        slot_save_path=slot_save_path.resolve() if slot_save_path else None,
     )
+    if "*" in settings.cors_origins:
+        warn("--cors-origin '*': any web page a browser opens may call this server with the browser's "
+             "credentials and read its answers")
     sock = server.listen(host, port)
     if not settings.api_key and not server.is_loopback(sock):
         warn(f"{server.url(sock)} is reachable from other machines and there is no --api-key: anyone who can "

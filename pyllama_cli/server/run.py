@@ -89,7 +89,10 @@ def serve(sock: socket.socket, path: Path, load: LoadSettings, settings: Any, *,
         _survive_dead_rpc_servers(engine)
     app = create_app(OneModel(engine, settings), settings)
     config = uvicorn.Config(app, log_level="info" if load.verbose else "warning", access_log=load.verbose,
-                            log_config=log_config(), timeout_graceful_shutdown=SHUTDOWN_GRACE_S, lifespan="on")
+                            log_config=log_config(), timeout_graceful_shutdown=SHUTDOWN_GRACE_S, lifespan="on",
+                            # h11 writes header names as given (httptools lowercases them): llama-server's
+                            # clients, its test suite among them, look up "Access-Control-Allow-Origin" as sent.
+                            http="h11")
     server = server_class()(config)
     server.on_stop = engine.cancel_all
     err().print(f"pyllama serve: listening on {address} - loading {path.name} (/health answers 503 until ready)",

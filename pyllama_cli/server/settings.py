@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ..core.generate.sampling import SamplingSettings
 
@@ -21,3 +22,4 @@ class ServerSettings:
     cors_origins: tuple[str, ...] = ()
     max_body_size: int = DEFAULT_MAX_BODY_SIZE
     chat_template: str | None = None  # NAME|FILE|JINJA override of the model's template
+    slot_save_path: Path | None = None  # where /slots/ID?action=save|restore files live (None: off)
