@@ -212,9 +212,9 @@ _pyllama_spec() {
             ;;
         "serve")
             subs=""
-            opts="--host= --port= -a= --alias= --api-key= --cors-origin= --embeddings --max-body-size= \
-                --chat-template= -np= --parallel= --kv-unified -n= --n-predict= --temp= --top-k= --top-p= \
-                --min-p= --typical= --repeat-penalty= --repeat-last-n= --presence-penalty= \
+            opts="--host= --port= -a= --alias= --api-key= --cors-origin= --slot-save-path= --embeddings \
+                --max-body-size= --chat-template= -np= --parallel= --kv-unified -n= --n-predict= --temp= \
+                --top-k= --top-p= --min-p= --typical= --repeat-penalty= --repeat-last-n= --presence-penalty= \
                 --frequency-penalty= --mirostat= --mirostat-lr= --mirostat-ent= --ignore-eos -r= \
                 --reverse-prompt= --logit-bias= --grammar= --grammar-file= -j= --json-schema= -jf= \
                 --json-schema-file= -m= --model= -hf= --hf-repo= -hff= --hf-file= -hft= --hf-token= \
@@ -269,6 +269,8 @@ _pyllama_value() {
         "quantize|--output-tensor-type" | "quantize|--token-embedding-type")
             _pyllama_values none bf16 f16 f32 iq1_m iq1_s iq2_s iq2_xs iq2_xxs iq3_s iq3_xxs iq4_nl iq4_xs \
                 mxfp4 nvfp4 q1_0 q2_0 q2_k q3_k q4_0 q4_1 q4_k q5_0 q5_1 q5_k q6_k q8_0 tq1_0 tq2_0 ;;
+        "serve|--slot-save-path")
+            _pyllama_values dir ;;
     esac
 }
 
