@@ -329,7 +329,7 @@ complete -c pyllama -n '__pyllama_using rpc-server' -l list-devices -d 'Print th
 complete -c pyllama -n '__pyllama_using rpc-server' -s h -l help -d 'Show this message and exit.'
 
 # pyllama serve
-complete -c pyllama -n '__pyllama_using serve' -l host -d 'Address to listen on.' -x
+complete -c pyllama -n '__pyllama_using serve' -l host -d 'Address to listen on (several: comma-separated, as 127.0.0.1,::1).' -x
 complete -c pyllama -n '__pyllama_using serve' -l port -d 'Port to listen on (0 = any free port; the URL is printed).' -x
 complete -c pyllama -n '__pyllama_using serve' -s a -l alias -d 'Model id clients use (default: the model file\'s name without .gguf).' -x
 complete -c pyllama -n '__pyllama_using serve' -l api-key -d 'Require \'Authorization: Bearer KEY\' (all routes but /health).' -x

@@ -29,9 +29,14 @@ TEMPLATE = CHATML_TEMPLATE + "{%- if greeting is defined -%}{{- greeting -}}{%- 
 
 
 @pytest.fixture(scope="module")
-def srv(models_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def fim_model(models_dir: Path) -> Path:
+    return write_llama_gguf(models_dir / "tiny-fim.gguf", TINY_FIM)
+
+
+@pytest.fixture(scope="module")
+def srv(fim_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     folder = tmp_path_factory.mktemp("llama-api")
-    model = write_llama_gguf(models_dir / "tiny-fim.gguf", TINY_FIM)
+    model = fim_model
     (folder / "slots").mkdir()
     (folder / "template.jinja").write_text(TEMPLATE)
     server = _start(model, folder / "stderr.log", "-np", "2", "-c", "1024", "-b", "128", "--api-key", KEY,
@@ -123,6 +128,23 @@ def test_n_probs_and_post_sampling_probs(srv: Server) -> None:
         assert p["prob"] == pytest.approx(next(t["prob"] for t in p["top_probs"] if t["id"] == p["id"]))
 
 
+def test_samplers_choose_the_stages_of_the_chain(srv: Server) -> None:
+    request = {"prompt": PROMPT, "n_predict": 1, "temperature": 1, "top_k": 3, "n_probs": 10,
+               "post_sampling_probs": True}
+    only_k = _post(srv, "/completion", {**request, "samplers": ["top_k", "temperature"]})
+    assert len(only_k["completion_probabilities"][0]["top_probs"]) == 3
+    assert only_k["generation_settings"]["samplers"] == ["top_k", "temperature"]
+    no_k = _post(srv, "/completion", {**request, "samplers": "t"})  # llama-server's letters: t = temperature
+    assert len(no_k["completion_probabilities"][0]["top_probs"]) == 10
+    assert _post(srv, "/completion", {**request, "samplers": ["mystery"]}, status=400)["error"]["param"] == "samplers"
+
+
+def test_t_max_predict_ms_ends_a_long_answer(srv: Server) -> None:
+    body = _post(srv, "/completion", {"prompt": PROMPT, "n_predict": 400, "ignore_eos": True,
+                                      "t_max_predict_ms": 1})
+    assert body["stop_type"] == "limit" and 1 <= body["tokens_predicted"] < 400
+
+
 def test_streamed_n_probs_come_with_their_token(srv: Server) -> None:
     chunks = _events(srv, "/completion", {"prompt": PROMPT, "n_predict": 3, "temperature": 0, "n_probs": 2})
     assert [[p["id"] for p in c["completion_probabilities"]] for c in chunks[:-1]] == [c["tokens"] for c in chunks[:-1]]
@@ -156,6 +178,7 @@ def test_slot_save_erase_restore_round_trip(srv: Server) -> None:
     prompt = "hello world " * 20
     first = _post(srv, "/completion", {"prompt": prompt, "n_predict": 2, "id_slot": 0, "temperature": 0})
     saved = _post(srv, "/slots/0?action=save", {"filename": "zero.bin"})
+    assert first["id_slot"] == 0
     assert (saved["id_slot"], saved["filename"], saved["n_saved"]) == (0, "zero.bin", first["tokens_cached"])
     assert _post(srv, "/slots/1?action=erase", {}) ["id_slot"] == 1
     assert next(s for s in httpx.get(srv.url + "/slots", headers=AUTH).json() if s["id"] == 1)["n_cached"] == 0
@@ -163,6 +186,7 @@ def test_slot_save_erase_restore_round_trip(srv: Server) -> None:
     assert (restored["n_restored"], restored["n_read"]) == (saved["n_saved"], saved["n_written"])
     again = _post(srv, "/completion", {"prompt": prompt, "n_predict": 2, "id_slot": 1, "temperature": 0})
     assert again["timings"]["cache_n"] == first["tokens_evaluated"] - 1 and again["content"] == first["content"]
+    assert again["id_slot"] == 1
     for name in ("../zero.bin", "/etc/passwd", "a/b"):
         assert _post(srv, "/slots/0?action=save", {"filename": name}, status=400)["error"]["param"] == "filename"
     assert _post(srv, "/slots/0?action=restore", {"filename": "missing.bin"}, status=400)["error"]
@@ -276,3 +300,21 @@ def test_cors_leaves_other_origins_without_headers(origin: str) -> None:
     preflight = client.options("/", headers={"Origin": origin, "Access-Control-Request-Method": "POST"})
     for response in (plain, preflight):
         assert not any(h.startswith("access-control-") for h in response.headers), response.headers
+
+
+def test_several_hosts_are_served_on_one_port(fim_model: Path, tmp_path: Path) -> None:
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    server = _start(fim_model, tmp_path / "stderr.log", "--host", "127.0.0.1,::1")
+    try:
+        port = server.url.rsplit(":", 1)[1]
+        assert f"listening on http://127.0.0.1:{port}, http://[::1]:{port}" in server.stderr
+        for host in ("127.0.0.1", "[::1]"):
+            assert httpx.get(f"http://{host}:{port}/health").json() == {"status": "ok"}
+    finally:
+        server.stop()

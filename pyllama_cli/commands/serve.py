@@ -36,7 +36,8 @@ def serve(
     model: ModelRequest,
     load: LoadSettings,
     sampling: SamplingOptions,
-    host: Annotated[str, typer.Option("--host", help="Address to listen on.", rich_help_panel=SERVER_PANEL)]
+    host: Annotated[str, typer.Option("--host", help="Address to listen on (several: comma-separated, as "
+                                      "127.0.0.1,::1).", rich_help_panel=SERVER_PANEL)]
     = DEFAULT_HOST,
     port: Annotated[int, typer.Option(
         "--port", min=0, max=65535, help="Port to listen on (0 = any free port; the URL is printed).",
@@ -95,11 +96,12 @@ def serve(
     if "*" in settings.cors_origins:
         warn("--cors-origin '*': any web page a browser opens may call this server with the browser's "
              "credentials and read its answers")
-    sock = server.listen(host, port)
-    if not settings.api_key and not server.is_loopback(sock):
-        warn(f"{server.url(sock)} is reachable from other machines and there is no --api-key: anyone who can "
-             "reach it can use the model")
-    server.serve(sock, resolved.path, load, settings, embeddings=embeddings, parallel=parallel, kv_unified=kv_unified)
+    socks = server.listen_all(host, port)
+    for sock in socks:
+        if not settings.api_key and not server.is_loopback(sock):
+            warn(f"{server.url(sock)} is reachable from other machines and there is no --api-key: anyone who can "
+                 "reach it can use the model")
+    server.serve(socks, resolved.path, load, settings, embeddings=embeddings, parallel=parallel, kv_unified=kv_unified)
 
 
 def _default_alias(path: Path) -> str:

@@ -35,6 +35,20 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+def listen_all(hosts: str, port: int) -> list[socket.socket]:
+    """Bind each address of a comma-separated --host ("127.0.0.1,::1"), all on one port: with --port 0,
+    the port the first one got."""
+    socks: list[socket.socket] = []
+    try:
+        for host in [h.strip() for h in hosts.split(",") if h.strip()] or [hosts]:
+            socks.append(listen(host, socks[0].getsockname()[1] if socks else port))
+    except BaseException:
+        for sock in socks:
+            sock.close()
+        raise
+    return socks
+
+
 def is_loopback(sock: socket.socket) -> bool:
     host = sock.getsockname()[0]
     try:
@@ -60,9 +74,9 @@ def make_engine(path: Path, load: LoadSettings, embeddings: bool, parallel: int,
     return ParallelEngine(path, load, n_slots=parallel, kv_unified=kv_unified, **callbacks)
 
 
-def serve(sock: socket.socket, path: Path, load: LoadSettings, settings: Any, *, embeddings: bool, parallel: int,
-          kv_unified: bool) -> None:
-    """Serve on `sock` until SIGTERM or Ctrl-C; the socket is closed on return.
+def serve(sock: socket.socket | list[socket.socket], path: Path, load: LoadSettings, settings: Any, *,
+          embeddings: bool, parallel: int, kv_unified: bool) -> None:
+    """Serve on `sock` (or each of several) until SIGTERM or Ctrl-C; the sockets are closed on return.
 
     Raises:
         ModelLoadError (or the engine's own PyllamaError): the model could not be loaded.
@@ -73,7 +87,8 @@ def serve(sock: socket.socket, path: Path, load: LoadSettings, settings: Any, *,
     from .app import create_app
     from .models import OneModel
 
-    address = url(sock)
+    socks = sock if isinstance(sock, list) else [sock]
+    address = url(socks[0])
     server: uvicorn.Server
 
     def on_ready(engine: Any) -> None:
@@ -95,12 +110,14 @@ def serve(sock: socket.socket, path: Path, load: LoadSettings, settings: Any, *,
                             http="h11")
     server = server_class()(config)
     server.on_stop = engine.cancel_all
-    err().print(f"pyllama serve: listening on {address} - loading {path.name} (/health answers 503 until ready)",
+    listening = ", ".join(url(s) for s in socks)
+    err().print(f"pyllama serve: listening on {listening} - loading {path.name} (/health answers 503 until ready)",
                 markup=False, highlight=False)
     try:
-        server.run(sockets=[sock])
+        server.run(sockets=socks)
     finally:
-        sock.close()
+        for s in socks:
+            s.close()
     _raise_for_stop(engine, server, path)
 
 

@@ -288,7 +288,8 @@ class ParallelEngine(Engine):
         slot.cached = prompt[:reuse]
         slot.pending = prompt[reuse:]
         slot.stream, slot.state = stream, PREFILL
-        slot.stats = GenerationStats(n_prompt=len(prompt), n_cached=reuse, seed=slot.sampler.settings.seed)
+        slot.stats = GenerationStats(n_prompt=len(prompt), n_cached=reuse, seed=slot.sampler.settings.seed,
+                                     id_slot=slot.id)
         settings = slot.sampler.settings
         slot.turn = Turn(self.model, max_tokens=job.max_tokens, stop=job.stop, n_ctx=self.n_ctx_slot,
                          ignore_eos=settings.ignore_eos, grammar=bool(settings.grammar), stats=slot.stats)

@@ -160,7 +160,7 @@ def completion_body(engine: Engine, result: Result, prep: NativeJobs, model: str
     stop_type = "limit" if result.timed_out else STOP_TYPES.get(stats.stop_reason, "none")
     body: dict[str, Any] = {
         "index": index, "content": text, "tokens": list(stats.tokens) if req.return_tokens else [],
-        "id_slot": job.id_slot, "stop": True, "model": model, "tokens_predicted": stats.n_generated,
+        "id_slot": stats.id_slot, "stop": True, "model": model, "tokens_predicted": stats.n_generated,
         "tokens_evaluated": stats.n_prompt, "generation_settings": generation_settings(job, prep, stream),
         "prompt": engine.detokenize(list(job.prompt)), "has_new_line": "\n" in text, "truncated": False,
         "stop_type": stop_type, "stopping_word": _stopping_word(engine, stats, job) if stop_type == "word" else "",
@@ -210,9 +210,17 @@ def generation_settings(job: GenerationJob, prep: NativeJobs, stream: bool) -> d
         "max_tokens": prep.n_predict, "n_predict": prep.n_predict, "n_keep": 0, "n_discard": 0,
         "ignore_eos": s.ignore_eos, "stream": stream, "logit_bias": [list(pair) for pair in s.logit_bias],
         "n_probs": max(job.n_probs, 0), "min_keep": 0, "grammar": s.grammar or "",
-        "samplers": ["penalties", "top_k", "typ_p", "top_p", "min_p", "temperature"],
+        "samplers": _stages(s),
         "timings_per_token": prep.request.timings_per_token, "post_sampling_probs": job.post_sampling,
     }
+
+
+def _stages(s: Any) -> list[str]:
+    """The stages of the chain that do something with these settings, in llama.cpp's order."""
+    active = [("penalties", s.repeat_penalty != 1 or s.presence_penalty != 0 or s.frequency_penalty != 0),
+              ("top_k", s.top_k > 0), ("typ_p", s.typical_p < 1), ("top_p", s.top_p < 1), ("min_p", s.min_p > 0),
+              ("temperature", True)]
+    return [name for name, on in active if on]
 
 
 def _stopping_word(engine: Engine, stats: GenerationStats, job: GenerationJob) -> str:
