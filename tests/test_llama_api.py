@@ -236,6 +236,19 @@ def test_n_choices_each_answer(srv: Server) -> None:
     assert body["usage"]["completion_tokens"] == 12 and body["timings"]["predicted_n"] == 4
 
 
+def test_n_choices_stream_together(srv: Server) -> None:
+    # Greedy, so that each choice's text is known: a chunk given to the wrong choice shows.
+    request = {"messages": [{"role": "user", "content": "hi"}], "n": 3, "max_tokens": 4, "temperature": 0,
+               "ignore_eos": True}
+    whole = _post(srv, "/v1/chat/completions", request)
+    chunks = _events(srv, "/v1/chat/completions", {**request, "stream_options": {"include_usage": True}})
+    texts = ["".join(c["choices"][0]["delta"].get("content") or "" for c in chunks
+                     if c["choices"] and c["choices"][0]["index"] == i) for i in range(3)]
+    assert texts == [c["message"]["content"] for c in whole["choices"]]
+    finishes = [c["choices"][0]["index"] for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+    assert sorted(finishes) == [0, 1, 2] and chunks[-1]["usage"] == whole["usage"]
+
+
 def test_chat_stream_reports_progress_and_timings_per_token(srv: Server) -> None:
     chunks = _events(srv, "/v1/chat/completions", {
         "messages": [{"role": "user", "content": "hello world " * 30}], "max_tokens": 3, "return_progress": True,

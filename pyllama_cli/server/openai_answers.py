@@ -104,6 +104,8 @@ class _Together:
 
 
 def chat_stream(engine: Engine, prep: PreparedChat, model: str, include_usage: bool) -> EventStream:
+    if prep.extras.n > 1:
+        return llama_chat.choices_stream(engine, prep, r.Header.new("chatcmpl", model), include_usage)
     running = Running()
     stream = running.start(engine, prep.job)
     return EventStream(_chat_events(stream, prep, r.Header.new("chatcmpl", model), include_usage),

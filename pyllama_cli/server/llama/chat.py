@@ -3,7 +3,8 @@
 - A conversation that ends with an assistant message is continued, not closed: the prompt is the
   conversation before it, with the generation prompt, and then that message's text. vLLM's pair
   `continue_final_message` / `add_generation_prompt` says the same explicitly (both true is a 400).
-- `n` > 1 runs n jobs at once; a fixed seed moves on by one per choice, so the choices differ.
+- `n` > 1 runs n jobs at once (streamed, each chunk names its choice); a fixed seed moves on by one
+  per choice, so the choices differ.
 - `timings` (llama-server's prompt and generation figures) come with every answer, and per token
   with `timings_per_token`; `return_progress` streams the prompt's evaluation; `verbose` adds
   `__verbose` with the rendered prompt.
@@ -11,14 +12,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
 from ...core.serving.engine import Engine
-from ...core.serving.jobs import GenerationJob
-from ..errors import APIError
+from ...core.serving.jobs import Event, GenerationJob, JobStream
+from .. import responses as r
+from ..errors import APIError, to_api_error
 from ..responses import Answer, usage
+from ..sse import DONE, EventStream, event
 from .answers import timings
 
 
@@ -48,8 +53,9 @@ def chat_shape(engine: Engine, req: Any, messages: list[dict[str, Any]]) -> Chat
                        "assistant turn, the other continues the last message", param="continue_final_message",
                        code="invalid_value")
     check_slot(engine, req.id_slot)
-    if req.n and req.n > 1 and req.stream:
-        raise APIError(400, "n > 1 is answered whole: send it without stream", param="n", code="unsupported_value")
+    if req.n and req.n > 1 and req.stream and req.tools:
+        raise APIError(400, "n > 1 with tools is answered whole: send it without stream", param="n",
+                       code="unsupported_value")
     last = messages[-1]
     if last["role"] == "assistant" and len(messages) > 1 and messages[-2]["role"] == "assistant":
         raise APIError(400, "the conversation ends with two assistant messages: only the last one can be continued",
@@ -89,18 +95,79 @@ def whole_body(bodies: list[dict[str, Any]], answers: list[Answer], extras: Chat
     body = bodies[0]
     if len(bodies) > 1:
         choices = [{**b["choices"][0], "index": i} for i, b in enumerate(bodies)]
-        # The prompt is counted once, as OpenAI counts it; each choice's tokens are counted.
-        counted = usage(answers)
-        prompt = answers[0].stats.n_prompt
-        counted.update(prompt_tokens=prompt, total_tokens=prompt + counted["completion_tokens"],
-                       prompt_tokens_details={"cached_tokens": answers[0].stats.n_cached})
-        body = {**body, "choices": choices, "usage": counted}
+        body = {**body, "choices": choices, "usage": _usage(answers)}
     body["timings"] = timings(answers[0].stats)
     if extras.verbose:
         body["__verbose"] = {"prompt": extras.prompt, "content": answers[0].text,
                              "tokens_predicted": answers[0].stats.n_generated,
                              "tokens_evaluated": answers[0].stats.n_prompt}
     return body
+
+
+def choices_stream(engine: Engine, prep: Any, header: r.Header, include_usage: bool) -> EventStream:
+    """n choices streamed together, each chunk naming its choice's index (no tools: see chat_shape)."""
+    streams = [engine.submit(job) for job in choice_jobs(prep.job, prep.extras.n)]
+
+    def cancel() -> None:
+        for stream in streams:
+            stream.cancel()
+
+    return EventStream(_choice_events(streams, prep, header, include_usage, cancel), on_disconnect=cancel)
+
+
+async def _choice_events(streams: list[JobStream], prep: Any, header: r.Header, include_usage: bool,
+                         cancel: Callable[[], None]) -> AsyncIterator[bytes]:
+    queue: asyncio.Queue[tuple[int, Event | BaseException | None]] = asyncio.Queue()
+
+    async def pump(index: int, stream: JobStream) -> None:
+        try:
+            async for ev in stream:
+                await queue.put((index, ev))
+        except Exception as exc:  # noqa: BLE001 - reported in the stream below
+            await queue.put((index, exc))
+        await queue.put((index, None))
+
+    def chunk(index: int, delta: dict[str, Any], **kwargs: Any) -> bytes:
+        body = r.chat_chunk(header, delta, **kwargs)
+        body["choices"][0]["index"] = index
+        return event(body)
+
+    tasks = [asyncio.create_task(pump(i, stream)) for i, stream in enumerate(streams)]
+    answers = [Answer() for _ in streams]
+    try:
+        for i in range(len(streams)):
+            yield chunk(i, {"role": "assistant", "content": None})
+        running = len(streams)
+        while running:
+            index, ev = await queue.get()
+            if ev is None:
+                running -= 1
+                yield chunk(index, {}, finish=r.finish_reason(answers[index].stats))
+            elif isinstance(ev, BaseException):
+                yield event(to_api_error(ev).body())
+            else:
+                if ev.done and ev.stats is not None:
+                    answers[index].stats = ev.stats
+                if ev.text:
+                    yield chunk(index, {"content": ev.text}, logprobs=r.chat_logprobs(ev.probs) if prep.logprobs
+                                else None)
+        if include_usage:
+            yield event({**r.usage_chunk(header, "chat.completion.chunk", answers), "usage": _usage(answers),
+                         "timings": timings(answers[0].stats)})
+    finally:
+        cancel()
+        for task in tasks:
+            task.cancel()
+    yield DONE
+
+
+def _usage(answers: list[Answer]) -> dict[str, Any]:
+    """Usage of n choices: the prompt counted once, as OpenAI counts it, and every choice's tokens."""
+    counted = usage(answers)
+    prompt = answers[0].stats.n_prompt
+    counted.update(prompt_tokens=prompt, total_tokens=prompt + counted["completion_tokens"],
+                   prompt_tokens_details={"cached_tokens": answers[0].stats.n_cached})
+    return counted
 
 
 class StreamTimer:
