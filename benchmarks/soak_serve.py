@@ -12,7 +12,11 @@ probability --disconnect-rate reads a few events and closes the connection. Chec
 Printed: requests (completed, disconnected, failed), RSS after 1 min and at the end, p50/p95
 latency of whole requests and of the first token, slots busy after. Exit status 1 if a check fails.
 
+The routes the clients draw from are the ROUTES table: a route is one entry (its path, its streaming
+body, and the event that ends a good stream), chosen with --routes.
+
     python benchmarks/soak_serve.py [-m MODEL.gguf] [--duration 300] [--clients 16] [--max-requests 50000]
+                                    [--routes chat,completions]
 """
 
 from __future__ import annotations
@@ -29,13 +33,33 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from _common import REPO_ROOT
 
 PROMPTS = ["hello", "Tell me a story about a cat.", "What is the capital of France?", "Write a poem about the sea",
            "Explain how a bicycle works, step by step.", "the quick brown fox jumps over the lazy dog " * 8]
+
+
+@dataclass(frozen=True)
+class Route:
+    """A streaming route under soak: where, the body for a prompt and max_tokens, the line that ends it well."""
+
+    path: str
+    body: Callable[[str, int], dict[str, Any]]
+    done: str = "data: [DONE]"
+
+
+# One entry per route. An error event (a `data:` object with "error", or `event: error`) is a failure.
+ROUTES = {
+    "chat": Route("/v1/chat/completions", lambda prompt, n: {
+        "messages": [{"role": "user", "content": prompt}], "max_tokens": n, "stream_options": {"include_usage": True}}),
+    "completions": Route("/v1/completions", lambda prompt, n: {
+        "prompt": prompt, "max_tokens": n, "stream_options": {"include_usage": True}}),
+}
 
 
 @dataclass
@@ -64,7 +88,13 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("-c", "--ctx-size", type=int, default=4096, help="server context, shared by the slots (4096)")
     p.add_argument("-t", "--threads", type=int, default=1, help="server threads (default 1: the clients need a core)")
     p.add_argument("--seed", type=int, default=0)
-    return p.parse_args()
+    p.add_argument("--routes", default=",".join(ROUTES), help=f"routes to draw from ({','.join(ROUTES)})")
+    args = p.parse_args()
+    args.routes = [name.strip() for name in args.routes.split(",")]
+    unknown = [name for name in args.routes if name not in ROUTES]
+    if unknown:
+        p.error(f"unknown route(s) {', '.join(unknown)}; known: {', '.join(ROUTES)}")
+    return args
 
 
 def tiny_model() -> Path:
@@ -103,30 +133,26 @@ def rss_mib(pid: int) -> float:
     return float("nan")
 
 
-async def one_request(client, url: str, rng: random.Random, tally: Tally, max_tokens: int,
-                      disconnect_rate: float) -> None:
-    chat = rng.random() < 0.5
-    prompt = rng.choice(PROMPTS)
-    body: dict = {"max_tokens": rng.randint(8, max_tokens), "stream": True, "seed": rng.randrange(1 << 30),
-                  "stream_options": {"include_usage": True}}
-    if chat:
-        body["messages"] = [{"role": "user", "content": prompt}]
-    else:
-        body["prompt"] = prompt
-    hang_up_after = rng.randint(1, 8) if rng.random() < disconnect_rate else None
-    path = "/v1/chat/completions" if chat else "/v1/completions"
+async def one_request(client, url: str, rng: random.Random, tally: Tally, args: argparse.Namespace) -> None:
+    route = ROUTES[rng.choice(args.routes)]
+    body = {**route.body(rng.choice(PROMPTS), rng.randint(8, args.max_tokens)), "stream": True,
+            "seed": rng.randrange(1 << 30)}
+    hang_up_after = rng.randint(1, 8) if rng.random() < args.disconnect_rate else None
     start, first, events, done, usage = time.perf_counter(), None, 0, False, None
     try:
-        async with client.stream("POST", url + path, json=body, timeout=120) as resp:
+        async with client.stream("POST", url + route.path, json=body, timeout=120) as resp:
             if resp.status_code != 200:
                 tally.failures.append(f"HTTP {resp.status_code}: {(await resp.aread())[:200]!r}")
                 return
             async for line in resp.aiter_lines():
-                if not line.startswith("data: "):
-                    continue
-                if line == "data: [DONE]":
+                if line == route.done:
                     done = True
                     break
+                if line == "event: error":
+                    tally.failures.append("an error event")
+                    return
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
                 data = json.loads(line[6:])
                 if "error" in data:
                     tally.failures.append(f"error event: {data['error']}")
@@ -146,7 +172,7 @@ async def one_request(client, url: str, rng: random.Random, tally: Tally, max_to
     tally.completed += 1
     tally.latencies.append(time.perf_counter() - start)
     tally.ttfts.append((first or time.perf_counter()) - start)
-    tally.tokens += usage["completion_tokens"] if usage else 0
+    tally.tokens += (usage.get("completion_tokens") or usage.get("output_tokens") or 0) if usage else 0
 
 
 async def load(url: str, args: argparse.Namespace, tally: Tally, pid: int, rss: dict[str, float]) -> float:
@@ -161,7 +187,7 @@ async def load(url: str, args: argparse.Namespace, tally: Tally, pid: int, rss: 
         async with httpx.AsyncClient(limits=limits) as client:
             while time.monotonic() < deadline and budget[0] > 0:
                 budget[0] -= 1
-                await one_request(client, url, rng, tally, args.max_tokens, args.disconnect_rate)
+                await one_request(client, url, rng, tally, args)
 
     async def sample_rss() -> None:
         start, first = time.monotonic(), min(60.0, args.duration / 2)  # short trial runs sample at half time
@@ -215,7 +241,8 @@ def main() -> int:
         log = Path(tmp) / "serve.log"
         proc, url = start_server(args, model, log)
         print(f"soak: {args.clients} streaming clients, {args.duration:.0f} s or {args.max_requests} requests, "
-              f"{args.disconnect_rate:.0%} hang up, against {url} -np {args.parallel}", file=sys.stderr)
+              f"{args.disconnect_rate:.0%} hang up, against {url} -np {args.parallel}, routes "
+              f"{', '.join(args.routes)}", file=sys.stderr)
         tally, rss = Tally(), {}
         try:
             wall = asyncio.run(load(url, args, tally, proc.pid, rss))

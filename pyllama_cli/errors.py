@@ -54,6 +54,14 @@ class RpcError(PyllamaError):
     """llama.cpp's RPC backend failed: a library built without it, or a server that cannot be reached or is gone."""
 
 
+class ServerError(PyllamaError):
+    """A running `pyllama serve` that cannot be reached, or that refused what `ps`, `stop` or `rm` asked."""
+
+
+class ModelInUse(PyllamaError):
+    """A model `rm` would delete that a running server has loaded."""
+
+
 class ContextOverflow(PyllamaError):
     """A prompt or conversation that does not fit in the context window."""
 
@@ -66,6 +74,14 @@ class Interrupted(PyllamaError):
     """The user stopped an operation (Ctrl-C) at a point where the core had to unwind."""
 
     exit_code = 130
+
+
+class ServerShutdown(PyllamaError):
+    """A served request was cut short by the server, not finished: it is shutting down (SIGTERM,
+    Ctrl-C) or its model is being unloaded. Clients get it in the API's error shape (503, retry later)."""
+
+    def __init__(self, message: str = "the server is shutting down", hint: str | None = "retry the request"):
+        super().__init__(message, hint=hint)
 
 
 class OutputClosed(PyllamaError):

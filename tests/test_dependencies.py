@@ -11,9 +11,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "pyllama_cli"
 # Distribution name -> the module it is imported as, where the two differ.
-MODULE_OF = {"llama-cpp-python": "llama_cpp", "huggingface-hub": "huggingface_hub", "prompt-toolkit": "prompt_toolkit"}
-# Declared for uvicorn to find by itself (a faster HTTP parser and event loop); never imported.
-USED_BY_UVICORN = {"httptools", "uvloop"}
+MODULE_OF = {"llama-cpp-python": "llama_cpp", "huggingface-hub": "huggingface_hub", "prompt-toolkit": "prompt_toolkit",
+             "markdown-it-py": "markdown_it"}
+# Declared for uvicorn to find by itself (a faster event loop); never imported.
+USED_BY_UVICORN = {"uvloop"}
 
 
 def _module(requirement: str) -> str:

@@ -322,6 +322,164 @@ def test_disk_full_during_quantize_leaves_no_partial_output(tiny_model: Path, tm
     assert left == []
 
 
+# ---------------------------------------------------------------- HTTP limits (raw sockets on a real server)
+
+
+@pytest.fixture(scope="module")
+def limited(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A server with short timeouts and a small connection cap, so the limits show within a second."""
+    srv = _start(tiny_model, tmp_path_factory.mktemp("limits") / "stderr.log", "--header-timeout", "1",
+                 "--body-timeout", "1", "--max-connections", "4")
+    yield srv
+    srv.stop()
+
+
+def _connect(server: Server) -> socket.socket:
+    host, port = server.url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)), timeout=10)
+    return sock
+
+
+def _read_all(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes the connection."""
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    return data
+
+
+def _answer(raw: bytes) -> tuple[int, dict[str, str], bytes]:
+    head, _, body = raw.partition(b"\r\n\r\n")
+    status_line, *lines = head.decode("latin-1").split("\r\n")
+    headers = dict(line.lower().split(": ", 1) for line in lines)
+    return int(status_line.split()[1]), headers, body
+
+
+@pytest.mark.parametrize(("head", "status", "code"), [
+    (b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 32768 + b"\r\n\r\n", 431, "request_header_fields_too_large"),
+    (b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (1 << 20), 431, "request_header_fields_too_large"),
+    (b"GET /health HTTP/1.1\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(101)) + b"\r\n", 431,
+     "request_header_fields_too_large"),
+    (b"GET /health?q=" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414, "uri_too_long"),
+], ids=["32KiB header", "1MiB unfinished header", "101 headers", "9000-byte URL"])
+def test_oversized_head_is_refused_and_server_keeps_serving(limited: Server, head: bytes, status: int, code: str
+                                                           ) -> None:
+    with _connect(limited) as sock:
+        try:
+            sock.sendall(head)
+        except (BrokenPipeError, ConnectionResetError):  # refused before all of it was sent
+            pass
+        got, headers, body = _answer(_read_all(sock))
+    assert (got, headers["connection"]) == (status, "close")
+    assert fuzzing.error_shape_problem(got, body) is None
+    assert json.loads(body)["error"]["code"] == code
+    assert httpx.get(f"{limited.url}/health", timeout=10).status_code == 200
+
+
+def test_stalled_request_head_is_closed(limited: Server) -> None:
+    with _connect(limited) as half, _connect(limited) as silent:
+        start = time.monotonic()
+        half.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-")
+        status, _, body = _answer(_read_all(half))
+        assert status == 408 and json.loads(body)["error"]["code"] == "request_timeout"
+        assert _read_all(silent) == b""  # a connection that never sent a byte is closed without an answer
+        assert 0.9 < time.monotonic() - start < 5
+    assert _alive(limited)
+
+
+def test_trickled_body_gets_408(limited: Server) -> None:
+    with _connect(limited) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 1000000\r\n\r\n")
+        start = time.monotonic()
+        sock.settimeout(0.2)
+        answer = b""
+        while time.monotonic() - start < 5:
+            try:
+                sock.sendall(b" ")  # one byte each 0.2 s
+                chunk = sock.recv(65536)
+            except TimeoutError:
+                continue
+            except (BrokenPipeError, ConnectionResetError):
+                break
+            if not chunk:
+                break
+            answer += chunk
+    status, headers, body = _answer(answer)
+    assert (status, headers["connection"]) == (408, "close")
+    assert json.loads(body)["error"]["message"] == "the request body did not arrive within 1 s"
+    assert time.monotonic() - start < 3
+
+
+def test_connections_beyond_the_cap_get_503(limited: Server) -> None:
+    kept = [_connect(limited) for _ in range(4)]
+    try:
+        for sock in kept:  # four kept-alive connections: the cap
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert sock.recv(65536).startswith(b"HTTP/1.1 200 ")
+        with _connect(limited) as extra:
+            extra.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            status, headers, body = _answer(_read_all(extra))
+        assert (status, headers["retry-after"]) == (503, "1")
+        assert json.loads(body)["error"]["code"] == "too_many_connections"
+    finally:
+        for sock in kept:
+            sock.close()
+    deadline = time.monotonic() + 5
+    while httpx.get(f"{limited.url}/health", timeout=10).status_code != 200:  # the closes take a moment to land
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+def test_a_cut_stream_ends_in_each_api_shape() -> None:
+    from pyllama_cli.errors import ServerShutdown
+    from pyllama_cli.server import sse
+
+    assert sse.error_event(ServerShutdown()) == (b'data: {"error":{"message":"the server is shutting down",'
+                                                 b'"type":"server_shutdown","param":null,"code":"server_shutdown"}}\n\n')
+    assert sse.anthropic_error_event(ServerShutdown()) == (b'event: error\ndata: {"type":"error","error":{"type":'
+                                                           b'"overloaded_error","message":"the server is shutting '
+                                                           b'down"}}\n\n')
+
+
+def test_sigterm_cuts_streams_with_an_error_event_and_exits_0(tiny_model: Path, tmp_path: Path) -> None:
+    srv = _start(tiny_model, tmp_path / "stderr.log", "-np", "4", "-c", "65536", "--shutdown-grace", "1")
+    body = {"messages": [{"role": "user", "content": "tell a story"}], "max_tokens": 100_000, "ignore_eos": True}
+    streams: dict[int, list[str]] = {}
+    whole: dict[str, httpx.Response] = {}
+
+    def stream(i: int) -> None:
+        with httpx.stream("POST", f"{srv.url}/v1/chat/completions", json={**body, "stream": True}, timeout=30) as r:
+            streams[i] = [line.removeprefix("data: ") for line in r.iter_lines() if line.startswith("data: ")]
+
+    def wait_whole() -> None:  # a fifth request waits for a slot, unstreamed
+        whole["reply"] = httpx.post(f"{srv.url}/v1/chat/completions", json=body, timeout=30)
+
+    threads = [threading.Thread(target=stream, args=(i,)) for i in range(4)] + [threading.Thread(target=wait_whole)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 30
+    while sum(s["state"] == "generating" for s in httpx.get(f"{srv.url}/slots", timeout=10).json()["slots"]) < 4:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    srv.proc.send_signal(signal.SIGTERM)
+    code = srv.proc.wait(timeout=15)
+    for t in threads:
+        t.join(15)
+    assert code == 0, srv.stderr[-2000:]
+    assert sorted(streams) == [0, 1, 2, 3]
+    for lines in streams.values():
+        assert lines[-1] == "[DONE]", lines[-3:]
+        assert json.loads(lines[-2]).get("error") == {"message": "the server is shutting down", "type": "server_shutdown",
+                                                  "param": None, "code": "server_shutdown"}
+        # The cut stream never says it finished (the tiny model's tokens may all be empty text: no count).
+        assert {c["finish_reason"] for line in lines[:-2] for c in json.loads(line)["choices"]} == {None}
+    reply = whole["reply"]
+    assert (reply.status_code, reply.headers.get("retry-after")) == (503, "5"), (reply.headers, reply.text)
+    assert reply.json()["error"]["type"] == "server_shutdown"
+    assert "Traceback" not in srv.stderr
+
+
 # ---------------------------------------------------------------- security defaults
 
 
@@ -375,9 +533,16 @@ def test_api_key_never_appears_in_logs_or_metrics(tiny_model: Path, tmp_path: Pa
         assert wrong.status_code == 401 and API_KEY not in wrong.text
         metrics = httpx.get(f"{srv.url}/metrics", headers={"X-Api-Key": API_KEY}, timeout=30)
         assert metrics.status_code == 200 and "pyllama_requests_total" in metrics.text
+        for query in ("api_key", "key", "token"):  # a key in the URL is refused, and still not logged
+            for path in ("/v1/chat/completions", "/no/such/route"):
+                reply = httpx.post(f"{srv.url}{path}?{query}={API_KEY}&x=1", json=body, timeout=30)
+                assert reply.status_code == 401 and API_KEY not in reply.text
+        assert httpx.post(f"{srv.url}/v1/chat/completions", json=body, headers={"X-Api-Key": API_KEY},
+                          timeout=30).status_code == 200
     finally:
         srv.stop()
     assert "POST /v1/chat/completions" in srv.stderr  # --verbose logs every request...
+    assert "POST /v1/chat/completions?api_key=[REDACTED]&x=1" in srv.stderr
     assert API_KEY not in srv.stderr and API_KEY not in metrics.text  # ...but never the key
 
 

@@ -11,8 +11,10 @@ import typer
 from ..console import download_tqdm, warn
 from ..core.model.resolve import ModelRequest, resolve_model
 from ..core.model.settings import LoadSettings
+from ..options.limits import limit_options
 from ..options.load import ChatTemplateOpt, in_panel, model_options
 from ..options.sampling import SamplingOptions, sampling_options
+from ..server.settings import ServerLimits
 
 EXAMPLES = """\
 Examples:
@@ -32,10 +34,12 @@ _SIZE = re.compile(r"^\s*(\d+)\s*([kmg]?)(i?b)?\s*$", re.IGNORECASE)
 
 @model_options(load=True)
 @sampling_options()
+@limit_options()
 def serve(
     model: ModelRequest,
     load: LoadSettings,
     sampling: SamplingOptions,
+    limits: ServerLimits,
     host: Annotated[str, typer.Option("--host", help="Address to listen on (several: comma-separated, as "
                                       "127.0.0.1,::1).", rich_help_panel=SERVER_PANEL)]
     = DEFAULT_HOST,
@@ -68,12 +72,17 @@ def serve(
     kv_unified: Annotated[bool, typer.Option(
         "--kv-unified", help="One KV cache for all slots: each may use the whole context while there is room.",
         rich_help_panel=SERVER_PANEL)] = False,
+    no_webui: Annotated[bool, typer.Option(
+        "--no-webui", help="Do not serve the chat page at / (the API is unchanged).",
+        rich_help_panel=SERVER_PANEL)] = False,
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API: chat, completions, embeddings.
 
     Official OpenAI clients work with base_url http://HOST:PORT/v1. The server answers /health with
     503 while the model loads and 200 after; /docs has the API's schema. Sampling flags set the
     defaults that requests override; -n sets the default max_tokens (default: the rest of the context).
+
+    A browser at http://HOST:PORT/ gets a chat page (--no-webui turns it off).
     """
     from ..server import run as server
     from ..server.settings import ServerSettings
@@ -90,8 +99,8 @@ def serve(
     settings = ServerSettings(
         alias=alias or _default_alias(resolved.path), sampling=sampling.settings, n_predict=sampling.n_predict,
         stop=sampling.stop, api_key=api_key or None, cors_origins=tuple(cors_origin or ()),
-        max_body_size=parse_size(max_body_size), chat_template=chat_template,
-        slot_save_path=slot_save_path.resolve() if slot_save_path else None,
+        max_body_size=parse_size(max_body_size), chat_template=chat_template, webui=not no_webui,
+        limits=limits, slot_save_path=slot_save_path.resolve() if slot_save_path else None,
     )
     if "*" in settings.cors_origins:
         warn("--cors-origin '*': any web page a browser opens may call this server with the browser's "

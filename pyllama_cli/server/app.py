@@ -56,6 +56,7 @@ from .schemas import (
     TokenizeResponse,
 )
 from .settings import ServerSettings
+from .webui.routes import add_webui_routes
 
 ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorResponse, "description": kind} for status, kind in ERROR_TYPES.items()
@@ -92,6 +93,7 @@ def create_app(models: ModelSet, settings: ServerSettings) -> FastAPI:
     install_error_handlers(app)
     _add_routes(app, models)
     llama_routes.add_routes(app)
+    add_webui_routes(app, settings)
     app.state.metrics = Metrics(route.path for route in app.routes)
     # Added innermost first: metrics see every answer, CORS headers go on errors too.
     app.add_middleware(BodyLimitMiddleware, max_body_size=settings.max_body_size)

@@ -10,9 +10,11 @@ import hmac
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .errors import APIError
+from .webui.routes import PAGE_PATHS
 
-# Routes that answer without a key: liveness probes, and the API's own documentation.
-OPEN_PATHS = frozenset({"/health", "/v1/health", "/docs", "/docs/oauth2-redirect", "/openapi.json"})
+# Routes that answer without a key: liveness probes, the API's own documentation, and the chat page
+# (whose API calls then carry the key).
+OPEN_PATHS = frozenset({"/health", "/v1/health", "/docs", "/docs/oauth2-redirect", "/openapi.json"}) | PAGE_PATHS
 
 
 class ApiKeyMiddleware:

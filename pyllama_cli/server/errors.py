@@ -16,13 +16,15 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from ..core.text.chat_template import TemplateError
-from ..errors import ContextOverflow, InputError, PyllamaError, UsageError
+from ..errors import ContextOverflow, InputError, PyllamaError, ServerShutdown, UsageError
 
 ERROR_TYPES = {
     400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
     405: "invalid_request_error", 413: "invalid_request_error", 500: "server_error", 501: "not_supported_error",
     503: "unavailable_error",
 }
+SHUTDOWN_ERROR = "server_shutdown"  # the error type of a request the server cut short (never a finished answer)
+RETRY_AFTER_S = 5  # what a cut request's 503 tells the client to wait before trying again
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Tags pydantic puts in an error location for the member of a union that failed.
 _UNION_TAGS = {"str", "int", "float", "bool", "dict", "list", "none", "tuple"}
@@ -32,7 +34,8 @@ class APIError(Exception):
     """An error to answer with: HTTP status, message, and the OpenAI `param`/`code` fields."""
 
     def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
-                 error_type: str | None = None, extra: dict[str, Any] | None = None):
+                 error_type: str | None = None, extra: dict[str, Any] | None = None,
+                 headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status = status
         self.message = message
@@ -41,13 +44,14 @@ class APIError(Exception):
         self.error_type = error_type or ERROR_TYPES.get(status, "invalid_request_error" if status < 500
                                                        else "server_error")
         self.extra = extra or {}
+        self.headers = headers or {}
 
     def body(self) -> dict[str, Any]:
         error = {"message": self.message, "type": self.error_type, "param": self.param, "code": self.code}
         return {"error": {**error, **self.extra}}
 
     def response(self, headers: dict[str, str] | None = None) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status, headers=headers)
+        return JSONResponse(self.body(), status_code=self.status, headers={**self.headers, **(headers or {})})
 
 
 def loading_error() -> APIError:
@@ -62,6 +66,9 @@ def to_api_error(exc: BaseException, request: Request | None = None) -> APIError
         return _validation_error(exc)
     if isinstance(exc, HTTPException):
         return _http_error(exc, request)
+    if isinstance(exc, ServerShutdown):
+        return APIError(503, exc.message, error_type=SHUTDOWN_ERROR, code=SHUTDOWN_ERROR,
+                        headers={"Retry-After": str(RETRY_AFTER_S)})
     if isinstance(exc, ContextOverflow):
         return APIError(400, exc.message, code="context_length_exceeded")
     if isinstance(exc, TemplateError):

@@ -16,10 +16,9 @@ from ..core.serving.engine import Engine
 from ..core.serving.jobs import GenerationJob, JobStream
 from ..core.constrain.tools import ToolPlan, may_be_call, parse_tool_calls
 from . import responses as r
-from .errors import to_api_error
 from .llama import chat as llama_chat
 from .prepare import PreparedChat
-from .sse import DONE, EventStream, TextEvents, event
+from .sse import DONE, EventStream, TextEvents, error_event, event
 
 DISCONNECT_POLL_S = 0.25
 
@@ -146,7 +145,7 @@ async def _chat_events(stream: JobStream, prep: PreparedChat, header: r.Header,
             yield event({**r.usage_chunk(header, "chat.completion.chunk", [answer]),
                          "timings": llama_chat.timings(answer.stats)})
     except Exception as exc:  # noqa: BLE001 - the status line is gone; report in the stream, as OpenAI does
-        yield event(to_api_error(exc).body())
+        yield error_event(exc)
     finally:
         stream.cancel()  # a no-op once the job is done; stops it when this stream is torn down early
     yield DONE
@@ -227,7 +226,7 @@ async def _completion_events(engine: Engine, jobs: list[GenerationJob], first: J
         if include_usage:
             yield event(r.usage_chunk(header, "text_completion", answers))
     except Exception as exc:  # noqa: BLE001 - the status line is gone; report in the stream, as OpenAI does
-        yield event(to_api_error(exc).body())
+        yield error_event(exc)
     finally:
         running.cancel()
     yield DONE

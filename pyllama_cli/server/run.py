@@ -14,11 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from ..console import err
+from ..core.model.servers import register_server
 from ..core.model.settings import LoadSettings
-from ..errors import Interrupted, ModelLoadError, PyllamaError, UsageError
+from ..errors import Interrupted, ModelLoadError, PyllamaError, ServerShutdown, UsageError
 
-# Seconds in-flight requests get to finish after SIGTERM/Ctrl-C before they are cancelled.
-SHUTDOWN_GRACE_S = 3
+# Seconds the cut requests' last events get to reach their clients before uvicorn closes the connections.
+CUT_WRITE_S = 1
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -85,8 +86,10 @@ def serve(sock: socket.socket | list[socket.socket], path: Path, load: LoadSetti
     import uvicorn
 
     from .app import create_app
+    from .memory import fix_mmap_threshold
     from .models import OneModel
 
+    fix_mmap_threshold()  # before the first request: big request bodies must not grow the heap for good
     socks = sock if isinstance(sock, list) else [sock]
     address = url(socks[0])
     server: uvicorn.Server
@@ -103,18 +106,16 @@ def serve(sock: socket.socket | list[socket.socket], path: Path, load: LoadSetti
     if load.rpc and hasattr(engine, "break_down"):
         _survive_dead_rpc_servers(engine)
     app = create_app(OneModel(engine, settings), settings)
-    config = uvicorn.Config(app, log_level="info" if load.verbose else "warning", access_log=load.verbose,
-                            log_config=log_config(), timeout_graceful_shutdown=SHUTDOWN_GRACE_S, lifespan="on",
-                            # h11 writes header names as given (httptools lowercases them): llama-server's
-                            # clients, its test suite among them, look up "Access-Control-Allow-Origin" as sent.
-                            http="h11")
+    config = uvicorn_config(app, settings.limits, verbose=load.verbose)
     server = server_class()(config)
-    server.on_stop = engine.cancel_all
+    server.grace = settings.limits.shutdown_grace
+    server.on_stop = lambda: engine.cancel_all(ServerShutdown())
     listening = ", ".join(url(s) for s in socks)
     err().print(f"pyllama serve: listening on {listening} - loading {path.name} (/health answers 503 until ready)",
                 markup=False, highlight=False)
     try:
-        server.run(sockets=socks)
+        with register_server(address, api_key_required=bool(settings.api_key)):  # `pyllama rm` asks what it has loaded
+            server.run(sockets=socks)
     finally:
         for s in socks:
             s.close()
@@ -152,25 +153,42 @@ def _raise_for_stop(engine: Any, server: Any, path: Path) -> None:
                     highlight=False)
 
 
+def uvicorn_config(app: Any, limits: Any, *, verbose: bool) -> Any:
+    """uvicorn's settings: the guarded httptools protocol (limits.py), keep-alive, the shutdown deadline."""
+    import uvicorn
+
+    from .limits import guarded_protocol
+    from .llama.header_case import with_header_case
+
+    return uvicorn.Config(app, log_level="info" if verbose else "warning", access_log=verbose, log_config=log_config(),
+                          http=with_header_case(guarded_protocol(limits)), timeout_keep_alive=limits.keep_alive_timeout,
+                          timeout_graceful_shutdown=limits.shutdown_grace + CUT_WRITE_S, lifespan="on")
+
+
 def log_config() -> dict[str, Any]:
-    """uvicorn's logging setup with the access log on stderr too (uvicorn sends it to stdout)."""
+    """uvicorn's logging setup with the access log on stderr too (uvicorn sends it to stdout), and every
+    handler masking secrets (redact.py): keys in URLs, authorization headers."""
     import copy
 
     from uvicorn.config import LOGGING_CONFIG
 
     config = copy.deepcopy(LOGGING_CONFIG)
     config["handlers"]["access"]["stream"] = "ext://sys.stderr"
+    config["filters"] = {"redact": {"()": "pyllama_cli.server.redact.RedactFilter"}}
+    for handler in config["handlers"].values():
+        handler["filters"] = ["redact"]
     return config
 
 
 def server_class() -> type:
     """uvicorn's Server, with a shutdown that ends every request cleanly and exits 0.
 
-    On SIGTERM or Ctrl-C, running requests get SHUTDOWN_GRACE_S - 1 seconds to finish; then
-    `on_stop` (the engine's cancel_all) ends the rest, so their streams still close with
-    `data: [DONE]` before uvicorn's own deadline would cut the connections. uvicorn re-raises
-    the signal once it has shut down, so the process would die of it (status 143) after a
-    graceful stop; this one does not: a service manager sees 0.
+    On SIGTERM or Ctrl-C, running requests get `grace` seconds (--shutdown-grace) to finish; then
+    `on_stop` (the engine's cancel_all) cuts the rest: each stream ends with an error event of type
+    `server_shutdown` and `data: [DONE]`, each waiting non-streamed request gets 503 with Retry-After,
+    within the CUT_WRITE_S that uvicorn's own deadline leaves before it drops the connections.
+    uvicorn re-raises the signal once it has shut down, so the process would die of it (status
+    143) after a graceful stop; this one does not: a service manager sees 0.
     """
     import contextlib
     import signal
@@ -181,10 +199,11 @@ def server_class() -> type:
     class Server(uvicorn.Server):
         stop_signal: int | None = None
         on_stop: Any = None
+        grace: float = 3.0
 
         def handle_exit(self, sig: int, frame: Any) -> None:
             if self.stop_signal is None and self.on_stop is not None:
-                timer = threading.Timer(max(SHUTDOWN_GRACE_S - 1, 0), self.on_stop)
+                timer = threading.Timer(self.grace, self.on_stop)
                 timer.daemon = True
                 timer.start()
             self.stop_signal = self.stop_signal or sig

@@ -11,6 +11,23 @@ DEFAULT_MAX_BODY_SIZE = 8 * 1024 * 1024
 
 
 @dataclass(frozen=True)
+class ServerLimits:
+    """What one client may take of the server: the HTTP limits (see limits.py) and the shutdown grace.
+
+    The defaults are far above what an ordinary client sends or needs; they stop a hostile one.
+    """
+
+    shutdown_grace: float = 3.0  # seconds running requests get after SIGTERM/Ctrl-C, then they are cut
+    max_header_size: int = 16 * 1024  # total bytes of the header fields (431 beyond)
+    max_headers: int = 100  # header fields (431 beyond)
+    max_url_length: int = 8 * 1024  # bytes of the request target (414 beyond)
+    header_timeout: float = 10.0  # seconds to send a request's head, from its first byte (or the connect)
+    body_timeout: float = 60.0  # seconds to send a request's body, from the end of its head (408 beyond)
+    max_connections: int = 512  # open connections; a request on one beyond gets 503
+    keep_alive_timeout: float = 5.0  # seconds an idle keep-alive connection stays open
+
+
+@dataclass(frozen=True)
 class ServerSettings:
     """Server-wide options; per-request fields override the sampling defaults."""
 
@@ -22,4 +39,6 @@ class ServerSettings:
     cors_origins: tuple[str, ...] = ()
     max_body_size: int = DEFAULT_MAX_BODY_SIZE
     chat_template: str | None = None  # NAME|FILE|JINJA override of the model's template
+    webui: bool = True  # serve the chat page at GET /
+    limits: ServerLimits = field(default_factory=ServerLimits)
     slot_save_path: Path | None = None  # where /slots/ID?action=save|restore files live (None: off)

@@ -1,5 +1,9 @@
 """Server-sent events as OpenAI streams them: `data: {json}` events, then `data: [DONE]`.
 
+A stream that fails after its status line went out (the server shutting down cuts it, a job fails)
+ends with an error event, never like a finished answer: `error_event` in OpenAI's shape (a chunk
+with an `error` object, then `[DONE]`), `anthropic_error_event` in Anthropic's (`event: error`).
+
 `EventStream` watches for the client going away while it streams and calls `on_disconnect` at
 once, so the engine stops generating for a reader that is gone (rather than at the next write).
 """
@@ -14,6 +18,8 @@ import anyio
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from .errors import to_api_error
+
 DONE = b"data: [DONE]\n\n"
 HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -21,6 +27,30 @@ HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 def event(data: dict[str, Any]) -> bytes:
     """One SSE event carrying `data` as compact JSON."""
     return b"data: " + json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+
+
+def error_event(exc: BaseException) -> bytes:
+    """The OpenAI chunk that ends a stream cut by `exc`: `{"error": {...}}`, of type `server_shutdown`
+    for errors.ServerShutdown. `[DONE]` still follows it."""
+    return event(to_api_error(exc).body())
+
+
+# Anthropic's error types by HTTP status (its docs' table; 503 is what a shutdown answers here).
+ANTHROPIC_ERRORS = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                    404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 500: "api_error",
+                    503: "overloaded_error", 529: "overloaded_error"}
+
+
+def anthropic_error(exc: BaseException) -> dict[str, Any]:
+    """Anthropic's error body for `exc`: `{"type": "error", "error": {"type", "message"}}`."""
+    error = to_api_error(exc)
+    kind = ANTHROPIC_ERRORS.get(error.status, "api_error" if error.status >= 500 else "invalid_request_error")
+    return {"type": "error", "error": {"type": kind, "message": error.message}}
+
+
+def anthropic_error_event(exc: BaseException) -> bytes:
+    """The `event: error` that ends an Anthropic stream cut by `exc` (a shutdown: `overloaded_error`)."""
+    return b"event: error\n" + event(anthropic_error(exc))
 
 
 class TextEvents:

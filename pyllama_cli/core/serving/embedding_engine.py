@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import InputError, Interrupted
+from ...errors import InputError, Interrupted, ServerShutdown
 from ..generate.decide import STOP_INTERRUPTED
 from ..generate.stats import GenerationStats
 from ..model.settings import LoadSettings
@@ -50,12 +50,12 @@ class EmbeddingEngine(Engine):
         with self._lock:
             return replace(self._stats)
 
-    def cancel_all(self) -> None:
+    def cancel_all(self, reason: BaseException | None = None) -> None:
         with self._jobs.mutex:
             waiting = [s for s in self._jobs.queue if s is not None]
         for stream in [self._current, *waiting]:
             if stream is not None:
-                stream.cancel()
+                stream.cancel(reason)
 
     def close(self, timeout: float = 10.0) -> None:
         if self.state == CLOSED:
@@ -102,7 +102,7 @@ class EmbeddingEngine(Engine):
         while not self._jobs.empty():
             stream = self._jobs.get_nowait()
             if stream is not None:
-                stream.put(Event(error=InputError("the server is shutting down"), done=True))
+                stream.put(Event(error=ServerShutdown(), done=True))
 
     def _process(self, stream: JobStream) -> None:
         job = stream.job

@@ -80,8 +80,11 @@ class Engine(ABC):
         stream.cancel()
 
     @abstractmethod
-    def cancel_all(self) -> None:
-        """Stop every running and queued job (a shutting-down server); the engine keeps serving."""
+    def cancel_all(self, reason: BaseException | None = None) -> None:
+        """Stop every running and queued job; the engine keeps serving.
+
+        `reason` (errors.ServerShutdown for a server shutting down or a model being unloaded) is what
+        each cut job's reader gets instead of a normal end (see JobStream.cancel)."""
 
     @abstractmethod
     def stats(self) -> EngineStats:

@@ -2,7 +2,8 @@
 
 The server submits a job (a generation or an embedding) from its event loop and reads the answer
 as a `JobStream` of `Event`s; `JobStream.cancel()` stops the job at the next token (or mid prompt
-evaluation). `EngineStats` and `ModelSummary` are what /metrics, /props and /v1/models report.
+evaluation). A job the server cuts (`cancel(reason)`: shutdown, a model unloaded) ends by raising
+`reason` from the stream instead of ending like a finished answer, so no client mistakes it for one. `EngineStats` and `ModelSummary` are what /metrics, /props and /v1/models report.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ..generate.decide import STOP_INTERRUPTED
 from ..generate.sampling import SamplingSettings
 from ..generate.stats import GenerationStats
 from ..interrupt import StopFlag
@@ -90,6 +92,7 @@ class JobStream:
         self._loop = loop
         self._queue: asyncio.Queue[Event] = asyncio.Queue()
         self._finished = False
+        self.cut: BaseException | None = None  # why the server ended this job early, if it did
 
     # ---- worker side
 
@@ -119,8 +122,14 @@ class JobStream:
 
     # ---- consumer side
 
-    def cancel(self) -> None:
-        """Stop the job as soon as possible (it may still be queued)."""
+    def cancel(self, reason: BaseException | None = None) -> None:
+        """Stop the job as soon as possible (it may still be queued).
+
+        With `reason` (the server cuts the job: errors.ServerShutdown), a job that ends because of
+        this cancel raises `reason` to its reader at the end; one that finished first ends normally.
+        """
+        if reason is not None and self.cut is None and not self._finished:
+            self.cut = reason
         self.stop_flag.set()
 
     def __aiter__(self) -> AsyncIterator[Event]:
@@ -134,7 +143,14 @@ class JobStream:
             self._finished = True
             raise event.error
         self._finished = event.done
+        if event.done and self.cut is not None and _interrupted(event):
+            raise self.cut
         return event
+
+
+def _interrupted(event: Event) -> bool:
+    """Whether a job's last event says it was stopped rather than finished."""
+    return event.embeddings is None and (event.stats is None or event.stats.stop_reason == STOP_INTERRUPTED)
 
 
 def _deliver(batch: list[tuple[JobStream, Event]]) -> None:

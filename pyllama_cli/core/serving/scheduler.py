@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
-from ...errors import ContextOverflow, InputError
+from ...errors import ContextOverflow, InputError, ServerShutdown
 from ..generate.decide import STOP_INTERRUPTED, Turn, common_prefix, reusable_prefix
 from ..generate.stats import GenerationStats
 from .engine import BROKEN, CLOSED, READY, Engine
@@ -148,11 +148,11 @@ class ParallelEngine(Engine):
             except Exception as exc:  # noqa: BLE001 - the route answers with it
                 future.set_exception(exc)
 
-    def cancel_all(self) -> None:
+    def cancel_all(self, reason: BaseException | None = None) -> None:
         with self._cond:
             for stream in [*(slot.stream for slot in self.slots), *self._queue]:
                 if stream is not None:
-                    stream.cancel()
+                    stream.cancel(reason)
             self._cond.notify()
 
     def break_down(self, error: BaseException) -> None:
@@ -202,7 +202,7 @@ class ParallelEngine(Engine):
                 self._finish(slot, STOP_INTERRUPTED)
         self._flush()
         while self._queue:
-            self._queue.popleft().put(Event(error=InputError("the server is shutting down"), done=True))
+            self._queue.popleft().put(Event(error=ServerShutdown(), done=True))
         if self._batch is not None:
             self._batch.close()
         # The session (context and model) is freed by close(): vocabulary helpers may still be in use.

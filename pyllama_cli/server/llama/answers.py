@@ -19,8 +19,7 @@ from ...core.generate.decide import STOP_CONTEXT, STOP_EOS, STOP_GRAMMAR, STOP_L
 from ...core.generate.stats import GenerationStats
 from ...core.serving.engine import Engine
 from ...core.serving.jobs import GenerationJob, JobStream, TokenProb
-from ..errors import to_api_error
-from ..sse import DONE, EventStream, event
+from ..sse import DONE, EventStream, error_event, event
 
 if TYPE_CHECKING:
     from .prepare import NativeJobs
@@ -103,7 +102,7 @@ async def _events(engine: Engine, streams: Streams, prep: NativeJobs, model: str
             async for chunk in _stream_chunks(engine, stream, prep, model, index):
                 await queue.put(chunk)
         except Exception as exc:  # noqa: BLE001 - the status line is gone; report in the stream
-            await queue.put(event(to_api_error(exc).body()))
+            await queue.put(error_event(exc))
         await queue.put(None)
 
     tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams.streams)]

@@ -21,9 +21,9 @@ from typing import Any
 from ...core.serving.engine import Engine
 from ...core.serving.jobs import Event, GenerationJob, JobStream
 from .. import responses as r
-from ..errors import APIError, to_api_error
+from ..errors import APIError
 from ..responses import Answer, usage
-from ..sse import DONE, EventStream, event
+from ..sse import DONE, EventStream, error_event, event
 from .answers import timings
 
 
@@ -144,7 +144,7 @@ async def _choice_events(streams: list[JobStream], prep: Any, header: r.Header, 
                 running -= 1
                 yield chunk(index, {}, finish=r.finish_reason(answers[index].stats))
             elif isinstance(ev, BaseException):
-                yield event(to_api_error(ev).body())
+                yield error_event(ev)
             else:
                 if ev.done and ev.stats is not None:
                     answers[index].stats = ev.stats
