@@ -293,6 +293,21 @@ def test_cors_star_reflects_any_origin_and_says_so(srv: Server) -> None:
     assert "--cors-origin '*': any web page" in srv.stderr
 
 
+def test_cors_header_names_are_written_as_llama_server_writes_them(srv: Server) -> None:
+    # Some clients (llama-server's test suite) look them up case-sensitively in a plain dict.
+    import socket
+
+    host, port = srv.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        conn.sendall(b"OPTIONS /completion HTTP/1.1\r\nHost: x\r\nOrigin: http://localhost:5173\r\n"
+                     b"Access-Control-Request-Method: POST\r\nConnection: close\r\n\r\n")
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += conn.recv(4096)
+    assert b"\r\nAccess-Control-Allow-Origin: http://localhost:5173\r\n" in head
+    assert b"\r\nAccess-Control-Allow-Credentials: true\r\n" in head
+
+
 def _cors_client(*origins: str) -> TestClient:
     app = Starlette(routes=[Route("/", lambda _: PlainTextResponse("ok"))])
     return TestClient(CorsMiddleware(app, origins=origins))
