@@ -384,11 +384,12 @@ complete -c pyllama -n '__pyllama_using rpc-server' -l list-devices -d 'Print th
 complete -c pyllama -n '__pyllama_using rpc-server' -s h -l help -d 'Show this message and exit.'
 
 # pyllama serve
-complete -c pyllama -n '__pyllama_using serve' -l host -d 'Address to listen on.' -x
+complete -c pyllama -n '__pyllama_using serve' -l host -d 'Address to listen on (several: comma-separated, as 127.0.0.1,::1).' -x
 complete -c pyllama -n '__pyllama_using serve' -l port -d 'Port to listen on (0 = any free port; the URL is printed).' -x
 complete -c pyllama -n '__pyllama_using serve' -s a -l alias -d 'Model id clients use (default: the model file\'s name without .gguf; router mode: alias keys in --models-preset).' -x
 complete -c pyllama -n '__pyllama_using serve' -l api-key -d 'Require \'Authorization: Bearer KEY\' (all routes but /health).' -x
-complete -c pyllama -n '__pyllama_using serve' -l cors-origin -d 'Allow browser requests from this origin (repeatable; \'*\' = any).' -x
+complete -c pyllama -n '__pyllama_using serve' -l cors-origin -d 'Also allow browser requests from this origin (repeatable; \'*\' = any origin, as llama-server does).' -x
+complete -c pyllama -n '__pyllama_using serve' -l slot-save-path -d 'Folder for /slots/ID?action=save|restore files (off unless given).' -x -a '(__pyllama_values dir)'
 complete -c pyllama -n '__pyllama_using serve' -l embeddings -d 'Serve an embedding model: /v1/embeddings only.'
 complete -c pyllama -n '__pyllama_using serve' -l max-body-size -d 'Largest request body accepted (bytes, or with K/M/G; larger gets 413).' -x
 complete -c pyllama -n '__pyllama_using serve' -l chat-template -d 'Chat template: a built-in name (chatml, llama3, ...), a .jinja file or Jinja text (default: the model\'s own).' -x -a '(__pyllama_values file chatml gemma llama2 llama2-sys llama2-sys-bos llama2-sys-strip llama3 mistral phi3 zephyr)'

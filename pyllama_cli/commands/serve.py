@@ -8,7 +8,7 @@ from typing import Any
 
 import typer
 
-from ..console import download_tqdm, warn
+from ..console import download_tqdm
 from ..core.model.resolve import ModelRequest, resolve_model
 from ..core.model.settings import LoadSettings
 from ..errors import UsageError
@@ -39,6 +39,7 @@ from ..options.serve import (
     ParallelOpt,
     PortOpt,
     SleepIdleOpt,
+    SlotSavePathOpt,
 )
 
 EXAMPLES = """\
@@ -72,6 +73,7 @@ def serve(
     alias: AliasOpt = None,
     api_key: ApiKeyOpt = None,
     cors_origin: CorsOriginOpt = None,
+    slot_save_path: SlotSavePathOpt = None,
     embeddings: EmbeddingsOpt = False,
     max_body_size: MaxBodySizeOpt = "8MiB",
     chat_template: in_panel(ChatTemplateOpt, SERVER_PANEL) = None,
@@ -115,7 +117,7 @@ def serve(
         alias=alias or "", sampling=sampling.settings, n_predict=sampling.n_predict,
         stop=sampling.stop, api_key=api_key or None, cors_origins=tuple(cors_origin or ()),
         max_body_size=parse_size(max_body_size), chat_template=chat_template, webui=not no_webui,
-        limits=limits, speculative=spec,
+        limits=limits, speculative=spec, slot_save_path=slot_save_path.resolve() if slot_save_path else None,
     )
     if router:
         _serve_router(ctx, model, paths, repos, load, settings, host, port, embeddings=embeddings, alias=alias,
@@ -127,8 +129,8 @@ def serve(
     resolved = resolve_model(one, tqdm_class=download_tqdm())
     _add_rpc_servers(load)
     settings = _with_alias(settings, alias or _default_alias(resolved.path))
-    sock = _listen(server, host, port, settings)
-    server.serve(sock, resolved.path, load, settings, embeddings=embeddings, parallel=parallel, kv_unified=kv_unified)
+    socks = server.listen_for(host, port, settings)
+    server.serve(socks, resolved.path, load, settings, embeddings=embeddings, parallel=parallel, kv_unified=kv_unified)
 
 
 def _serve_router(ctx: typer.Context, model: ModelRequest, paths: list[str], repos: list[str], load: LoadSettings,
@@ -154,8 +156,8 @@ def _serve_router(ctx: typer.Context, model: ModelRequest, paths: list[str], rep
                             load_presets(preset) if preset is not None else None, given)
     models, preload = router_models(found, load, settings, options)
     _add_rpc_servers(load)
-    sock = _listen(server, host, port, settings)
-    serve_router(sock, models, preload, settings, options, load.verbose)
+    socks = server.listen_for(host, port, settings)
+    serve_router(socks, models, preload, settings, options, load.verbose)
 
 
 def _add_rpc_servers(load: LoadSettings) -> None:
@@ -163,14 +165,6 @@ def _add_rpc_servers(load: LoadSettings) -> None:
         from ..core.model.rpc import add_servers
 
         add_servers(load.rpc)  # an unreachable server fails now, before the port opens
-
-
-def _listen(server: Any, host: str, port: int, settings: Any) -> Any:
-    sock = server.listen(host, port)
-    if not settings.api_key and not server.is_loopback(sock):
-        warn(f"{server.url(sock)} is reachable from other machines and there is no --api-key: anyone who can "
-             "reach it can use the model")
-    return sock
 
 
 def _with_alias(settings: Any, alias: str) -> Any:

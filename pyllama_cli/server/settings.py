@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ..core.generate.sampling import SamplingSettings
 from ..core.generate.speculative import SpeculativeSettings
@@ -42,3 +43,4 @@ class ServerSettings:
     webui: bool = True  # serve the chat page at GET /
     limits: ServerLimits = field(default_factory=ServerLimits)
     speculative: SpeculativeSettings = field(default_factory=SpeculativeSettings)  # --spec-type, -md
+    slot_save_path: Path | None = None  # where /slots/ID?action=save|restore files live (None: off)

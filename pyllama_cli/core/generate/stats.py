@@ -15,6 +15,7 @@ class GenerationStats:
     ttft_ms: float = 0.0  # from the start of the call to the first generated token
     stop_reason: str = ""
     seed: int = -1
+    id_slot: int = -1  # the server slot that ran it (-1: none)
     tokens: list[int] = field(default_factory=list)
     n_drafted: int = 0  # tokens speculative decoding proposed (llama-server's draft_n)
     n_draft_accepted: int = 0  # of those, the ones the model agreed with (draft_n_accepted)

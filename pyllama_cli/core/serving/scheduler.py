@@ -23,7 +23,8 @@ import contextvars
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
@@ -34,6 +35,7 @@ from ..generate.speculative import SpeculativeSettings, verify
 from ..generate.stats import GenerationStats
 from .engine import BROKEN, CLOSED, READY, Engine
 from .jobs import EmbeddingJob, EngineStats, Event, GenerationJob, JobStream, ModelSummary
+from .post_sampling import post_sampling_prob
 from .slots import GENERATING, IDLE, PREFILL, PaddingTrial, Slot, plan_drafts
 # How long a step may wait for a request that reached the server but is not submitted yet.
 ARRIVAL_WAIT_S = 0.003
@@ -77,6 +79,7 @@ class ParallelEngine(Engine):
         self._arrivals: set[_Arrival] = set()  # requests on their way to submit (guarded by _cond)
         self._pad: tuple[Slot, int] | None = None  # (idle slot, position) of this step's throwaway token
         self._timing_padding = False  # whether this step is one of PaddingTrial's
+        self._slot_tasks: list[tuple[int, Callable[[Any, Slot], Any], Future[Any]]] = []  # guarded by _cond
 
     # ---------------------------------------------------------------- Engine interface
 
@@ -135,6 +138,24 @@ class ParallelEngine(Engine):
     def slot_states(self) -> list[dict[str, Any]]:
         with self._cond:
             return [slot.describe() for slot in self.slots]
+
+    def on_idle_slot(self, slot_id: int, action: Callable[[Any, Slot], Any]) -> Future[Any]:
+        """Run `action(context, slot)` on the scheduler thread once slot `slot_id` is idle (llama-server's
+        slot save, restore and erase); the future holds its result or error."""
+        future: Future[Any] = Future()
+        with self._cond:
+            self._slot_tasks.append((slot_id, action, future))
+            self._cond.notify()
+        return future
+
+    def _run_slot_tasks(self) -> None:
+        for task in [t for t in self._slot_tasks if self.slots[t[0]].state == IDLE]:
+            self._slot_tasks.remove(task)
+            slot_id, action, future = task
+            try:
+                future.set_result(action(self._ctx, self.slots[slot_id]))
+            except Exception as exc:  # noqa: BLE001 - the route answers with it
+                future.set_exception(exc)
 
     def cancel_all(self, reason: BaseException | None = None) -> None:
         with self._cond:
@@ -211,10 +232,12 @@ class ParallelEngine(Engine):
     def _work(self) -> None:
         while True:
             with self._cond:
-                while not self._stopping and not self._queue and all(s.state == IDLE for s in self.slots):
+                while (not self._stopping and not self._queue and not self._slot_tasks
+                       and all(s.state == IDLE for s in self.slots)):
                     self._cond.wait()
                 if self._stopping:
                     return
+                self._run_slot_tasks()
                 self._assign_waiting()
                 self._wait_for_arrivals()
             self._drop_cancelled()
@@ -225,7 +248,9 @@ class ParallelEngine(Engine):
     # ---- admission
 
     def _assign_waiting(self) -> None:
-        """Give queued requests (in arrival order) to idle slots, best prefix match first."""
+        """Give queued requests (in arrival order) to idle slots, best prefix match first; a request
+        for a slot that is busy (llama-server's id_slot) waits for it without holding up the others."""
+        held: list[JobStream] = []
         while self._queue:
             idle = [s for s in self.slots if s.state == IDLE]
             if not idle:
@@ -235,6 +260,12 @@ class ParallelEngine(Engine):
                 stream.put(Event(done=True, stats=GenerationStats(stop_reason=STOP_INTERRUPTED)))
                 self._stats.jobs_cancelled += 1
                 continue
+            wanted = getattr(stream.job, "id_slot", -1)
+            if wanted >= 0:
+                idle = [s for s in idle if s.id == wanted]
+                if not idle:
+                    held.append(stream)
+                    continue
             prompt = list(stream.job.prompt)  # type: ignore[union-attr]
             slot = max(idle, key=lambda s: (common_prefix(s.cached, prompt), -self._runs_with(s),
                                             -s.requests_served, -s.id))
@@ -244,6 +275,7 @@ class ParallelEngine(Engine):
                 self._release(slot)
                 stream.put(Event(error=exc, done=True))
                 self._stats.jobs_failed += 1
+        self._queue.extendleft(reversed(held))
         self._stats.queue_depth = len(self._queue)
 
     def _runs_with(self, candidate: Slot) -> int:
@@ -273,16 +305,19 @@ class ParallelEngine(Engine):
                                   hint="shorten the prompt, or restart with a larger -c/--ctx-size or fewer --parallel")
         job: GenerationJob = stream.job  # type: ignore[assignment]
         slot.sampler = Sampler(self.model, job.sampling)
-        reuse = reusable_prefix(slot.cached, prompt)
+        reuse = reusable_prefix(slot.cached, prompt) if job.cache_prompt else 0
         self._ctx.remove_tokens(slot.id, reuse, -1)
         slot.cached = prompt[:reuse]
         slot.pending = prompt[reuse:]
         slot.stream, slot.state = stream, PREFILL
-        slot.stats = GenerationStats(n_prompt=len(prompt), n_cached=reuse, seed=slot.sampler.settings.seed)
+        slot.stats = GenerationStats(n_prompt=len(prompt), n_cached=reuse, seed=slot.sampler.settings.seed,
+                                     id_slot=slot.id)
         settings = slot.sampler.settings
         slot.turn = Turn(self.model, max_tokens=job.max_tokens, stop=job.stop, n_ctx=self.n_ctx_slot,
                          ignore_eos=settings.ignore_eos, grammar=bool(settings.grammar), stats=slot.stats)
         slot.batch_index = -1
+        if job.progress:
+            self._post(stream, Event(progress=(len(prompt), reuse, reuse)))
 
     # ---- one step
 
@@ -367,6 +402,9 @@ class ParallelEngine(Engine):
         if self._timing_padding:
             self._padding.record(self._pad is not None, time.perf_counter() - started)
         for slot in self.slots:
+            if slot.state == PREFILL and slot.in_batch and slot.job.progress:
+                self._post(slot.stream, Event(progress=(slot.stats.n_prompt, slot.stats.n_cached, len(slot.cached))))
+        for slot in self.slots:
             if slot.batch_index < 0 or slot.stream is None:
                 continue
             if slot.state == PREFILL:
@@ -384,9 +422,12 @@ class ParallelEngine(Engine):
         def emit(accepted: Any, token: int, index: int) -> None:
             probs = []
             if accepted.counted and job.n_probs >= 0:
-                probs = [self.token_prob(self._ctx.logits(index), token, job.n_probs)]
-            if accepted.text or probs:
-                self._post(slot.stream, Event(text=accepted.text, probs=probs))
+                logits = self._ctx.logits(index)
+                probs = [post_sampling_prob(self, logits, token, job.n_probs, slot.sampler.settings)
+                         if job.post_sampling else self.token_prob(logits, token, job.n_probs)]
+            if accepted.text or probs or accepted.counted:
+                self._post(slot.stream, Event(text=accepted.text, probs=probs,
+                                              tokens=[token] if accepted.counted else []))
 
         result = verify(turn, lambda i: slot.sampler.sample(self._ctx, i), slot.batch_index, position, drafts, emit,
                         lambda: slot.stream.cancelled)
