@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..console import err, warn
-from ..core.model.servers import register_server
+from ..core.store.servers import register_server
 from ..core.model.settings import LoadSettings
 from ..errors import Interrupted, ModelLoadError, PyllamaError, ServerShutdown, UsageError
 

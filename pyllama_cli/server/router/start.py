@@ -54,7 +54,7 @@ def find_models(paths: list[str], repos: list[str], folders: list[Path], cache: 
     """
     from dataclasses import replace as with_fields
 
-    from ...core.model.catalog import cached_models, model_stem, models_in_dir
+    from ...core.store.catalog import cached_models, model_stem, models_in_dir
     from ...core.model.resolve import resolve_model
     from ...errors import ModelNotFound
     from ..models import file_size
@@ -151,7 +151,7 @@ def serve_router(socks: list[socket.socket], models: list[PoolModel], preload: t
     """
     import signal
 
-    from ...core.model.servers import register_server
+    from ...core.store.servers import register_server
     from ...errors import ServerShutdown
     from .. import run
     from ..app import create_app
