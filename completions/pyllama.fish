@@ -137,6 +137,18 @@ complete -c pyllama -n '__pyllama_using chat' -l context-shift -d 'When the conv
 complete -c pyllama -n '__pyllama_using chat' -l plain -d 'Print answers as raw text instead of rendered Markdown.'
 complete -c pyllama -n '__pyllama_using chat' -l reasoning -d 'Reasoning between <think> and </think>: show (dimmed) or hide.' -x
 complete -c pyllama -n '__pyllama_using chat' -l no-history -d 'Do not read or write the input history file.'
+complete -c pyllama -n '__pyllama_using chat' -l spec-type -d 'Speculative decoding: none, draft-simple, ngram-simple, ngram-map-k, ngram-cache (ngram-cache is not implemented).' -x
+complete -c pyllama -n '__pyllama_using chat' -o md -l model-draft -l spec-draft-model -d 'Draft model for draft-simple (a GGUF with the model\'s vocabulary; given alone, it turns draft-simple on).' -x
+complete -c pyllama -n '__pyllama_using chat' -o hfd -l hf-repo-draft -l spec-draft-hf -d 'Same as -hf, for the draft model: user/repo[:quant].' -x
+complete -c pyllama -n '__pyllama_using chat' -l spec-draft-n-max -d 'Tokens to draft at most per step.' -x
+complete -c pyllama -n '__pyllama_using chat' -l spec-draft-n-min -d 'Fewer drafted tokens than this are not checked.' -x
+complete -c pyllama -n '__pyllama_using chat' -l draft-p-min -l spec-draft-p-min -d 'Stop drafting where the draft model\'s top token is less likely than this (greedy).' -x
+complete -c pyllama -n '__pyllama_using chat' -l spec-ngram-simple-size-n -d 'ngram-simple: length of the n-gram looked up.' -x
+complete -c pyllama -n '__pyllama_using chat' -l spec-ngram-simple-size-m -d 'ngram-simple: length of the m-gram drafted after it.' -x
+complete -c pyllama -n '__pyllama_using chat' -l spec-ngram-simple-min-hits -d 'ngram-simple: times a continuation must have been seen.' -x
+complete -c pyllama -n '__pyllama_using chat' -l spec-ngram-map-k-size-n -d 'ngram-map-k: length of the n-gram looked up.' -x
+complete -c pyllama -n '__pyllama_using chat' -l spec-ngram-map-k-size-m -d 'ngram-map-k: length of the m-gram drafted after it.' -x
+complete -c pyllama -n '__pyllama_using chat' -l spec-ngram-map-k-min-hits -d 'ngram-map-k: times a continuation must have been seen.' -x
 complete -c pyllama -n '__pyllama_using chat' -s n -l n-predict -d 'Tokens to generate (-1 = until end of generation or a full context).' -x
 complete -c pyllama -n '__pyllama_using chat' -l temp -d 'Temperature (0 = greedy: always the most likely token).' -x
 complete -c pyllama -n '__pyllama_using chat' -l top-k -d 'Keep the K most likely tokens (0 = off).' -x
@@ -191,6 +203,18 @@ complete -c pyllama -n '__pyllama_using complete' -l prompt-cache -d 'Save the e
 complete -c pyllama -n '__pyllama_using complete' -l echo -d 'Print the prompt before the generated text.'
 complete -c pyllama -n '__pyllama_using complete' -l stats -d 'Print speed and stop reason on stderr after the text (also with -v).'
 complete -c pyllama -n '__pyllama_using complete' -l json -d 'Print the statistics as one JSON line on stderr (implies --stats).'
+complete -c pyllama -n '__pyllama_using complete' -l spec-type -d 'Speculative decoding: none, draft-simple, ngram-simple, ngram-map-k, ngram-cache (ngram-cache is not implemented).' -x
+complete -c pyllama -n '__pyllama_using complete' -o md -l model-draft -l spec-draft-model -d 'Draft model for draft-simple (a GGUF with the model\'s vocabulary; given alone, it turns draft-simple on).' -x
+complete -c pyllama -n '__pyllama_using complete' -o hfd -l hf-repo-draft -l spec-draft-hf -d 'Same as -hf, for the draft model: user/repo[:quant].' -x
+complete -c pyllama -n '__pyllama_using complete' -l spec-draft-n-max -d 'Tokens to draft at most per step.' -x
+complete -c pyllama -n '__pyllama_using complete' -l spec-draft-n-min -d 'Fewer drafted tokens than this are not checked.' -x
+complete -c pyllama -n '__pyllama_using complete' -l draft-p-min -l spec-draft-p-min -d 'Stop drafting where the draft model\'s top token is less likely than this (greedy).' -x
+complete -c pyllama -n '__pyllama_using complete' -l spec-ngram-simple-size-n -d 'ngram-simple: length of the n-gram looked up.' -x
+complete -c pyllama -n '__pyllama_using complete' -l spec-ngram-simple-size-m -d 'ngram-simple: length of the m-gram drafted after it.' -x
+complete -c pyllama -n '__pyllama_using complete' -l spec-ngram-simple-min-hits -d 'ngram-simple: times a continuation must have been seen.' -x
+complete -c pyllama -n '__pyllama_using complete' -l spec-ngram-map-k-size-n -d 'ngram-map-k: length of the n-gram looked up.' -x
+complete -c pyllama -n '__pyllama_using complete' -l spec-ngram-map-k-size-m -d 'ngram-map-k: length of the m-gram drafted after it.' -x
+complete -c pyllama -n '__pyllama_using complete' -l spec-ngram-map-k-min-hits -d 'ngram-map-k: times a continuation must have been seen.' -x
 complete -c pyllama -n '__pyllama_using complete' -s n -l n-predict -d 'Tokens to generate (-1 = until end of generation or a full context).' -x
 complete -c pyllama -n '__pyllama_using complete' -l temp -d 'Temperature (0 = greedy: always the most likely token).' -x
 complete -c pyllama -n '__pyllama_using complete' -l top-k -d 'Keep the K most likely tokens (0 = off).' -x
@@ -360,11 +384,12 @@ complete -c pyllama -n '__pyllama_using rpc-server' -l list-devices -d 'Print th
 complete -c pyllama -n '__pyllama_using rpc-server' -s h -l help -d 'Show this message and exit.'
 
 # pyllama serve
-complete -c pyllama -n '__pyllama_using serve' -l host -d 'Address to listen on.' -x
+complete -c pyllama -n '__pyllama_using serve' -l host -d 'Address to listen on (several: comma-separated, as 127.0.0.1,::1).' -x
 complete -c pyllama -n '__pyllama_using serve' -l port -d 'Port to listen on (0 = any free port; the URL is printed).' -x
 complete -c pyllama -n '__pyllama_using serve' -s a -l alias -d 'Model id clients use (default: the model file\'s name without .gguf; router mode: alias keys in --models-preset).' -x
 complete -c pyllama -n '__pyllama_using serve' -l api-key -d 'Require \'Authorization: Bearer KEY\' (all routes but /health).' -x
-complete -c pyllama -n '__pyllama_using serve' -l cors-origin -d 'Allow browser requests from this origin (repeatable; \'*\' = any).' -x
+complete -c pyllama -n '__pyllama_using serve' -l cors-origin -d 'Also allow browser requests from this origin (repeatable; \'*\' = any origin, as llama-server does).' -x
+complete -c pyllama -n '__pyllama_using serve' -l slot-save-path -d 'Folder for /slots/ID?action=save|restore files (off unless given).' -x -a '(__pyllama_values dir)'
 complete -c pyllama -n '__pyllama_using serve' -l embeddings -d 'Serve an embedding model: /v1/embeddings only.'
 complete -c pyllama -n '__pyllama_using serve' -l max-body-size -d 'Largest request body accepted (bytes, or with K/M/G; larger gets 413).' -x
 complete -c pyllama -n '__pyllama_using serve' -l chat-template -d 'Chat template: a built-in name (chatml, llama3, ...), a .jinja file or Jinja text (default: the model\'s own).' -x -a '(__pyllama_values file chatml gemma llama2 llama2-sys llama2-sys-bos llama2-sys-strip llama3 mistral phi3 zephyr)'
@@ -384,6 +409,18 @@ complete -c pyllama -n '__pyllama_using serve' -l header-timeout -d 'Seconds a c
 complete -c pyllama -n '__pyllama_using serve' -l body-timeout -d 'Seconds a client has to send a request\'s body once its head is in (slower gets 408).' -x
 complete -c pyllama -n '__pyllama_using serve' -l max-connections -d 'Open connections served at once; a request on one beyond gets 503.' -x
 complete -c pyllama -n '__pyllama_using serve' -l keep-alive-timeout -d 'Seconds an idle keep-alive connection stays open.' -x
+complete -c pyllama -n '__pyllama_using serve' -l spec-type -d 'Speculative decoding: none, draft-simple, ngram-simple, ngram-map-k, ngram-cache (ngram-cache is not implemented).' -x
+complete -c pyllama -n '__pyllama_using serve' -o md -l model-draft -l spec-draft-model -d 'Draft model for draft-simple (a GGUF with the model\'s vocabulary; given alone, it turns draft-simple on).' -x
+complete -c pyllama -n '__pyllama_using serve' -o hfd -l hf-repo-draft -l spec-draft-hf -d 'Same as -hf, for the draft model: user/repo[:quant].' -x
+complete -c pyllama -n '__pyllama_using serve' -l spec-draft-n-max -d 'Tokens to draft at most per step.' -x
+complete -c pyllama -n '__pyllama_using serve' -l spec-draft-n-min -d 'Fewer drafted tokens than this are not checked.' -x
+complete -c pyllama -n '__pyllama_using serve' -l draft-p-min -l spec-draft-p-min -d 'Stop drafting where the draft model\'s top token is less likely than this (greedy).' -x
+complete -c pyllama -n '__pyllama_using serve' -l spec-ngram-simple-size-n -d 'ngram-simple: length of the n-gram looked up.' -x
+complete -c pyllama -n '__pyllama_using serve' -l spec-ngram-simple-size-m -d 'ngram-simple: length of the m-gram drafted after it.' -x
+complete -c pyllama -n '__pyllama_using serve' -l spec-ngram-simple-min-hits -d 'ngram-simple: times a continuation must have been seen.' -x
+complete -c pyllama -n '__pyllama_using serve' -l spec-ngram-map-k-size-n -d 'ngram-map-k: length of the n-gram looked up.' -x
+complete -c pyllama -n '__pyllama_using serve' -l spec-ngram-map-k-size-m -d 'ngram-map-k: length of the m-gram drafted after it.' -x
+complete -c pyllama -n '__pyllama_using serve' -l spec-ngram-map-k-min-hits -d 'ngram-map-k: times a continuation must have been seen.' -x
 complete -c pyllama -n '__pyllama_using serve' -s n -l n-predict -d 'Tokens to generate (-1 = until end of generation or a full context).' -x
 complete -c pyllama -n '__pyllama_using serve' -l temp -d 'Temperature (0 = greedy: always the most likely token).' -x
 complete -c pyllama -n '__pyllama_using serve' -l top-k -d 'Keep the K most likely tokens (0 = off).' -x

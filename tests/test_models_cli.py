@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pyllama_cli.core.model.servers import register_server, running_servers
+from pyllama_cli.core.store.servers import register_server, running_servers
 from tests.fixtures.fake_hf import FakeHub
 from tests.fixtures.fake_router import FakeRouter
 from tests.fixtures.make_gguf import TINY, write_quantized, write_split_gguf

@@ -444,7 +444,7 @@ def test_sse_framing(server: Server) -> None:
     events = response.text.split("\n\n")[:-1]
     assert all(e.startswith("data: ") and "\n" not in e for e in events)
     chunks = [json.loads(e[len("data: "):]) for e in events[:-1]]
-    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": None}  # as llama-server's
     assert [c["choices"][0]["finish_reason"] for c in chunks[:-1]] == [None] * (len(chunks) - 2) + ["length"]
     assert chunks[-2]["choices"][0]["delta"] == {}
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 3
@@ -525,7 +525,9 @@ def test_json_sent_as_plain_text_is_400_naming_the_content_type(server: Server) 
     ({"messages": HELLO, "temperature": "hot"}, "temperature",
      "temperature: Input should be a valid number, unable to parse string as a number"),
     ({"messages": [{"role": "robot", "content": "hi"}]}, "messages[0].role", None),
-    ({"messages": HELLO, "n": 2}, "n", "n must be 1: this server generates one choice per request (got n=2)"),
+    ({"messages": HELLO, "n": 17}, "n", "n: Input should be less than or equal to 16"),
+    ({"messages": HELLO, "n": 2, "stream": True, "tools": [WEATHER]}, "n",
+     "n > 1 with tools is answered whole: send it without stream"),
     ({"messages": HELLO, "top_logprobs": 2}, "top_logprobs", "top_logprobs needs logprobs: true"),
     ({"messages": HELLO, "tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
      "tool_choice", "tool_choice names the function 'nope', which is not among the tools (get_weather)"),
@@ -787,12 +789,15 @@ def test_openai_routes_answer_without_v1_too(server: Server) -> None:
     for listing in (bare_list, v1_list):
         listing["data"][0]["runtime"].pop("idle_s")  # seconds since the last request: moves between the two
     assert bare_list == v1_list
-    assert _post(server, "/completions", {"prompt": "hi"}).status_code == 404  # llama-server's native API there
+    native = _post(server, "/completions", {"prompt": "hi", "n_predict": 1}).json()  # llama-server's native API
+    assert native["stop"] is True and native["tokens_predicted"] == 1
 
 
 def test_props_tells_slots_context_defaults_and_template(server: Server, tiny_model: Path) -> None:
     props = httpx.get(f"{server.url}/props").json()
-    assert set(props) == {"default_generation_settings", "total_slots", "model_path", "chat_template", "build_info"}
+    assert set(props) == {"default_generation_settings", "total_slots", "model_alias", "model_path", "modalities",
+                          "chat_template", "bos_token", "eos_token", "build_info"}
+    assert (props["model_alias"], props["bos_token"], props["eos_token"]) == ("tiny", "<s>", "</s>")
     assert (props["total_slots"], props["model_path"]) == (1, str(tiny_model))
     assert props["default_generation_settings"]["n_ctx"] == N_CTX
     params = props["default_generation_settings"]["params"]

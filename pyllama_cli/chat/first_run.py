@@ -21,7 +21,7 @@ def first_run_request(request: ModelRequest) -> ModelRequest:
     Raises:
         NoModelGiven: they declined the download, or the Hub cannot say what it would be.
     """
-    from ..core.model.catalog import cached_models
+    from ..core.store.catalog import cached_models
 
     cached = cached_models()
     if cached:

@@ -196,9 +196,12 @@ def _partial_tag(text: str, tag: str) -> int:
 
 
 def stats_line(stats: Any, n_used: int, n_ctx: int) -> str:
-    """`[ Prompt: X t/s | Generation: Y t/s | TTFT: Z s | Context: used/n_ctx ]` for a GenerationStats."""
+    """`[ Prompt: X t/s | Generation: Y t/s | TTFT: Z s | Context: used/n_ctx ]` for a GenerationStats, with
+    `| Draft: accepted/drafted (rate)` before Context when speculative decoding drafted tokens."""
+    draft = (f"Draft: {stats.n_draft_accepted}/{stats.n_drafted} ({stats.draft_acceptance:.0%}) | "
+             if stats.n_drafted else "")
     return (f"[ Prompt: {stats.prompt_tps:.1f} t/s | Generation: {stats.generation_tps:.1f} t/s | "
-            f"TTFT: {stats.ttft_ms / 1000:.2f} s | Context: {n_used}/{n_ctx} ]")
+            f"TTFT: {stats.ttft_ms / 1000:.2f} s | {draft}Context: {n_used}/{n_ctx} ]")
 
 
 # ---------------------------------------------------------------- terminal

@@ -17,6 +17,7 @@ from ..core.model.settings import LoadSettings
 from ..errors import InputError, UsageError
 from ..options.load import ChatTemplateOpt, SystemPromptOpt, in_panel, model_options
 from ..options.sampling import SamplingOptions, sampling_options
+from ..options.speculative import SpeculativeOptions, speculative_options
 
 EXAMPLES = """\
 Examples:
@@ -34,10 +35,12 @@ HISTORY_FILE = "chat_history"
 
 @model_options(load=True)
 @sampling_options()
+@speculative_options()
 def chat(
     model: ModelRequest,
     load: LoadSettings,
     sampling: SamplingOptions,
+    speculative: SpeculativeOptions,
     system_prompt: in_panel(SystemPromptOpt, CHAT_PANEL) = None,
     system_prompt_file: Annotated[Path | None, typer.Option(
         "-sysf", "--system-prompt-file", help="Read the system prompt from this file.", rich_help_panel=CHAT_PANEL,
@@ -68,6 +71,7 @@ def chat(
     from ..chat.repl import ChatRepl, ChatSettings
     from ..core.text.chat_template import resolve_template
     from ..core.generate.conversation import Conversation, open_chat_engine
+    from ..core.generate.speculative import resolve_draft
 
     if reasoning not in REASONING_CHOICES:
         raise typer.BadParameter(f"{reasoning!r} is not one of {', '.join(REASONING_CHOICES)}",
@@ -79,8 +83,10 @@ def chat(
         from ..chat.first_run import first_run_request
 
         model = first_run_request(model)  # pick a cached model, or fetch a small first one
-    with open_model(model, load, progress=model_progress()) as session, \
-            closing(open_chat_engine(session, load, chat_template)) as engine:
+    progress = model_progress()
+    spec = resolve_draft(speculative.settings, speculative.draft, progress.download)
+    with open_model(model, load, progress=progress) as session, \
+            closing(open_chat_engine(session, load, chat_template, spec)) as engine:
         ui = _make_ui(plain, reasoning, no_history)
         settings = ChatSettings(sampling=sampling.settings, max_tokens=sampling.n_predict, stop=sampling.stop,
                                 context_shift=context_shift)

@@ -18,6 +18,7 @@ from ..core.model.settings import LoadSettings
 from ..errors import Interrupted, OutputClosed, UsageError
 from ..options.load import ChatTemplateOpt, SystemPromptOpt, in_panel, model_options
 from ..options.sampling import SamplingOptions, sampling_options
+from ..options.speculative import SpeculativeOptions, speculative_options
 
 EXAMPLES = """\
 Examples:
@@ -34,10 +35,12 @@ OUTPUT_PANEL = "Output"
 
 @model_options(load=True)
 @sampling_options()
+@speculative_options()
 def complete(
     model: ModelRequest,
     load: LoadSettings,
     sampling: SamplingOptions,
+    speculative: SpeculativeOptions,
     prompt: Annotated[str | None, typer.Option(
         "-p", "--prompt", help="Prompt text (piped stdin, if any, is appended after it).",
         rich_help_panel=PROMPT_PANEL, show_default=False)] = None,
@@ -75,6 +78,7 @@ def complete(
     Ctrl-C stops at once, keeps what was printed and exits with 130.
     """
     from ..core.generate.one_shot import OneShot, OneShotRequest, as_typed, read_prompt
+    from ..core.generate.speculative import resolve_draft, speculating
     from ..core.interrupt import StopFlag, catch_sigint
 
     if system_prompt is not None and not chat:
@@ -89,8 +93,11 @@ def complete(
         stop=tuple(map(unescape, sampling.stop)), chat=chat, system_prompt=system_prompt, chat_template=chat_template,
         truncate=truncate, prompt_cache=prompt_cache,
     )
-    with open_model(model, load, context={}, progress=model_progress()) as session:
-        run = OneShot(session.model, session.ctx, request, warn=warn)
+    progress = model_progress()
+    spec = resolve_draft(speculative.settings, speculative.draft, progress.download)
+    with open_model(model, load, context={}, progress=progress) as session, \
+            speculating(spec, load, session.model, session.ctx.n_ctx) as speculation:
+        run = OneShot(session.model, session.ctx, request, warn=warn, speculation=speculation)
         try:
             interrupted = _stream(run, echo, catch_sigint, StopFlag())
         finally:
@@ -171,6 +178,9 @@ def _print_stats(data: dict[str, Any], as_json: bool) -> None:
     ]
     if data["truncated_tokens"]:
         lines.insert(1, f"truncated:   {data['truncated_tokens']} prompt tokens dropped")
+    if data["draft_tokens"]:
+        lines.insert(-2, f"speculative: {data['draft_accepted']}/{data['draft_tokens']} drafted tokens accepted "
+                         f"({data['draft_acceptance']:.1%})")
     console = err()
     console.print()
     for line in lines:

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import typer
 
 from ..console import download_tqdm, human_size, info
-from ..core.model.catalog import LocalModel
+from ..core.store.catalog import LocalModel
 from ..errors import UsageError
 from ..options.load import HfFileOpt, HfTokenOpt, JsonOpt
 
@@ -45,7 +45,7 @@ ApiKeyOpt = Annotated[str | None, typer.Option(
 
 def list_models(models_dir: ModelsDirOpt = None, as_json: JsonOpt = False) -> None:
     """List the GGUF models in the Hugging Face cache and in --models-dir folders (a split model is one row)."""
-    from ..core.model.catalog import cached_models, hub_cache_dir, models_in_dir
+    from ..core.store.catalog import cached_models, hub_cache_dir, models_in_dir
 
     folders = models_dir or []
     for folder in folders:
@@ -104,7 +104,7 @@ def rm(
     as_json: JsonOpt = False,
 ) -> None:
     """Delete a downloaded model (through huggingface_hub's cache API) or a GGUF file; asks first on a terminal."""
-    from ..core.model.remove import check_not_loaded, plan_removal, remove
+    from ..core.store.remove import check_not_loaded, plan_removal, remove
 
     removal = plan_removal(target)
     if not force:

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from ..console import human_size, info, warn
-from ..core.model.servers import DEFAULT_URL
+from ..core.store.servers import DEFAULT_URL
 from ..options.load import JsonOpt
 from .models import ApiKeyOpt
 
@@ -29,7 +29,7 @@ RUNTIME_FIELDS = ("memory_bytes", "n_ctx", "slots_busy", "slots_total", "idle_s"
 
 def ps(url: UrlOpt = DEFAULT_URL, api_key: ApiKeyOpt = None, as_json: JsonOpt = False) -> None:
     """Show the models a running server has loaded: memory, context, busy slots, idle time."""
-    from ..core.model.servers import model_status, server_models
+    from ..core.store.servers import model_status, server_models
 
     cards = [c for c in server_models(url, api_key) if model_status(c) in ("loaded", "loading")]
     rows = [_row(card) for card in cards]
@@ -46,7 +46,7 @@ def ps(url: UrlOpt = DEFAULT_URL, api_key: ApiKeyOpt = None, as_json: JsonOpt = 
 
 
 def _row(card: dict[str, Any]) -> dict[str, Any]:
-    from ..core.model.servers import model_status
+    from ..core.store.servers import model_status
 
     runtime = card.get("runtime") if isinstance(card.get("runtime"), dict) else {}
     return {"id": card["id"], "status": model_status(card), **{k: runtime.get(k) for k in RUNTIME_FIELDS},
@@ -70,7 +70,7 @@ def _served_id(name: str) -> str:
     """The id a server gives a cached `user/repo[:quant]` (its file stem); other names as they are."""
     if "/" not in name:
         return name
-    from ..core.model.catalog import cached_models
+    from ..core.store.catalog import cached_models
 
     repo, _, tag = name.partition(":")
     matches = [m for m in cached_models(repo) if not tag or tag.upper() in (m.quant, m.id.upper())]
@@ -86,7 +86,7 @@ def stop(
     as_json: JsonOpt = False,
 ) -> None:
     """Unload a model from a running server (it loads again on its next request)."""
-    from ..core.model.servers import unload_model
+    from ..core.store.servers import unload_model
 
     model = _served_id(model)
     unload_model(url, model, api_key)

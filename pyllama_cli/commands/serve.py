@@ -8,13 +8,14 @@ from typing import Any
 
 import typer
 
-from ..console import download_tqdm, warn
+from ..console import download_tqdm
 from ..core.model.resolve import ModelRequest, resolve_model
 from ..core.model.settings import LoadSettings
 from ..errors import UsageError
 from ..options.limits import limit_options
 from ..options.load import ChatTemplateOpt, in_panel, model_options, own_option
 from ..options.sampling import SamplingOptions, sampling_options
+from ..options.speculative import SpeculativeOptions, speculative_options
 from ..server.settings import ServerLimits
 from ..options.serve import (
     DEFAULT_HOST,
@@ -38,6 +39,7 @@ from ..options.serve import (
     ParallelOpt,
     PortOpt,
     SleepIdleOpt,
+    SlotSavePathOpt,
 )
 
 EXAMPLES = """\
@@ -57,18 +59,21 @@ _SIZE = re.compile(r"^\s*(\d+)\s*([kmg]?)(i?b)?\s*$", re.IGNORECASE)
 
 @model_options(load=True)
 @sampling_options()
+@speculative_options()
 @limit_options()
 def serve(
     ctx: typer.Context,
     model: ModelRequest,
     load: LoadSettings,
     sampling: SamplingOptions,
+    speculative: SpeculativeOptions,
     limits: ServerLimits,
     host: HostOpt = DEFAULT_HOST,
     port: PortOpt = DEFAULT_PORT,
     alias: AliasOpt = None,
     api_key: ApiKeyOpt = None,
     cors_origin: CorsOriginOpt = None,
+    slot_save_path: SlotSavePathOpt = None,
     embeddings: EmbeddingsOpt = False,
     max_body_size: MaxBodySizeOpt = "8MiB",
     chat_template: in_panel(ChatTemplateOpt, SERVER_PANEL) = None,
@@ -92,6 +97,7 @@ def serve(
     Router mode (several -m or -hf, --models-dir, --models-cache, --sleep-idle-seconds, or no model at
     all): a request's `model` picks the model, loaded on first use; see docs/router.md.
     """
+    from ..core.generate.speculative import resolve_draft
     from ..server import run as server
     from ..server.settings import ServerSettings
 
@@ -99,6 +105,10 @@ def serve(
         from ..core.text.chat_template import resolve_template
 
         resolve_template(None, chat_template)  # an unknown name fails before the model loads
+    if embeddings and speculative.settings.enabled:
+        raise UsageError("--spec-type and -md speed up generation; an --embeddings server generates nothing",
+                         hint="drop --spec-type/-md, or serve a generating model without --embeddings")
+    spec = resolve_draft(speculative.settings, speculative.draft, download_tqdm())
     paths: list[str] = list(model.model or [])  # -m and -hf are repeatable here: lists
     repos: list[str] = list(model.hf_repo or [])
     router = (len(paths) + len(repos) != 1 or bool(models_dir) or models_cache or models_preset is not None
@@ -107,7 +117,7 @@ def serve(
         alias=alias or "", sampling=sampling.settings, n_predict=sampling.n_predict,
         stop=sampling.stop, api_key=api_key or None, cors_origins=tuple(cors_origin or ()),
         max_body_size=parse_size(max_body_size), chat_template=chat_template, webui=not no_webui,
-        limits=limits,
+        limits=limits, speculative=spec, slot_save_path=slot_save_path.resolve() if slot_save_path else None,
     )
     if router:
         _serve_router(ctx, model, paths, repos, load, settings, host, port, embeddings=embeddings, alias=alias,
@@ -119,8 +129,8 @@ def serve(
     resolved = resolve_model(one, tqdm_class=download_tqdm())
     _add_rpc_servers(load)
     settings = _with_alias(settings, alias or _default_alias(resolved.path))
-    sock = _listen(server, host, port, settings)
-    server.serve(sock, resolved.path, load, settings, embeddings=embeddings, parallel=parallel, kv_unified=kv_unified)
+    socks = server.listen_for(host, port, settings)
+    server.serve(socks, resolved.path, load, settings, embeddings=embeddings, parallel=parallel, kv_unified=kv_unified)
 
 
 def _serve_router(ctx: typer.Context, model: ModelRequest, paths: list[str], repos: list[str], load: LoadSettings,
@@ -146,8 +156,8 @@ def _serve_router(ctx: typer.Context, model: ModelRequest, paths: list[str], rep
                             load_presets(preset) if preset is not None else None, given)
     models, preload = router_models(found, load, settings, options)
     _add_rpc_servers(load)
-    sock = _listen(server, host, port, settings)
-    serve_router(sock, models, preload, settings, options, load.verbose)
+    socks = server.listen_for(host, port, settings)
+    serve_router(socks, models, preload, settings, options, load.verbose)
 
 
 def _add_rpc_servers(load: LoadSettings) -> None:
@@ -155,14 +165,6 @@ def _add_rpc_servers(load: LoadSettings) -> None:
         from ..core.model.rpc import add_servers
 
         add_servers(load.rpc)  # an unreachable server fails now, before the port opens
-
-
-def _listen(server: Any, host: str, port: int, settings: Any) -> Any:
-    sock = server.listen(host, port)
-    if not settings.api_key and not server.is_loopback(sock):
-        warn(f"{server.url(sock)} is reachable from other machines and there is no --api-key: anyone who can "
-             "reach it can use the model")
-    return sock
 
 
 def _with_alias(settings: Any, alias: str) -> Any:

@@ -6,6 +6,7 @@
   `own_option` (its own meaning, as perplexity's -c).
 - `devices`: `--rpc`, `-dev/--device`, `-ts/--tensor-split`, `--list-devices` (part of the load flags).
 - `sampling`: sampling and output-constraint flags of complete, chat and serve.
+- `speculative`: speculative decoding flags of complete, chat and serve (`--spec-type`, `-md`, ...).
 - `limits`: serve's HTTP limits and shutdown grace (builds `server.settings.ServerLimits`).
 
 May import: typer, `core` (settings only), `server.settings`, `errors`.

@@ -17,7 +17,8 @@ DEFAULT_PORT = 8080
 
 ModelPathsOpt = repeatable(ModelPathOpt, " Repeat for router mode: one server, many models.")
 HfReposOpt = repeatable(HfRepoOpt, " Repeatable (router mode).")
-HostOpt = Annotated[str, typer.Option("--host", help="Address to listen on.", rich_help_panel=SERVER_PANEL)]
+HostOpt = Annotated[str, typer.Option("--host", help="Address to listen on (several: comma-separated, as "
+                                      "127.0.0.1,::1).", rich_help_panel=SERVER_PANEL)]
 PortOpt = Annotated[int, typer.Option(
     "--port", min=0, max=65535, help="Port to listen on (0 = any free port; the URL is printed).",
     rich_help_panel=SERVER_PANEL)]
@@ -28,8 +29,12 @@ ApiKeyOpt = Annotated[str | None, typer.Option(
     "--api-key", envvar="PYLLAMA_API_KEY", help="Require 'Authorization: Bearer KEY' (all routes but /health).",
     rich_help_panel=SERVER_PANEL, show_default=False)]
 CorsOriginOpt = Annotated[list[str] | None, typer.Option(
-    "--cors-origin", help="Allow browser requests from this origin (repeatable; '*' = any). No CORS headers "
-    "unless given.", rich_help_panel=SERVER_PANEL, show_default=False)]
+    "--cors-origin", help="Also allow browser requests from this origin (repeatable; '*' = any origin, as "
+    "llama-server does). Loopback origins (localhost, 127.0.0.1, [::1], any port) are always allowed.",
+    rich_help_panel=SERVER_PANEL, show_default=False)]
+SlotSavePathOpt = Annotated[Path | None, typer.Option(
+    "--slot-save-path", help="Folder for /slots/ID?action=save|restore files (off unless given).",
+    rich_help_panel=SERVER_PANEL, show_default=False, file_okay=False, exists=True)]
 EmbeddingsOpt = Annotated[bool, typer.Option(
     "--embeddings", help="Serve an embedding model: /v1/embeddings only.", rich_help_panel=SERVER_PANEL)]
 MaxBodySizeOpt = Annotated[str, typer.Option(

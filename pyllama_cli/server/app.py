@@ -17,7 +17,6 @@ import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.concurrency import run_in_threadpool
-from starlette.middleware.cors import CORSMiddleware
 
 from .. import __version__
 from ..core.serving.engine import BROKEN, Engine
@@ -28,7 +27,8 @@ from .auth import ApiKeyMiddleware
 from .errors import ERROR_TYPES, APIError, install_error_handlers, loading_error
 from .leases import LeaseMiddleware
 from .metrics import CONTENT_TYPE, Metrics, MetricsMiddleware
-from .middleware import BodyLimitMiddleware
+from .llama import routes as llama_routes
+from .middleware import BodyLimitMiddleware, CorsMiddleware
 from .models import ModelSet, ServedModel
 from .prepare import (
     message_dicts,
@@ -93,6 +93,7 @@ def create_app(models: ModelSet, settings: ServerSettings) -> FastAPI:
     app.state.settings = settings
     install_error_handlers(app)
     _add_routes(app, models)
+    llama_routes.add_routes(app)
     add_webui_routes(app, settings)
     app.state.metrics = Metrics(route.path for route in app.routes)
     # Added innermost first: metrics see every answer, CORS headers go on errors too.
@@ -100,9 +101,7 @@ def create_app(models: ModelSet, settings: ServerSettings) -> FastAPI:
     app.add_middleware(BodyLimitMiddleware, max_body_size=settings.max_body_size)
     if settings.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
-    if settings.cors_origins:
-        app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins), allow_methods=["*"],
-                           allow_headers=["*"])
+    app.add_middleware(CorsMiddleware, origins=settings.cors_origins)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     return app
 
@@ -203,16 +202,6 @@ def _add_utility_routes(app: FastAPI, models: ModelSet) -> None:
         _ready((await _named(models, request)).engine)
         return {"status": "ok"}
 
-    @app.get("/props", tags=["Server"])
-    async def props(request: Request) -> Any:
-        """llama-server's server properties: slots, context size, default sampling, model path, chat template."""
-        served = await _named(models, request)
-        engine, settings = _ready(served.engine), served.settings
-        template = await run_in_threadpool(engine.chat_template_text, settings.chat_template)
-        return {"default_generation_settings": {"n_ctx": engine.n_ctx, "params": _default_params(settings)},
-                "total_slots": len(engine.slot_states()), "model_path": str(engine.path),
-                "chat_template": template or "", "build_info": f"pyllama {__version__}"}
-
     @app.get("/metrics", response_class=PlainTextResponse, tags=["Server"])
     async def metrics() -> Any:
         """Prometheus text: requests, tokens, speeds, queue depth, errors."""
@@ -229,12 +218,6 @@ def _add_utility_routes(app: FastAPI, models: ModelSet) -> None:
         """Unload a model (router mode; once its running requests end)."""
         await models.unload(body.model)
         return {"success": True}
-
-    @app.get("/slots", tags=["Server"])
-    async def slots(request: Request) -> Any:
-        """Each slot's state (idle, prefill, generating), its cached, prompt and generated tokens, and the queue."""
-        engine = _ready((await _named(models, request)).engine)
-        return {"slots": engine.slot_states(), "queue": engine.stats().queue_depth}
 
     @app.post("/tokenize", response_model=TokenizeResponse, responses=ERRORS, tags=["Server"])
     async def tokenize(body: TokenizeRequest, request: Request) -> Any:
@@ -324,11 +307,3 @@ def _utf8_shaped(data: bytes) -> bool:
     return True
 
 
-def _default_params(settings: ServerSettings) -> dict[str, Any]:
-    """The sampling a request gets for the fields it leaves out, under llama-server's names."""
-    s = settings.sampling
-    return {"n_predict": settings.n_predict, "temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p,
-            "min_p": s.min_p, "typical_p": s.typical_p, "repeat_penalty": s.repeat_penalty,
-            "repeat_last_n": s.repeat_last_n, "presence_penalty": s.presence_penalty,
-            "frequency_penalty": s.frequency_penalty, "mirostat": s.mirostat, "mirostat_tau": s.mirostat_ent,
-            "mirostat_eta": s.mirostat_lr, "seed": s.seed, "ignore_eos": s.ignore_eos, "stop": list(settings.stop)}

@@ -81,6 +81,9 @@ _ENGINE_SERIES: list[tuple[str, str, str, Callable[[EngineStats], float]]] = [
      lambda s: _rate(s.prompt_tokens_evaluated, s.prompt_seconds)),
     ("generated_tokens_per_second", "gauge", "Average generation speed.",
      lambda s: _rate(s.generated_tokens, s.generation_seconds)),
+    ("draft_tokens_total", "counter", "Tokens drafted by speculative decoding.", lambda s: s.draft_tokens),
+    ("draft_tokens_accepted_total", "counter", "Drafted tokens the model accepted.",
+     lambda s: s.draft_tokens_accepted),
     ("embedding_inputs_total", "counter", "Inputs embedded.", lambda s: s.embedding_inputs),
 ]
 

@@ -1,10 +1,12 @@
-"""Request-body guard: refuse bodies over the size limit with 413 before they are parsed.
+"""Request guards: the body size limit (413 before parsing), and CORS for browser front ends.
 
 It also reads curl's default `application/x-www-form-urlencoded` (what `curl -d '{...}'` sends)
 as JSON, as llama-server does, so the common curl one-liner works.
 """
 
 from __future__ import annotations
+
+import re
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -80,3 +82,54 @@ def _replay(body: bytes, receive: Receive) -> Receive:
         return await receive()
 
     return replay
+
+
+# ---------------------------------------------------------------- CORS
+
+ANY_ORIGIN = "*"
+_LOOPBACK_ORIGIN = re.compile(r"^https?://(localhost|127\.0\.0\.1|\[::1\])(:[0-9]{1,5})?$", re.IGNORECASE)
+_PREFLIGHT_HEADERS = [(b"Access-Control-Allow-Methods", b"GET, POST, DELETE, OPTIONS"),
+                      (b"Access-Control-Allow-Headers", b"*"), (b"Access-Control-Max-Age", b"600")]
+
+
+def origin_allowed(origin: str, allowed: tuple[str, ...]) -> bool:
+    """Loopback origins (a local web front end) always; others when --cors-origin names them, or '*'."""
+    return ANY_ORIGIN in allowed or origin in allowed or bool(_LOOPBACK_ORIGIN.match(origin))
+
+
+class CorsMiddleware:
+    """Reflect an allowed request origin, with credentials, as llama-server does for every origin.
+
+    A preflight (OPTIONS with Access-Control-Request-Method) is answered here with 200; for an
+    origin that is not allowed the answer carries no CORS headers, so the browser refuses.
+    """
+
+    def __init__(self, app: ASGIApp, origins: tuple[str, ...]):
+        self.app = app
+        self.origins = origins
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        origin = headers.get(b"origin", b"").decode("latin-1")
+        allowed = bool(origin) and origin_allowed(origin, self.origins)
+        cors = [(b"Access-Control-Allow-Origin", origin.encode("latin-1")),
+                (b"Access-Control-Allow-Credentials", b"true"), (b"Vary", b"Origin")] if allowed else []
+        if scope["method"] == "OPTIONS" and b"access-control-request-method" in headers:
+            extra = cors + _PREFLIGHT_HEADERS if allowed else []
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [*extra, (b"content-length", b"0")]})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        if not cors:
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_cors(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), *cors]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_cors)

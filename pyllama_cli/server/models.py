@@ -133,7 +133,7 @@ class OneModel(ModelSet):
 
 def file_size(path: Path) -> int:
     """A model's bytes on disk, every part of a split model included."""
-    from ..core.model.catalog import split_part_names
+    from ..core.store.catalog import split_part_names
 
     parts = [path.with_name(name) for name in split_part_names(path.name)]
     return sum(p.stat().st_size for p in parts if p.exists())

@@ -16,6 +16,7 @@ from ..core.serving.engine import Engine
 from ..core.serving.jobs import GenerationJob, JobStream
 from ..core.constrain.tools import ToolPlan, may_be_call, parse_tool_calls
 from . import responses as r
+from .llama import chat as llama_chat
 from .prepare import PreparedChat
 from .sse import DONE, EventStream, TextEvents, error_event, event
 
@@ -64,7 +65,7 @@ async def collect_all(engine: Engine, jobs: list[GenerationJob], request: Reques
         watcher.cancel()
 
 
-async def _watch_disconnect(request: Request, running: Running) -> None:
+async def _watch_disconnect(request: Request, running: Running | _Together) -> None:
     while not await request.is_disconnected():
         await asyncio.sleep(DISCONNECT_POLL_S)
     running.cancel()
@@ -74,12 +75,36 @@ async def _watch_disconnect(request: Request, running: Running) -> None:
 
 
 async def chat_body(engine: Engine, prep: PreparedChat, model: str, request: Request) -> dict[str, Any]:
-    [answer] = await collect_all(engine, [prep.job], request)
-    calls = parse_tool_calls(answer.text, prep.tools) if prep.tools is not None else None
-    return r.chat_completion(r.Header.new("chatcmpl", model), answer, calls, prep.logprobs)
+    header = r.Header.new("chatcmpl", model)
+    answers = await collect_together(engine, llama_chat.choice_jobs(prep.job, prep.extras.n), request)
+    bodies = [r.chat_completion(header, answer, parse_tool_calls(answer.text, prep.tools) if prep.tools is not None
+                                else None, prep.logprobs) for answer in answers]
+    return llama_chat.whole_body(bodies, answers, prep.extras)
+
+
+async def collect_together(engine: Engine, jobs: list[GenerationJob], request: Request) -> list[r.Answer]:
+    """Run jobs at once (each on a slot of its own while there are enough), stopping them all if the
+    client disconnects meanwhile."""
+    together = _Together([engine.submit(job) for job in jobs])
+    watcher = asyncio.create_task(_watch_disconnect(request, together))
+    try:
+        return list(await asyncio.gather(*[collect(stream) for stream in together.streams]))
+    finally:
+        watcher.cancel()
+
+
+class _Together:
+    def __init__(self, streams: list[JobStream]):
+        self.streams = streams
+
+    def cancel(self) -> None:
+        for stream in self.streams:
+            stream.cancel()
 
 
 def chat_stream(engine: Engine, prep: PreparedChat, model: str, include_usage: bool) -> EventStream:
+    if prep.extras.n > 1:
+        return llama_chat.choices_stream(engine, prep, r.Header.new("chatcmpl", model), include_usage)
     running = Running()
     stream = running.start(engine, prep.job)
     return EventStream(_chat_events(stream, prep, r.Header.new("chatcmpl", model), include_usage),
@@ -90,16 +115,24 @@ async def _chat_events(stream: JobStream, prep: PreparedChat, header: r.Header,
                        include_usage: bool) -> AsyncIterator[bytes]:
     answer = r.Answer()
     held = _HeldForTools(prep.tools)
+    timer = llama_chat.StreamTimer()
     try:
-        yield event(r.chat_chunk(header, {"role": "assistant", "content": ""}))
+        yield event(r.chat_chunk(header, {"role": "assistant", "content": None}))
         content = TextEvents(r.chat_chunk(header, {"content": TextEvents.MARK}))
         async for ev in stream:
+            if ev.progress is not None:
+                yield event({**r.chat_chunk(header, {}), "choices": [], "prompt_progress": timer.progress(ev.progress)})
             answer.probs.extend(ev.probs)
             if ev.done and ev.stats is not None:
                 answer.stats = ev.stats
             for text, probs in held.feed(ev.text, ev.probs):
-                yield event(r.chat_chunk(header, {"content": text}, logprobs=r.chat_logprobs(probs))) \
-                    if prep.logprobs else content.event(text)
+                if prep.logprobs or prep.extras.timings_per_token:
+                    chunk = r.chat_chunk(header, {"content": text},
+                                         logprobs=r.chat_logprobs(probs) if prep.logprobs else None)
+                    yield event({**chunk, "timings": timer.token(len(ev.tokens))} if prep.extras.timings_per_token
+                                else chunk)
+                else:
+                    yield content.event(text)
         calls, rest = held.finish()
         if rest is not None:
             text, probs = rest
@@ -107,9 +140,11 @@ async def _chat_events(stream: JobStream, prep: PreparedChat, header: r.Header,
                                      logprobs=r.chat_logprobs(probs) if prep.logprobs else None))
         for delta in r.tool_call_deltas(calls or []):
             yield event(r.chat_chunk(header, delta))
-        yield event(r.chat_chunk(header, {}, finish="tool_calls" if calls else r.finish_reason(answer.stats)))
+        yield event({**r.chat_chunk(header, {}, finish="tool_calls" if calls else r.finish_reason(answer.stats)),
+                     "timings": r.timings([answer])})
         if include_usage:
-            yield event(r.usage_chunk(header, "chat.completion.chunk", [answer]))
+            yield event({**r.usage_chunk(header, "chat.completion.chunk", [answer]),
+                         "timings": llama_chat.timings(answer.stats)})
     except Exception as exc:  # noqa: BLE001 - the status line is gone; report in the stream, as OpenAI does
         yield error_event(exc)
     finally:
@@ -188,7 +223,8 @@ async def _completion_events(engine: Engine, jobs: list[GenerationJob], first: J
                 elif ev.text:
                     yield texts.event(ev.text)
             answers.append(answer)
-            yield event(r.text_chunk(header, index, "", finish=r.finish_reason(answer.stats)))
+            yield event({**r.text_chunk(header, index, "", finish=r.finish_reason(answer.stats)),
+                         "timings": r.timings([answer])})
         if include_usage:
             yield event(r.usage_chunk(header, "text_completion", answers))
     except Exception as exc:  # noqa: BLE001 - the status line is gone; report in the stream, as OpenAI does

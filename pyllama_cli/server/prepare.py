@@ -18,6 +18,7 @@ from ..core.generate.sampling import SamplingSettings
 from ..core.constrain.tools import ToolPlan, ToolsError, plan_tools, render_with_tools
 from ..errors import ContextOverflow, InputError
 from .errors import APIError
+from .llama.chat import ChatExtras, chat_shape, extras_of
 from .schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, GenerationFields
 from .settings import ServerSettings
 
@@ -29,24 +30,26 @@ class PreparedChat:
     job: GenerationJob
     tools: ToolPlan | None
     logprobs: bool
+    extras: ChatExtras = ChatExtras()  # llama-server's n, timings, verbose
 
 
 def prepare_chat(engine: Engine, settings: ServerSettings, req: ChatCompletionRequest) -> PreparedChat:
-    _check_n(req.n)
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs", code="invalid_value")
-    messages = message_dicts(req.messages)
+    shape = chat_shape(engine, req, message_dicts(req.messages))
     plan = plan_request_tools(req.tools, req.tool_choice, req.parallel_tool_calls is not False)
-    prompt = render_prompt(engine, settings, messages, plan)
+    prompt = render_prompt(engine, settings, shape.messages, plan, add_generation_prompt=shape.add_generation_prompt,
+                           template_kwargs=req.chat_template_kwargs) + shape.prefill
     ids = engine.tokenize(prompt, add_special=True, parse_special=True)
     grammar = _grammar(req, settings, plan)
     requested = _requested_tokens(req, req.max_completion_tokens)
     job = GenerationJob(
         prompt=tuple(ids), sampling=_sampling(req, settings, grammar, engine),
         max_tokens=_budget(requested, len(ids), engine, settings, "messages"), stop=_stops(req.stop, settings),
-        n_probs=(req.top_logprobs or 0) if req.logprobs else -1,
+        n_probs=(req.top_logprobs or 0) if req.logprobs else -1, id_slot=req.id_slot, cache_prompt=req.cache_prompt,
+        progress=req.return_progress,
     )
-    return PreparedChat(job, plan, bool(req.logprobs))
+    return PreparedChat(job, plan, bool(req.logprobs), extras_of(req, prompt))
 
 
 def prepare_completion(engine: Engine, settings: ServerSettings, req: CompletionRequest) -> list[GenerationJob]:
@@ -66,10 +69,12 @@ def prepare_completion(engine: Engine, settings: ServerSettings, req: Completion
 
 
 def render_prompt(engine: Engine, settings: ServerSettings, messages: list[dict[str, Any]],
-                  plan: ToolPlan | None) -> str:
+                  plan: ToolPlan | None, *, add_generation_prompt: bool = True,
+                  template_kwargs: dict[str, Any] | None = None) -> str:
     template_text = engine.chat_template_text(settings.chat_template)
-    return render_with_tools(lambda m, tools: engine.render_chat(m, tools=tools, template=settings.chat_template),
-                             messages, plan, template_text)
+    return render_with_tools(lambda m, tools: engine.render_chat(
+        m, tools=tools, template=settings.chat_template, add_generation_prompt=add_generation_prompt,
+        template_kwargs=template_kwargs), messages, plan, template_text)
 
 
 def message_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
@@ -173,6 +178,7 @@ def _budget(requested: int | None, n_prompt: int, engine: Engine, settings: Serv
         engine.check_fits(n_prompt)
     except ContextOverflow as exc:
         raise APIError(400, exc.message, param=param, code="context_length_exceeded",
+                       error_type="exceed_context_size_error",  # llama-server's type, which its clients test for
                        extra={"n_prompt_tokens": n_prompt, "n_ctx": engine.n_ctx}) from None
     room = engine.n_ctx - n_prompt
     if requested is None:

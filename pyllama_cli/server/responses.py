@@ -61,6 +61,31 @@ def usage(answers: list[Answer]) -> dict[str, Any]:
             "prompt_tokens_details": {"cached_tokens": sum(a.stats.n_cached for a in answers)}}
 
 
+def timings(answers: list[Answer]) -> dict[str, Any]:
+    """llama-server's `timings` object, with draft_n and draft_n_accepted when speculative decoding drafted."""
+    prompt_n = sum(a.stats.n_evaluated for a in answers)
+    prompt_ms = sum(a.stats.prompt_ms for a in answers)
+    predicted_n = sum(a.stats.n_generated for a in answers)
+    predicted_ms = sum(a.stats.generation_ms for a in answers)
+    body: dict[str, Any] = {
+        "cache_n": sum(a.stats.n_cached for a in answers),
+        "prompt_n": prompt_n, "prompt_ms": prompt_ms, "prompt_per_token_ms": _per(prompt_ms, prompt_n),
+        "prompt_per_second": _per(prompt_n * 1000, prompt_ms),
+        "predicted_n": predicted_n, "predicted_ms": predicted_ms,
+        "predicted_per_token_ms": _per(predicted_ms, predicted_n),
+        "predicted_per_second": _per(predicted_n * 1000, predicted_ms),
+    }
+    drafted = sum(a.stats.n_drafted for a in answers)
+    if drafted:
+        body["draft_n"] = drafted
+        body["draft_n_accepted"] = sum(a.stats.n_draft_accepted for a in answers)
+    return body
+
+
+def _per(a: float, b: float) -> float:
+    return a / b if b else 0.0
+
+
 def _text(piece: bytes) -> str:
     return piece.decode("utf-8", errors="replace")
 
@@ -83,7 +108,8 @@ def chat_completion(header: Header, answer: Answer, tool_calls: list[dict[str, A
         message["tool_calls"] = tool_calls
     choice = {"index": 0, "message": message, "logprobs": chat_logprobs(answer.probs) if logprobs else None,
               "finish_reason": "tool_calls" if tool_calls else finish_reason(answer.stats)}
-    return {**header.fields("chat.completion"), "choices": [choice], "usage": usage([answer])}
+    return {**header.fields("chat.completion"), "choices": [choice], "usage": usage([answer]),
+            "timings": timings([answer])}
 
 
 def chat_chunk(header: Header, delta: dict[str, Any], *, finish: str | None = None,
@@ -98,7 +124,7 @@ def tool_call_deltas(tool_calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def usage_chunk(header: Header, obj: str, answers: list[Answer]) -> dict[str, Any]:
-    return {**header.fields(obj), "choices": [], "usage": usage(answers)}
+    return {**header.fields(obj), "choices": [], "usage": usage(answers), "timings": timings(answers)}
 
 
 # ---------------------------------------------------------------- text completions
@@ -126,7 +152,7 @@ def text_choice(index: int, answer: Answer, logprobs: bool) -> dict[str, Any]:
 
 def text_completion(header: Header, answers: list[Answer], logprobs: bool) -> dict[str, Any]:
     return {**header.fields("text_completion"), "choices": [text_choice(i, a, logprobs) for i, a in enumerate(answers)],
-            "usage": usage(answers)}
+            "usage": usage(answers), "timings": timings(answers)}
 
 
 def text_chunk(header: Header, index: int, text: str, *, finish: str | None = None,

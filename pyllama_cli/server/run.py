@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..console import err
-from ..core.model.servers import register_server
+from ..console import err, warn
+from ..core.store.servers import register_server
 from ..core.model.settings import LoadSettings
 from ..errors import Interrupted, ModelLoadError, PyllamaError, ServerShutdown, UsageError
 
@@ -36,6 +36,33 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+def listen_all(hosts: str, port: int) -> list[socket.socket]:
+    """Bind each address of a comma-separated --host ("127.0.0.1,::1"), all on one port: with --port 0,
+    the port the first one got."""
+    socks: list[socket.socket] = []
+    try:
+        for host in [h.strip() for h in hosts.split(",") if h.strip()] or [hosts]:
+            socks.append(listen(host, socks[0].getsockname()[1] if socks else port))
+    except BaseException:
+        for sock in socks:
+            sock.close()
+        raise
+    return socks
+
+
+def listen_for(hosts: str, port: int, settings: Any) -> list[socket.socket]:
+    """Bind every --host address before anything loads, and say on stderr what an open server allows."""
+    if "*" in settings.cors_origins:
+        warn("--cors-origin '*': any web page a browser opens may call this server with the browser's "
+             "credentials and read its answers")
+    socks = listen_all(hosts, port)
+    for sock in socks:
+        if not settings.api_key and not is_loopback(sock):
+            warn(f"{url(sock)} is reachable from other machines and there is no --api-key: anyone who can "
+                 "reach it can use the model")
+    return socks
+
+
 def is_loopback(sock: socket.socket) -> bool:
     host = sock.getsockname()[0]
     try:
@@ -50,7 +77,7 @@ def url(sock: socket.socket) -> str:
 
 
 def make_engine(path: Path, load: LoadSettings, embeddings: bool, parallel: int, kv_unified: bool,
-                **callbacks: Any) -> Any:
+                speculative: Any = None, **callbacks: Any) -> Any:
     """Embeddings run one input at a time; generation runs on the continuous-batching slots."""
     if embeddings:
         from ..core.serving.embedding_engine import EmbeddingEngine
@@ -58,12 +85,12 @@ def make_engine(path: Path, load: LoadSettings, embeddings: bool, parallel: int,
         return EmbeddingEngine(path, load, **callbacks)
     from ..core.serving.scheduler import ParallelEngine
 
-    return ParallelEngine(path, load, n_slots=parallel, kv_unified=kv_unified, **callbacks)
+    return ParallelEngine(path, load, n_slots=parallel, kv_unified=kv_unified, speculative=speculative, **callbacks)
 
 
-def serve(sock: socket.socket, path: Path, load: LoadSettings, settings: Any, *, embeddings: bool, parallel: int,
-          kv_unified: bool) -> None:
-    """Serve on `sock` until SIGTERM or Ctrl-C; the socket is closed on return.
+def serve(sock: socket.socket | list[socket.socket], path: Path, load: LoadSettings, settings: Any, *,
+          embeddings: bool, parallel: int, kv_unified: bool) -> None:
+    """Serve on `sock` (or each of several) until SIGTERM or Ctrl-C; the sockets are closed on return.
 
     Raises:
         ModelLoadError (or the engine's own PyllamaError): the model could not be loaded.
@@ -76,7 +103,8 @@ def serve(sock: socket.socket, path: Path, load: LoadSettings, settings: Any, *,
     from .models import OneModel
 
     fix_mmap_threshold()  # before the first request: big request bodies must not grow the heap for good
-    address = url(sock)
+    socks = sock if isinstance(sock, list) else [sock]
+    address = url(socks[0])
     server: uvicorn.Server
 
     def on_ready(engine: Any) -> None:
@@ -87,7 +115,8 @@ def serve(sock: socket.socket, path: Path, load: LoadSettings, settings: Any, *,
     def on_failure(_: BaseException) -> None:
         server.should_exit = True
 
-    engine = make_engine(path, load, embeddings, parallel, kv_unified, on_ready=on_ready, on_failure=on_failure)
+    engine = make_engine(path, load, embeddings, parallel, kv_unified, settings.speculative,
+                         on_ready=on_ready, on_failure=on_failure)
     if load.rpc and hasattr(engine, "break_down"):
         _survive_dead_rpc_servers(engine)
     app = create_app(OneModel(engine, settings), settings)
@@ -95,13 +124,15 @@ def serve(sock: socket.socket, path: Path, load: LoadSettings, settings: Any, *,
     server = server_class()(config)
     server.grace = settings.limits.shutdown_grace
     server.on_stop = lambda: engine.cancel_all(ServerShutdown())
-    err().print(f"pyllama serve: listening on {address} - loading {path.name} (/health answers 503 until ready)",
+    listening = ", ".join(url(s) for s in socks)
+    err().print(f"pyllama serve: listening on {listening} - loading {path.name} (/health answers 503 until ready)",
                 markup=False, highlight=False)
     try:
         with register_server(address, api_key_required=bool(settings.api_key)):  # `pyllama rm` asks what it has loaded
-            server.run(sockets=[sock])
+            server.run(sockets=socks)
     finally:
-        sock.close()
+        for s in socks:
+            s.close()
     _raise_for_stop(engine, server, path)
 
 
@@ -141,9 +172,10 @@ def uvicorn_config(app: Any, limits: Any, *, verbose: bool) -> Any:
     import uvicorn
 
     from .limits import guarded_protocol
+    from .llama.header_case import with_header_case
 
     return uvicorn.Config(app, log_level="info" if verbose else "warning", access_log=verbose, log_config=log_config(),
-                          http=guarded_protocol(limits), timeout_keep_alive=limits.keep_alive_timeout,
+                          http=with_header_case(guarded_protocol(limits)), timeout_keep_alive=limits.keep_alive_timeout,
                           timeout_graceful_shutdown=limits.shutdown_grace + CUT_WRITE_S, lifespan="on")
 
 

@@ -138,6 +138,16 @@ class ChatCompletionRequest(GenerationFields):
     # Declared so that a value of the wrong type is refused. Not enforced: an answer carries the calls the
     # model writes (the forced-call grammar writes one).
     parallel_tool_calls: bool | None = None
+    # llama-server's (and vLLM's) extras: see server/llama/chat.py.
+    n: int | None = Field(default=1, ge=1, le=16, description="Choices to generate (up to 16).")
+    add_generation_prompt: bool | None = None
+    continue_final_message: bool | None = Field(default=None, description="Continue the last (assistant) message.")
+    chat_template_kwargs: dict[str, Any] | None = Field(default=None, description="Extra variables for the template.")
+    timings_per_token: bool = False
+    return_progress: bool = False
+    verbose: bool = False
+    id_slot: int = Field(default=-1, ge=-1)
+    cache_prompt: bool = True
 
 
 class CompletionRequest(GenerationFields):

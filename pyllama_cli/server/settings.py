@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ..core.generate.sampling import SamplingSettings
+from ..core.generate.speculative import SpeculativeSettings
 
 DEFAULT_MAX_BODY_SIZE = 8 * 1024 * 1024
 
@@ -40,3 +42,5 @@ class ServerSettings:
     chat_template: str | None = None  # NAME|FILE|JINJA override of the model's template
     webui: bool = True  # serve the chat page at GET /
     limits: ServerLimits = field(default_factory=ServerLimits)
+    speculative: SpeculativeSettings = field(default_factory=SpeculativeSettings)  # --spec-type, -md
+    slot_save_path: Path | None = None  # where /slots/ID?action=save|restore files live (None: off)

@@ -8,6 +8,7 @@
 - `one_shot`: `pyllama complete`'s prompt handling and prompt cache use.
 - `prompt_cache`: `--prompt-cache FILE` on disk.
 - `conversation`: a chat conversation and the engine that answers it.
+- `speculative`: `--spec-type`/`-md`: drafters and the check of a draft in one batch.
 
 May import: `core.constrain`, `core.text`, `core.model`, `core.paths`, `core.interrupt`, `pyllama_cli.errors`.
 """

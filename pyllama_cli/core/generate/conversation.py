@@ -219,12 +219,13 @@ class ChatEngine:
         template_name: a short name for banners (`chatml`, `model (GGUF)`, a file name).
     """
 
-    def __init__(self, model: Any, ctx: Any, template: str, template_name: str):
+    def __init__(self, model: Any, ctx: Any, template: str, template_name: str, speculation: Any = None):
         self.model = model
         self.ctx = ctx
         self.template = template
         self.template_name = template_name
-        self.generator = Generator(model, ctx)
+        self.generator = Generator(model, ctx, speculation)
+        self.speculation = speculation  # closed with the engine (a draft model's context)
         self.bos_text = _token_text(model, model.bos)
         self.eos_text = _token_text(model, model.eos)
         self.turn_end = TURN_END_MARKERS.get(template_name, ())
@@ -236,6 +237,9 @@ class ChatEngine:
 
     def close(self) -> None:
         self.generator.close()
+        if self.speculation is not None:
+            self.speculation.close()
+            self.speculation = None
 
     @property
     def n_ctx(self) -> int:
@@ -318,7 +322,8 @@ class ChatEngine:
         }
 
 
-def open_chat_engine(session: Any, settings: Any, template_override: str | None = None) -> ChatEngine:
+def open_chat_engine(session: Any, settings: Any, template_override: str | None = None,
+                     speculative: Any = None) -> ChatEngine:
     """A ChatEngine over a model session (template: the override, else the GGUF's), in a context made
     for it that the session owns and frees.
 
@@ -335,7 +340,13 @@ def open_chat_engine(session: Any, settings: Any, template_override: str | None 
 
     text, name = resolve_template(session.model.chat_template(), template_override)
     check_template(text)
-    return ChatEngine(session.model, session.open_context(settings), text, name)
+    ctx = session.open_context(settings)
+    speculation = None
+    if speculative is not None:
+        from .speculative import open_speculation
+
+        speculation = open_speculation(speculative, settings, session.model, n_ctx_seq=ctx.n_ctx)
+    return ChatEngine(session.model, ctx, text, name, speculation)
 
 
 def _token_text(model: Any, token: int) -> str:

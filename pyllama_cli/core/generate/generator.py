@@ -5,28 +5,33 @@ prompt that starts like the previous one evaluates only the new tokens (chat tur
 `stream()` yields text as it is produced: UTF-8 sequences are never split, stop strings are never
 emitted (text that might begin one is held back until it is decided), and the statistics of the
 run are in `Generator.stats` when the iterator ends. What ends a generation is decided in
-`decide.py`, which the server's parallel scheduler uses too.
+`decide.py`, which the server's parallel scheduler uses too. With speculative decoding
+(`speculative.py`), each step evaluates the last token with a draft of the next ones.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 from ...errors import ContextOverflow
 from ..model.native import Batch, Context, Model
 from .decide import STOP_CONTEXT, STOP_INTERRUPTED, Turn, reusable_prefix
 from .sampling import Sampler, SamplingSettings
+from .speculative import Speculation, Verified, draft_room, safe_draft, verify
 from .stats import GenerationStats
 
 
 class Generator:
     """Generates from one model/context pair, keeping the KV cache between calls."""
 
-    def __init__(self, model: Model, ctx: Context):
+    def __init__(self, model: Model, ctx: Context, speculation: Speculation | None = None):
         self.model = model
         self.ctx = ctx
         self.cached: list[int] = []  # tokens whose keys/values sit in sequence 0
+        self.speculation = speculation
+        self.drafter = speculation.drafter(0) if speculation is not None else None
         self.batch = Batch(max(ctx.n_batch, 1))
         self.stats = GenerationStats()
 
@@ -109,27 +114,72 @@ class Generator:
 
     def _token_loop(self, turn: Turn, sampler: Sampler, stop_flag: Callable[[], bool],
                     on_token: Callable[[int], None] | None) -> Iterator[str]:
-        ctx, batch = self.ctx, self.batch
-        while (reason := turn.stop_before_sampling(stop_flag())) is None:
+        ctx = self.ctx
+        if (reason := turn.stop_before_sampling(stop_flag())) is None:
             token = sampler.sample(ctx, -1)
-            if not turn.stats.n_generated:
-                turn.generation_started = time.perf_counter()  # generation time runs from the first token
+            turn.generation_started = time.perf_counter()  # generation time runs from the first token
             accepted = turn.accept(token, len(self.cached))
             if accepted.counted and on_token is not None:
                 on_token(token)
             if accepted.text:
                 yield accepted.text
-            if (reason := accepted.stop) is not None and reason != STOP_CONTEXT:
-                break
-            batch.clear()
-            batch.add(token, len(self.cached), (0,), True)
-            ctx.decode(batch)
-            self.cached.append(token)
-            if reason is not None:  # the token took the context's last position: the conversation keeps it
-                break
+            reason = accepted.stop
+            while reason is None:
+                if (reason := turn.stop_before_sampling(stop_flag())) is not None:
+                    break
+                # `token` is sampled, not evaluated: evaluate it (with a draft of what follows) and sample on.
+                texts: list[str] = []
+                result = self._step(turn, sampler, token, texts, stop_flag, on_token)
+                yield from texts
+                token, reason = result.token, result.stop
+                if result.evaluated:  # a drafted token filled the context: it is in the KV cache already
+                    break
+            else:
+                if reason == STOP_CONTEXT:  # the token took the context's last position: the conversation keeps it
+                    self._evaluate(token, [])
         tail = turn.finish(reason)
         if tail:
             yield tail
+
+    def _step(self, turn: Turn, sampler: Sampler, token: int, texts: list[str], stop_flag: Callable[[], bool],
+              on_token: Callable[[int], None] | None) -> Verified:
+        """Evaluate `token` and any draft after it, and sample until the model disagrees with the draft."""
+        position = len(self.cached)
+        drafts = self._draft(turn, token, position)
+        self._evaluate(token, drafts)
+
+        def emit(accepted: Any, sampled: int, _index: int) -> None:
+            if accepted.counted and on_token is not None:
+                on_token(sampled)
+            if accepted.text:
+                texts.append(accepted.text)
+
+        result = verify(turn, lambda i: sampler.sample(self.ctx, i), 0, position, drafts, emit, stop_flag)
+        if drafts:
+            self.drafter.feedback(len(drafts), result.accepted)  # type: ignore[union-attr]
+            turn.stats.n_drafted += len(drafts)
+            turn.stats.n_draft_accepted += result.accepted
+            kept = position + 1 + result.kept
+            self.ctx.remove_tokens(0, kept, -1)  # what the model did not agree with leaves the KV cache
+            del self.cached[kept:]
+        return result
+
+    def _draft(self, turn: Turn, token: int, position: int) -> list[int]:
+        if self.drafter is None:
+            return []
+        spec = self.speculation.settings  # type: ignore[union-attr]
+        room = draft_room(turn, position, self.ctx.n_ctx, min(spec.n_max, self.ctx.n_batch - 1))  # one decode
+        drafts = safe_draft(self.drafter, [*self.cached, token], room) if room > 0 else []
+        return drafts if len(drafts) >= max(spec.n_min, 1) else []
+
+    def _evaluate(self, token: int, drafts: list[int]) -> None:
+        """Decode `token` and the drafted tokens after it, each with its logits."""
+        batch, position = self.batch, len(self.cached)
+        batch.clear()
+        for k, t in enumerate([token, *drafts]):
+            batch.add(t, position + k, (0,), True)
+        self.ctx.decode(batch)
+        self.cached.extend([token, *drafts])
 
 
 def _next_pow2(n: int) -> int:

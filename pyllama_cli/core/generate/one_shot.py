@@ -174,13 +174,13 @@ class OneShot:
     """One completion run over a loaded model and a fresh context."""
 
     def __init__(self, model: Model, ctx: Context, request: OneShotRequest,
-                 warn: Callable[[str], None] = lambda _: None):
+                 warn: Callable[[str], None] = lambda _: None, speculation: Any = None):
         self.model = model
         self.ctx = ctx
         self.request = request
         self.warn = warn
         self.report = OneShotReport()
-        self.generator = Generator(model, ctx)
+        self.generator = Generator(model, ctx, speculation)
         self.text = prompt_text(model, request)
         ids = tokenize_prompt(model, self.text)
         self.tokens, self.report.truncated = fit_prompt(ids, ctx.n_ctx, request.n_predict, request.truncate,

@@ -15,7 +15,14 @@ class GenerationStats:
     ttft_ms: float = 0.0  # from the start of the call to the first generated token
     stop_reason: str = ""
     seed: int = -1
+    id_slot: int = -1  # the server slot that ran it (-1: none)
     tokens: list[int] = field(default_factory=list)
+    n_drafted: int = 0  # tokens speculative decoding proposed (llama-server's draft_n)
+    n_draft_accepted: int = 0  # of those, the ones the model agreed with (draft_n_accepted)
+
+    @property
+    def draft_acceptance(self) -> float:
+        return self.n_draft_accepted / self.n_drafted if self.n_drafted else 0.0
 
     @property
     def n_evaluated(self) -> int:
@@ -38,4 +45,6 @@ class GenerationStats:
             "generated_tokens": self.n_generated, "generation_ms": round(self.generation_ms, 3),
             "generation_tps": round(self.generation_tps, 3), "ttft_ms": round(self.ttft_ms, 3),
             "stop_reason": self.stop_reason, "seed": self.seed,
+            "draft_tokens": self.n_drafted, "draft_accepted": self.n_draft_accepted,
+            "draft_acceptance": round(self.draft_acceptance, 4),
         }

@@ -25,8 +25,8 @@ from ...errors import (
 )
 from ..gguf.reader import read_gguf
 from ..gguf.vocab_check import check_vocab
-from .catalog import SPLIT_PART as _SPLIT
-from .catalog import cached_models, current_revision, hub_cache_dir, quant_in_name, repo_files, scan_hub_cache
+from ..store.catalog import SPLIT_PART as _SPLIT
+from ..store.catalog import cached_models, current_revision, hub_cache_dir, quant_in_name, repo_files, scan_hub_cache
 
 __all__ = ["hub_cache_dir"]  # also imported from here by the completion tests
 
@@ -303,7 +303,7 @@ def _quiet_hub_logging() -> None:
 
 
 def _download(repo: str, filename: str, token: str | None, tqdm_class: Any) -> Path:
-    from .download import download_to_cache
+    from ..store.download import download_to_cache
 
     _quiet_hub_logging()
     with _hub_errors(repo, filename):

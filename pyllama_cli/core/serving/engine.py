@@ -138,7 +138,8 @@ class Engine(ABC):
         return resolve_template(self.model.chat_template(), override)[0]
 
     def render_chat(self, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None,
-                    template: str | None = None, add_generation_prompt: bool = True) -> str:
+                    template: str | None = None, add_generation_prompt: bool = True,
+                    template_kwargs: dict[str, Any] | None = None) -> str:
         """The prompt a chat template makes of `messages`, as llama-server makes it: a leading BOS text
         (or trailing EOS text) that tokenizing adds anyway is dropped, as its Jinja path drops it; a
         built-in template's leading BOS text always, as llama.cpp's built-ins never write one."""
@@ -146,7 +147,7 @@ class Engine(ABC):
         from ..text.tokenizer import drop_added_specials
 
         prompt = render_chat(self.model, messages, template=template, add_generation_prompt=add_generation_prompt,
-                             tools=tools)
+                             tools=tools, template_kwargs=template_kwargs)
         return drop_added_specials(self.model, prompt, builtin_template=template in BUILTIN_TEMPLATES)
 
     def is_eog(self, token: int) -> bool:

@@ -27,13 +27,22 @@ from ..interrupt import StopFlag
 
 @dataclass(frozen=True)
 class GenerationJob:
-    """Generate from `prompt` (token ids); `n_probs` -1 = no logprobs, k >= 0 = the chosen token's and k others."""
+    """Generate from `prompt` (token ids); `n_probs` -1 = no logprobs, k >= 0 = the chosen token's and k others.
+
+    llama-server's per-request choices: `id_slot` (>= 0) runs the job on that slot only; without
+    `cache_prompt` no cached prefix is reused; `progress` sends prompt-evaluation progress events;
+    `post_sampling` reports probabilities after the sampler chain's cuts, not raw ones.
+    """
 
     prompt: tuple[int, ...]
     sampling: SamplingSettings
     max_tokens: int
     stop: tuple[str, ...] = ()
     n_probs: int = -1
+    id_slot: int = -1
+    cache_prompt: bool = True
+    progress: bool = False
+    post_sampling: bool = False
 
 
 @dataclass(frozen=True)
@@ -55,10 +64,16 @@ class TokenProb:
 
 @dataclass
 class Event:
-    """A piece of a job's answer. The last event of a job has `done` set (and `stats` or `embeddings`)."""
+    """A piece of a job's answer. The last event of a job has `done` set (and `stats` or `embeddings`).
+
+    `tokens` are the ids generated since the last event; `progress` is (prompt tokens, cached,
+    evaluated so far) while the prompt is evaluated, for jobs that asked for it.
+    """
 
     text: str = ""
     probs: list[TokenProb] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    progress: tuple[int, int, int] | None = None
     done: bool = False
     stats: GenerationStats | None = None
     embeddings: list[np.ndarray] | None = None
@@ -156,6 +171,8 @@ class EngineStats:
     generated_tokens: int = 0
     generation_seconds: float = 0.0
     embedding_inputs: int = 0
+    draft_tokens: int = 0  # tokens speculative decoding drafted
+    draft_tokens_accepted: int = 0  # of those, the ones the model agreed with
     queue_depth: int = 0  # jobs waiting for the worker
     processing: int = 0  # jobs being worked on
 
@@ -166,6 +183,8 @@ class EngineStats:
         self.prompt_seconds += gen.prompt_ms / 1000
         self.generated_tokens += gen.n_generated
         self.generation_seconds += gen.generation_ms / 1000
+        self.draft_tokens += gen.n_drafted
+        self.draft_tokens_accepted += gen.n_draft_accepted
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,11 @@ next prompt chunk of slots still evaluating their prompt beside the last sampled
 that are generating — and calls llama_decode once for it. A request that arrives while others
 generate starts at the next step instead of waiting for them (llama-server's design, `-np N`).
 
+With speculative decoding (--spec-type), each generating slot drafts on its own: its last token
+and its draft go into the same batch with logits at every position, and the slot samples along
+its draft until the model disagrees (`speculative.verify`); the rest leaves its KV cache. A slot
+with nothing to draft adds one token, as without speculation.
+
 Requests beyond N wait in a FIFO queue. A new request goes to the idle slot whose cached tokens
 share the longest prefix with its prompt, and only the rest of the prompt is evaluated.
 The HTTP layer only submits jobs and reads `JobStream`s; it never touches llama.cpp.
@@ -18,17 +23,20 @@ import contextvars
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
 from ...errors import ContextOverflow, InputError, ServerShutdown
 from ..generate.decide import STOP_INTERRUPTED, Turn, common_prefix, reusable_prefix
+from ..generate.speculative import SpeculativeSettings, verify
 from ..generate.stats import GenerationStats
 from .engine import BROKEN, CLOSED, READY, Engine
 from .jobs import EmbeddingJob, EngineStats, Event, GenerationJob, JobStream, ModelSummary
-from .slots import GENERATING, IDLE, PREFILL, PaddingTrial, Slot
+from .post_sampling import post_sampling_prob
+from .slots import GENERATING, IDLE, PREFILL, PaddingTrial, Slot, plan_drafts
 # How long a step may wait for a request that reached the server but is not submitted yet.
 ARRIVAL_WAIT_S = 0.003
 
@@ -48,8 +56,11 @@ _ARRIVING: contextvars.ContextVar[_Arrival | None] = contextvars.ContextVar("pyl
 class ParallelEngine(Engine):
     """N slots, one context, one scheduler thread doing continuous batching."""
 
-    def __init__(self, *args: Any, n_slots: int = 1, kv_unified: bool = False, **kwargs: Any):
+    def __init__(self, *args: Any, n_slots: int = 1, kv_unified: bool = False,
+                 speculative: SpeculativeSettings | None = None, **kwargs: Any):
         super().__init__(*args, **kwargs)
+        self.speculative = speculative
+        self._speculation: Any = None
         if n_slots < 1:
             raise InputError(f"--parallel must be at least 1, got {n_slots}")
         self.n_slots = n_slots
@@ -68,6 +79,7 @@ class ParallelEngine(Engine):
         self._arrivals: set[_Arrival] = set()  # requests on their way to submit (guarded by _cond)
         self._pad: tuple[Slot, int] | None = None  # (idle slot, position) of this step's throwaway token
         self._timing_padding = False  # whether this step is one of PaddingTrial's
+        self._slot_tasks: list[tuple[int, Callable[[Any, Slot], Any], Future[Any]]] = []  # guarded by _cond
 
     # ---------------------------------------------------------------- Engine interface
 
@@ -127,6 +139,24 @@ class ParallelEngine(Engine):
         with self._cond:
             return [slot.describe() for slot in self.slots]
 
+    def on_idle_slot(self, slot_id: int, action: Callable[[Any, Slot], Any]) -> Future[Any]:
+        """Run `action(context, slot)` on the scheduler thread once slot `slot_id` is idle (llama-server's
+        slot save, restore and erase); the future holds its result or error."""
+        future: Future[Any] = Future()
+        with self._cond:
+            self._slot_tasks.append((slot_id, action, future))
+            self._cond.notify()
+        return future
+
+    def _run_slot_tasks(self) -> None:
+        for task in [t for t in self._slot_tasks if self.slots[t[0]].state == IDLE]:
+            self._slot_tasks.remove(task)
+            slot_id, action, future = task
+            try:
+                future.set_result(action(self._ctx, self.slots[slot_id]))
+            except Exception as exc:  # noqa: BLE001 - the route answers with it
+                future.set_exception(exc)
+
     def cancel_all(self, reason: BaseException | None = None) -> None:
         with self._cond:
             for stream in [*(slot.stream for slot in self.slots), *self._queue]:
@@ -165,15 +195,26 @@ class ParallelEngine(Engine):
 
         # -c (or the model's training context) is shared by the slots.
         session = self._open_session({"n_seq_max": self.n_slots, "kv_unified": self.kv_unified})
-        try:
-            self._batch = Batch(max(session.ctx.n_batch, self.n_slots), n_seq_max=1)
-        except BaseException:
-            session.close()
-            raise
         self.session, self._ctx = session, session.ctx
         # Without a unified cache each sequence gets an equal share of the context, as llama-server does.
         self.n_ctx_slot = self._ctx.n_ctx if self.kv_unified else self._ctx.n_ctx // self.n_slots
+        try:
+            self._batch = Batch(max(session.ctx.n_batch, self.n_slots), n_seq_max=1)
+            self._open_speculation()
+        except BaseException:
+            session.close()
+            raise
         self.summary = ModelSummary.of(self.path, session.model, self._ctx, n_ctx=self.n_ctx_slot, embeddings=False)
+
+    def _open_speculation(self) -> None:
+        from ..generate.speculative import open_speculation
+
+        if self.speculative is None:
+            return
+        self._speculation = open_speculation(self.speculative, self.settings, self.session.model,
+                                             n_ctx_seq=self.n_ctx_slot, n_seq=self.n_slots, kv_unified=self.kv_unified)
+        for slot in self.slots:
+            slot.drafter = self._speculation.drafter(slot.id) if self._speculation is not None else None
 
     def _unload(self) -> None:
         for slot in self.slots:
@@ -184,15 +225,19 @@ class ParallelEngine(Engine):
             self._queue.popleft().put(Event(error=ServerShutdown(), done=True))
         if self._batch is not None:
             self._batch.close()
+        if self._speculation is not None:
+            self._speculation.close()
         # The session (context and model) is freed by close(): vocabulary helpers may still be in use.
 
     def _work(self) -> None:
         while True:
             with self._cond:
-                while not self._stopping and not self._queue and all(s.state == IDLE for s in self.slots):
+                while (not self._stopping and not self._queue and not self._slot_tasks
+                       and all(s.state == IDLE for s in self.slots)):
                     self._cond.wait()
                 if self._stopping:
                     return
+                self._run_slot_tasks()
                 self._assign_waiting()
                 self._wait_for_arrivals()
             self._drop_cancelled()
@@ -203,7 +248,9 @@ class ParallelEngine(Engine):
     # ---- admission
 
     def _assign_waiting(self) -> None:
-        """Give queued requests (in arrival order) to idle slots, best prefix match first."""
+        """Give queued requests (in arrival order) to idle slots, best prefix match first; a request
+        for a slot that is busy (llama-server's id_slot) waits for it without holding up the others."""
+        held: list[JobStream] = []
         while self._queue:
             idle = [s for s in self.slots if s.state == IDLE]
             if not idle:
@@ -213,6 +260,12 @@ class ParallelEngine(Engine):
                 stream.put(Event(done=True, stats=GenerationStats(stop_reason=STOP_INTERRUPTED)))
                 self._stats.jobs_cancelled += 1
                 continue
+            wanted = getattr(stream.job, "id_slot", -1)
+            if wanted >= 0:
+                idle = [s for s in idle if s.id == wanted]
+                if not idle:
+                    held.append(stream)
+                    continue
             prompt = list(stream.job.prompt)  # type: ignore[union-attr]
             slot = max(idle, key=lambda s: (common_prefix(s.cached, prompt), -self._runs_with(s),
                                             -s.requests_served, -s.id))
@@ -222,6 +275,7 @@ class ParallelEngine(Engine):
                 self._release(slot)
                 stream.put(Event(error=exc, done=True))
                 self._stats.jobs_failed += 1
+        self._queue.extendleft(reversed(held))
         self._stats.queue_depth = len(self._queue)
 
     def _runs_with(self, candidate: Slot) -> int:
@@ -251,16 +305,19 @@ class ParallelEngine(Engine):
                                   hint="shorten the prompt, or restart with a larger -c/--ctx-size or fewer --parallel")
         job: GenerationJob = stream.job  # type: ignore[assignment]
         slot.sampler = Sampler(self.model, job.sampling)
-        reuse = reusable_prefix(slot.cached, prompt)
+        reuse = reusable_prefix(slot.cached, prompt) if job.cache_prompt else 0
         self._ctx.remove_tokens(slot.id, reuse, -1)
         slot.cached = prompt[:reuse]
         slot.pending = prompt[reuse:]
         slot.stream, slot.state = stream, PREFILL
-        slot.stats = GenerationStats(n_prompt=len(prompt), n_cached=reuse, seed=slot.sampler.settings.seed)
+        slot.stats = GenerationStats(n_prompt=len(prompt), n_cached=reuse, seed=slot.sampler.settings.seed,
+                                     id_slot=slot.id)
         settings = slot.sampler.settings
         slot.turn = Turn(self.model, max_tokens=job.max_tokens, stop=job.stop, n_ctx=self.n_ctx_slot,
                          ignore_eos=settings.ignore_eos, grammar=bool(settings.grammar), stats=slot.stats)
         slot.batch_index = -1
+        if job.progress:
+            self._post(stream, Event(progress=(len(prompt), reuse, reuse)))
 
     # ---- one step
 
@@ -281,6 +338,7 @@ class ParallelEngine(Engine):
         batch = self._batch
         batch.clear()
         room = self._ctx.n_batch - sum(slot.state == GENERATING for slot in self.slots)
+        room -= plan_drafts(self.slots, self.speculative, self.n_ctx_slot, room)
         candidate = self._pad_candidate()
         self._timing_padding = candidate is not None and self._padding.decision is None
         pad_slot = candidate if candidate is not None and self._padding.choose() else None
@@ -292,8 +350,9 @@ class ParallelEngine(Engine):
                 batch.add(0, len(slot.cached), (slot.id,), False)
             elif slot.state == GENERATING:
                 slot.batch_index, slot.in_batch = batch.n_tokens, True
-                batch.add(slot.last_token, len(slot.cached), (slot.id,), True)
-                slot.cached.append(slot.last_token)
+                for token in [slot.last_token, *slot.drafts]:
+                    batch.add(token, len(slot.cached), (slot.id,), True)
+                    slot.cached.append(token)
             elif slot.state == PREFILL and room > 0:
                 chunk, slot.pending = slot.pending[:room], slot.pending[room:]
                 room -= len(chunk)
@@ -313,7 +372,8 @@ class ParallelEngine(Engine):
         if self.kv_unified or self._padding.decision is False:  # nothing to pad, or to time
             return None
         busy = [slot for slot in self.slots if slot.state != IDLE]
-        if len(busy) % 4 != 3 or any(slot.state == PREFILL and len(slot.pending) != 1 for slot in busy):
+        if len(busy) % 4 != 3 or any(slot.drafts for slot in busy) \
+                or any(slot.state == PREFILL and len(slot.pending) != 1 for slot in busy):
             return None
         idle = [slot for slot in self.slots if slot.state == IDLE and len(slot.cached) < self.n_ctx_slot - 1]
         return min(idle, key=self._runs_with) if idle else None
@@ -342,6 +402,9 @@ class ParallelEngine(Engine):
         if self._timing_padding:
             self._padding.record(self._pad is not None, time.perf_counter() - started)
         for slot in self.slots:
+            if slot.state == PREFILL and slot.in_batch and slot.job.progress:
+                self._post(slot.stream, Event(progress=(slot.stats.n_prompt, slot.stats.n_cached, len(slot.cached))))
+        for slot in self.slots:
             if slot.batch_index < 0 or slot.stream is None:
                 continue
             if slot.state == PREFILL:
@@ -350,19 +413,28 @@ class ParallelEngine(Engine):
             self._sample(slot)
 
     def _sample(self, slot: Slot) -> None:
-        job, turn = slot.job, slot.turn
+        """Sample the slot's next token, and on along its draft while the model agrees (speculative.verify)."""
+        job, turn, drafts = slot.job, slot.turn, slot.drafts
         if (reason := turn.stop_before_sampling(slot.stream.cancelled)) is not None:
             return self._finish(slot, reason)
-        token = slot.sampler.sample(self._ctx, slot.batch_index)
-        accepted = turn.accept(token, len(slot.cached))
-        probs = []
-        if accepted.counted and job.n_probs >= 0:
-            probs = [self.token_prob(self._ctx.logits(slot.batch_index), token, job.n_probs)]
-        if accepted.text or probs:
-            self._post(slot.stream, Event(text=accepted.text, probs=probs))
-        if accepted.stop is not None:
-            return self._finish(slot, accepted.stop)
-        slot.last_token = token
+        position = len(slot.cached) - 1 - len(drafts)  # where the token at batch_index sits
+
+        def emit(accepted: Any, token: int, index: int) -> None:
+            probs = []
+            if accepted.counted and job.n_probs >= 0:
+                logits = self._ctx.logits(index)
+                probs = [post_sampling_prob(self, logits, token, job.n_probs, slot.sampler.settings)
+                         if job.post_sampling else self.token_prob(logits, token, job.n_probs)]
+            if accepted.text or probs or accepted.counted:
+                self._post(slot.stream, Event(text=accepted.text, probs=probs,
+                                              tokens=[token] if accepted.counted else []))
+
+        result = verify(turn, lambda i: slot.sampler.sample(self._ctx, i), slot.batch_index, position, drafts, emit,
+                        lambda: slot.stream.cancelled)
+        slot.settle_draft(self._ctx, position, result)
+        if result.stop is not None:
+            return self._finish(slot, result.stop)
+        slot.last_token = result.token
 
     # ---- ending a request
 
@@ -404,5 +476,5 @@ class ParallelEngine(Engine):
         if slot.sampler is not None:
             slot.sampler.close()
         slot.sampler, slot.stream, slot.state = None, None, IDLE
-        slot.pending, slot.batch_index, slot.last_token = [], -1, -1
+        slot.pending, slot.batch_index, slot.last_token, slot.drafts = [], -1, -1, []
         slot.turn = None

@@ -1,4 +1,5 @@
-"""A slot of the parallel scheduler (one sequence of the shared context) and the step padding trial."""
+"""A slot of the parallel scheduler (one sequence of the shared context, and its speculative draft)
+and the step padding trial."""
 
 from __future__ import annotations
 
@@ -29,6 +30,34 @@ class Slot:
     stats: GenerationStats = field(default_factory=GenerationStats)
     turn: Turn | None = None  # the per-token decisions of the current request
     requests_served: int = 0
+    drafter: Any = None  # this slot's speculative drafter (None: no speculation)
+    drafts: list[int] = field(default_factory=list)  # tokens drafted after last_token in this step's batch
+
+    def plan_draft(self, n_ctx: int, n_max: int, n_min: int) -> list[int]:
+        """What to draft after `last_token` this step (nothing without a drafter or room for one)."""
+        from ..generate.speculative import draft_room, safe_draft
+
+        self.drafts = []
+        if self.drafter is None or self.state != GENERATING or self.turn is None:
+            return self.drafts
+        room = draft_room(self.turn, len(self.cached), n_ctx, n_max)
+        if room > 0:
+            drafts = safe_draft(self.drafter, [*self.cached, self.last_token], room)
+            self.drafts = drafts if len(drafts) >= max(n_min, 1) else []
+        return self.drafts
+
+    def settle_draft(self, ctx: Any, position: int, result: Any) -> None:
+        """Count this step's draft (a speculative.Verified) and drop what the model did not agree with
+        from the KV cache; `position` is where last_token sat."""
+        if not self.drafts:
+            return
+        self.drafter.feedback(len(self.drafts), result.accepted)
+        self.stats.n_drafted += len(self.drafts)
+        self.stats.n_draft_accepted += result.accepted
+        kept = position + 1 + result.kept
+        ctx.remove_tokens(self.id, kept, -1)
+        del self.cached[kept:]
+        self.drafts = []
 
     @property
     def job(self) -> GenerationJob:
@@ -42,6 +71,17 @@ class Slot:
             "n_generated": self.stats.n_generated if self.state != IDLE else 0,
             "requests_served": self.requests_served,
         }
+
+
+def plan_drafts(slots: list[Slot], spec: Any, n_ctx: int, room: int) -> int:
+    """Each generating slot's draft for this step (--spec-type `spec`, or None), within the `room` the
+    batch has; returns the drafted tokens in all."""
+    used = 0
+    for slot in slots:
+        slot.drafts = []
+        if spec is not None and slot.drafter is not None and room - used > 0:
+            used += len(slot.plan_draft(n_ctx, min(spec.n_max, room - used), spec.n_min))
+    return used
 
 
 class PaddingTrial:

@@ -326,12 +326,19 @@ def _render_failure(detail: str) -> TemplateError:
 
 
 def render_chat(model: Any, messages: list[dict[str, Any]], template: str | None = None,
-                add_generation_prompt: bool = True, tools: list[dict[str, Any]] | None = None) -> str:
-    """Render a conversation for `model` (a native.Model) with its template or `template` (NAME|FILE|JINJA)."""
+                add_generation_prompt: bool = True, tools: list[dict[str, Any]] | None = None,
+                template_kwargs: dict[str, Any] | None = None) -> str:
+    """Render a conversation for `model` (a native.Model) with its template or `template` (NAME|FILE|JINJA).
+
+    `template_kwargs` are more variables for the template (a request's chat_template_kwargs, such as
+    enable_thinking); they cannot replace the ones set here.
+    """
     text, _ = resolve_template(model.chat_template(), template)
+    fixed = {"messages", "bos_token", "eos_token", "add_generation_prompt", "tools"}
+    extra = {k: v for k, v in (template_kwargs or {}).items() if k not in fixed}
     return render_template(
         text, messages, bos_token=_token_text(model, model.bos), eos_token=_token_text(model, model.eos),
-        add_generation_prompt=add_generation_prompt, tools=tools,
+        add_generation_prompt=add_generation_prompt, tools=tools, **extra,
     )
 
 

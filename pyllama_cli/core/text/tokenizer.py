@@ -258,3 +258,14 @@ def _adds_space_prefix(model: Model) -> bool:
     """Whether the tokenizer puts a space before text (SentencePiece-style), seen by tokenizing "a"."""
     probe = model.tokenize(b"a", add_special=False, parse_special=False).tolist()
     return b"".join(model.token_to_piece(t, special=True) for t in probe) == b" a"
+
+
+FIM_KINDS = ("pre", "suf", "mid", "rep", "sep")
+
+
+def fim_tokens(model: Model) -> dict[str, int]:
+    """The model's fill-in-the-middle tokens that it has, by kind (pre, suf, mid, rep, sep)."""
+    from ..model.native import lib
+
+    found = {kind: int(getattr(lib, f"llama_vocab_fim_{kind}")(model.vocab)) for kind in FIM_KINDS}
+    return {kind: token for kind, token in found.items() if token >= 0}

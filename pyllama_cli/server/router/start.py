@@ -54,7 +54,7 @@ def find_models(paths: list[str], repos: list[str], folders: list[Path], cache: 
     """
     from dataclasses import replace as with_fields
 
-    from ...core.model.catalog import cached_models, model_stem, models_in_dir
+    from ...core.store.catalog import cached_models, model_stem, models_in_dir
     from ...core.model.resolve import resolve_model
     from ...errors import ModelNotFound
     from ..models import file_size
@@ -142,16 +142,16 @@ def _unique(found: list[Found]) -> list[Found]:
     return list(kept.values())
 
 
-def serve_router(sock: socket.socket, models: list[PoolModel], preload: tuple[str, ...], settings: ServerSettings,
-                 options: RouterOptions, verbose: bool) -> None:
-    """Serve `models` on `sock` until SIGTERM or Ctrl-C; the socket is closed on return.
+def serve_router(socks: list[socket.socket], models: list[PoolModel], preload: tuple[str, ...],
+                 settings: ServerSettings, options: RouterOptions, verbose: bool) -> None:
+    """Serve `models` on `socks` (one per --host address) until SIGTERM or Ctrl-C; they are closed on return.
 
     Raises:
         Interrupted: stopped by Ctrl-C (exit 130, as other commands).
     """
     import signal
 
-    from ...core.model.servers import register_server
+    from ...core.store.servers import register_server
     from ...errors import ServerShutdown
     from .. import run
     from ..app import create_app
@@ -161,7 +161,9 @@ def serve_router(sock: socket.socket, models: list[PoolModel], preload: tuple[st
         err().print(f"pyllama serve: {message}", markup=False, highlight=False)
 
     def make_engine(model: PoolModel, **callbacks: Any) -> Any:
-        return run.make_engine(model.path, model.load, False, model.parallel, model.kv_unified, **callbacks)
+        # Speculation applies to every model; a -md draft whose vocabulary is not a model's fails that model's load.
+        return run.make_engine(model.path, model.load, False, model.parallel, model.kv_unified, settings.speculative,
+                               **callbacks)
 
     pool = EnginePool(models, make_engine, max_loaded=options.models_max, idle_seconds=options.idle_seconds,
                       report=say)
@@ -170,16 +172,18 @@ def serve_router(sock: socket.socket, models: list[PoolModel], preload: tuple[st
     server = run.server_class()(run.uvicorn_config(create_app(router, settings), settings.limits, verbose=verbose))
     server.grace = settings.limits.shutdown_grace
     server.on_stop = lambda: router.cancel_all(ServerShutdown())
-    address, ids = run.url(sock), ", ".join(m.id for m in models)
+    address, ids = run.url(socks[0]), ", ".join(m.id for m in models)
     most = f"up to {options.models_max} loaded at once" if options.models_max > 0 else "no limit on loaded models"
-    say(f"listening on {address} - router mode, {len(models)} models: {ids}")
-    sock.listen(2048)  # clients that connect from now on wait in the backlog until uvicorn accepts
+    say(f"listening on {', '.join(run.url(s) for s in socks)} - router mode, {len(models)} models: {ids}")
+    for sock in socks:
+        sock.listen(2048)  # clients that connect from now on wait in the backlog until uvicorn accepts
     say(f"ready at {address}/v1 - router mode, models loaded on first use ({most})")
     try:
         with register_server(address, api_key_required=bool(settings.api_key)):  # `pyllama rm` asks what it has loaded
-            server.run(sockets=[sock])
+            server.run(sockets=socks)
     finally:
-        sock.close()
+        for sock in socks:
+            sock.close()
     if server.stop_signal == signal.SIGINT:
         raise Interrupted("pyllama serve: stopped")
     if server.stop_signal is not None:

