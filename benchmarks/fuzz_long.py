@@ -126,7 +126,8 @@ def schema_part(models: dict[str, Path], kinds: tuple[str, ...], tmp: Path, exam
 def hostile_part(models: dict[str, Path], tmp: Path) -> list[str]:
     """The one-model list on a one-model server, the router's list on a router of ROUTER_IDS."""
     problems = []
-    one = serve(models["generation"], tmp / "hostile.log")
+    (tmp / "slots").mkdir(exist_ok=True)
+    one = serve(models["generation"], tmp / "hostile.log", "-np", "4", "--slot-save-path", str(tmp / "slots"))
     try:
         problems += send_hostile(one.url, fuzzing.hostile_requests(), "hostile")
     finally:

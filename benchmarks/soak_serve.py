@@ -256,24 +256,24 @@ async def load(url: str, args: argparse.Namespace, tally: Tally, pid: int, rss: 
     return time.monotonic() - started
 
 
-def idle_after(url: str, router: bool, timeout: float = 5.0) -> tuple[int, int]:
-    """Slots still busy and requests still queued (router: summed over the loaded models), polled until
-    both are zero or `timeout` passes."""
-    import httpx
-
+def idle_after(url: str, timeout: float = 5.0) -> tuple[int, int]:
+    """Slots still busy and requests still queued (summed over the loaded models: /metrics has them all,
+    and reading it loads none), polled until both are zero or `timeout` passes."""
     deadline = time.monotonic() + timeout
     while True:
-        if router:
-            loaded = [card["id"] for card in httpx.get(url + "/v1/models", timeout=10).json()["data"]
-                      if card["status"]["value"] == "loaded"]
-            states = [httpx.get(url + "/slots", params={"model": m}, timeout=10).json() for m in loaded]
-        else:
-            states = [httpx.get(url + "/slots", timeout=10).json()]
-        busy = sum(slot["state"] != "idle" for state in states for slot in state["slots"])
-        queued = sum(state["queue"] for state in states)
+        busy = int(metric_sum(url, r'pyllama_slots\{(?:[^}]*,)?state="(?:prefill|generating)"\}'))
+        queued = int(metric_sum(url, r"pyllama_queue_depth(?:\{[^}]*\})?"))
         if (busy == 0 and queued == 0) or time.monotonic() > deadline:
             return busy, queued
         time.sleep(0.2)
+
+
+def metric_sum(url: str, series: str) -> float:
+    """The sum of the /metrics samples whose name and labels match the regular expression `series`."""
+    import httpx
+
+    text = httpx.get(url + "/metrics", timeout=10).text
+    return sum(float(m.group(1)) for m in re.finditer(rf"^{series} (\S+)$", text, re.MULTILINE))
 
 
 def model_loads(url: str) -> dict[str, int]:
@@ -316,7 +316,7 @@ def main() -> int:
         try:
             wall = asyncio.run(load(url, args, tally, proc.pid, rss, seen))
             rss.setdefault("1min", float("nan"))
-            busy, queued = idle_after(url, args.router)
+            busy, queued = idle_after(url)
             loads = model_loads(url) if args.router else {}
             rss["end"] = rss_mib(proc.pid)
         finally:

@@ -34,7 +34,9 @@ API_KEY = "k3y-that-must-not-leak"
 
 @pytest.fixture(scope="module")
 def rserver(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = _start(tiny_model, tmp_path_factory.mktemp("reliability") / "stderr.log", "-np", "4")
+    folder = tmp_path_factory.mktemp("reliability")
+    (folder / "slots").mkdir()
+    srv = _start(tiny_model, folder / "stderr.log", "-np", "4", "--slot-save-path", str(folder / "slots"))
     yield srv
     srv.stop()
 
@@ -610,7 +612,8 @@ def test_api_key_never_appears_in_logs_or_metrics(tiny_model: Path, tmp_path: Pa
 
 
 def test_no_request_reaches_a_file(rserver: Server, tmp_path: Path) -> None:
-    """No field or route takes a path: slot save/restore does not exist, names and templates are not files."""
+    """No field or route takes a path: slot files are plain names in --slot-save-path, names and templates are
+    not files."""
     secret = tmp_path / "secret.txt"
     secret.write_text("TOP-SECRET")
     url = rserver.url

@@ -111,11 +111,11 @@ def _http_error(exc: HTTPException, request: Request | None) -> APIError:
     if exc.status_code == 405:
         return APIError(405, f"method not allowed: {where}", code="method_not_allowed")
     if exc.status_code == 400 and exc.__cause__ is not None:  # FastAPI's "error parsing the body"
-        return _body_error(exc.__cause__)
+        return body_error(exc.__cause__)
     return APIError(exc.status_code, str(exc.detail))
 
 
-def _body_error(cause: BaseException) -> APIError:
+def body_error(cause: BaseException) -> APIError:
     """Why a body that is no JSON document failed to parse (FastAPI only says that it did)."""
     if isinstance(cause, UnicodeDecodeError):
         reason = f"it is not valid UTF-8 (byte 0x{cause.object[cause.start]:02x} at offset {cause.start})"

@@ -108,8 +108,8 @@ def _bias_as_pairs(req: NativeFields) -> NativeFields:
 def native_prompts(engine: Engine, prompt: Any) -> list[list[int]]:
     """Token ids of each prompt, read as llama-server reads `prompt`: a string, an object with
     "prompt_string", token ids, ids and strings mixed (one prompt), or a list of those (one each)."""
-    if isinstance(prompt, list) and prompt and all(_is_piece(p) for p in prompt):
-        prompts = [prompt]  # ids, or ids and strings mixed: one prompt
+    if isinstance(prompt, list) and any(_is_piece(p) and not isinstance(p, str) for p in prompt):
+        prompts = [prompt]  # ids, or ids and strings mixed: one prompt (strings alone are one prompt each)
     elif isinstance(prompt, list):
         prompts = prompt
     else:

@@ -20,7 +20,7 @@ from starlette.concurrency import run_in_threadpool
 from ... import __version__
 from ...core.serving.engine import Engine
 from ...errors import InputError
-from ..errors import APIError
+from ..errors import APIError, body_error
 from ..models import ServedModel
 from ..settings import ServerSettings
 from .answers import native_body, native_stream
@@ -60,7 +60,7 @@ def add_routes(app: FastAPI) -> None:
         model = await served(request)
         engine = _ready(model)
         action = request.query_params.get("action", "")
-        body = await request.json() if action in ("save", "restore") else {}
+        body = await _json_body(request) if action in ("save", "restore") else {}
         return await _slot_file(engine, model.settings, id_slot, action, body)
 
     @app.get("/props", tags=["llama-server"])
@@ -86,6 +86,14 @@ def add_routes(app: FastAPI) -> None:
         messages = message_dicts(body.messages)
         prompt = await run_in_threadpool(render_prompt, model.engine, model.settings, messages, None)
         return {"input_tokens": len(engine.tokenize(prompt)), "object": "response.input_tokens"}
+
+
+async def _json_body(request: Request) -> Any:
+    """The body as JSON; a body that is none is a 400 (it was a 500 with a traceback)."""
+    try:
+        return await request.json()
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise body_error(exc) from None
 
 
 def _ready(model: ServedModel) -> Engine:
