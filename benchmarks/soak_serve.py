@@ -1,12 +1,13 @@
 """Soak `pyllama serve --parallel 4`: 16 streaming clients for 5 minutes, 10% of them hanging up mid-stream.
 
-With --router, the server is in router mode over three models (tiny ones of different shapes, made
+With --router, the server is in router mode over three models (tiny ones of different depths, made
 once) with --models-max 2, and each client's requests rotate over the three, so that models load and
 unload throughout; GET /v1/models is polled during the run, and no more than --models-max models may
 ever be loaded at once.
 
 A bounded load (127.0.0.1 only, at most --max-requests requests, at most --duration seconds):
-each client sends streaming chat or text completions one after another; a request drawn with
+each client sends streaming requests (ROUTES: chat, text completions, llama-server's /completion and
+/infill) one after another; a request drawn with
 probability --disconnect-rate reads a few events and closes the connection. Checked at the end:
 
   * zero failed requests among those that stayed (HTTP 200, no error event, ends with [DONE]);
@@ -67,6 +68,10 @@ ROUTES = {
         "messages": [{"role": "user", "content": prompt}], "max_tokens": n, "stream_options": {"include_usage": True}}),
     "completions": Route("/v1/completions", lambda prompt, n: {
         "prompt": prompt, "max_tokens": n, "stream_options": {"include_usage": True}}),
+    # llama-server's native API: the last event has "stop": true and the counts; the model has FIM tokens.
+    "native": Route("/completion", lambda prompt, n: {"prompt": prompt, "n_predict": n}),
+    "infill": Route("/infill", lambda prompt, n: {
+        "input_prefix": f"def tell(): # {prompt}\n    ", "input_suffix": "\n    return", "n_predict": n}),
 }
 
 
@@ -111,26 +116,31 @@ def parse_args() -> argparse.Namespace:
 
 
 def tiny_model() -> Path:
+    """The tiny test model, with fill-in-the-middle tokens for /infill."""
+    from dataclasses import replace
+
     from tests.fixtures.make_gguf import TINY, write_llama_gguf
 
-    path = Path(tempfile.gettempdir()) / "pyllama-soak-tiny.gguf"
+    path = Path(tempfile.gettempdir()) / "pyllama-soak-tiny-fim.gguf"
     if not path.exists():
-        write_llama_gguf(path.with_suffix(".tmp"), TINY).rename(path)
+        write_llama_gguf(path.with_suffix(".tmp"), replace(TINY, fim=True)).rename(path)
     return path
 
 
 def router_models() -> list[Path]:
-    """The router's three models: the tiny model's shape with 2, 3 and 4 layers, each its own weights."""
+    """The router's three models: the tiny model's shape with 2, 3 and 4 layers (FIM tokens too), each its own
+    weights."""
     from dataclasses import replace
 
     from tests.fixtures.make_gguf import TINY, write_llama_gguf
 
     paths = []
     for seed, (model_id, layers) in enumerate(ROUTER_MODELS.items(), 1):
-        path = Path(tempfile.gettempdir()) / "pyllama-soak-router" / f"{model_id}.gguf"
+        path = Path(tempfile.gettempdir()) / "pyllama-soak-router-fim" / f"{model_id}.gguf"
         if not path.exists():
             path.parent.mkdir(exist_ok=True)
-            write_llama_gguf(path.with_suffix(".tmp"), replace(TINY, seed=seed, n_layer=layers)).rename(path)
+            spec = replace(TINY, seed=seed, n_layer=layers, fim=True)
+            write_llama_gguf(path.with_suffix(".tmp"), spec).rename(path)
         paths.append(path)
     return paths
 
@@ -193,6 +203,8 @@ async def one_request(client, url: str, rng: random.Random, tally: Tally, args: 
                 events += 1
                 first = first or time.perf_counter()
                 usage = data.get("usage") or usage
+                if data.get("stop") is True:  # llama-server's native last event
+                    usage = {"completion_tokens": data.get("tokens_predicted", 0)}
                 if hang_up_after is not None and events >= hang_up_after:
                     tally.disconnected += 1
                     return  # leaving the block closes the connection mid-stream
