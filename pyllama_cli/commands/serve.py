@@ -11,6 +11,7 @@ import typer
 from ..console import download_tqdm, warn
 from ..core.model.resolve import ModelRequest, resolve_model
 from ..core.model.settings import LoadSettings
+from ..core.text.reasoning import FORMAT_DEEPSEEK, REASONING_FORMATS, UNLIMITED
 from ..options.load import ChatTemplateOpt, in_panel, model_options
 from ..options.sampling import SamplingOptions, sampling_options
 
@@ -63,6 +64,14 @@ def serve(
     kv_unified: Annotated[bool, typer.Option(
         "--kv-unified", help="One KV cache for all slots: each may use the whole context while there is room.",
         rich_help_panel=SERVER_PANEL)] = False,
+    reasoning_format: Annotated[str, typer.Option(
+        "--reasoning-format", help="Thinking between the template's markers (<think>...</think>): 'deepseek' puts it "
+        "in reasoning_content, thinking blocks and reasoning items; 'none' leaves it in the answer's text.",
+        rich_help_panel=SERVER_PANEL)] = FORMAT_DEEPSEEK,
+    reasoning_budget: Annotated[int, typer.Option(
+        "--reasoning-budget", min=-1, help="Thinking tokens before the think block is closed and the answer "
+        "follows: -1 = unlimited, 0 = none. Requests' reasoning_effort or thinking.budget_tokens override it.",
+        rich_help_panel=SERVER_PANEL)] = UNLIMITED,
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API: chat, completions, embeddings.
 
@@ -72,6 +81,10 @@ def serve(
     """
     from ..server import run as server
     from ..server.settings import ServerSettings
+
+    if reasoning_format not in REASONING_FORMATS:
+        raise typer.BadParameter(f"{reasoning_format!r} is not one of {', '.join(REASONING_FORMATS)}",
+                                 param_hint="'--reasoning-format'")
 
     if chat_template:
         from ..core.text.chat_template import resolve_template
@@ -86,6 +99,7 @@ def serve(
         alias=alias or _default_alias(resolved.path), sampling=sampling.settings, n_predict=sampling.n_predict,
         stop=sampling.stop, api_key=api_key or None, cors_origins=tuple(cors_origin or ()),
         max_body_size=parse_size(max_body_size), chat_template=chat_template,
+        reasoning_format=reasoning_format, reasoning_budget=reasoning_budget,
     )
     sock = server.listen(host, port)
     if not settings.api_key and not server.is_loopback(sock):

@@ -43,6 +43,7 @@ class ChatMessage(_Lenient):
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
+    reasoning_content: str | None = None  # an earlier answer's thinking, for templates that show it
 
 
 class FunctionDefinition(_Lenient):
@@ -125,6 +126,9 @@ class ChatCompletionRequest(GenerationFields):
     # Declared so that a value of the wrong type is refused. Not enforced: an answer carries the calls the
     # model writes (the forced-call grammar writes one).
     parallel_tool_calls: bool | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = Field(
+        default=None, description="Limits the thinking of a reasoning model (none, minimal: no thinking; low: "
+        "512 tokens; medium: 2048; high, xhigh: unlimited).")
 
 
 class CompletionRequest(GenerationFields):

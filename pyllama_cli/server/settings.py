@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..core.generate.sampling import SamplingSettings
+from ..core.text.reasoning import FORMAT_DEEPSEEK, UNLIMITED
 
 DEFAULT_MAX_BODY_SIZE = 8 * 1024 * 1024
 
@@ -21,3 +22,5 @@ class ServerSettings:
     cors_origins: tuple[str, ...] = ()
     max_body_size: int = DEFAULT_MAX_BODY_SIZE
     chat_template: str | None = None  # NAME|FILE|JINJA override of the model's template
+    reasoning_format: str = FORMAT_DEEPSEEK  # "none": thinking stays in the answer's text
+    reasoning_budget: int = UNLIMITED  # thinking tokens before the block is closed (-1: no limit)

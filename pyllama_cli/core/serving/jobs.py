@@ -17,6 +17,7 @@ import numpy as np
 
 from ..generate.sampling import SamplingSettings
 from ..generate.stats import GenerationStats
+from ..text.reasoning import BudgetSpec
 from ..interrupt import StopFlag
 
 
@@ -32,6 +33,7 @@ class GenerationJob:
     max_tokens: int
     stop: tuple[str, ...] = ()
     n_probs: int = -1
+    think_budget: BudgetSpec | None = None  # close the think block after this many tokens
 
 
 @dataclass(frozen=True)

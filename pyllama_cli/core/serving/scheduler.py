@@ -26,6 +26,7 @@ from typing import Any
 from ...errors import ContextOverflow, InputError
 from ..generate.decide import STOP_INTERRUPTED, Turn, common_prefix, reusable_prefix
 from ..generate.stats import GenerationStats
+from ..text.reasoning import ThinkBudget
 from .engine import BROKEN, CLOSED, READY, Engine
 from .jobs import EmbeddingJob, EngineStats, Event, GenerationJob, JobStream, ModelSummary
 from .slots import GENERATING, IDLE, PREFILL, PaddingTrial, Slot
@@ -260,6 +261,7 @@ class ParallelEngine(Engine):
         settings = slot.sampler.settings
         slot.turn = Turn(self.model, max_tokens=job.max_tokens, stop=job.stop, n_ctx=self.n_ctx_slot,
                          ignore_eos=settings.ignore_eos, grammar=bool(settings.grammar), stats=slot.stats)
+        slot.budget = ThinkBudget(job.think_budget, self._piece_text) if job.think_budget is not None else None
         slot.batch_index = -1
 
     # ---- one step
@@ -353,7 +355,7 @@ class ParallelEngine(Engine):
         job, turn = slot.job, slot.turn
         if (reason := turn.stop_before_sampling(slot.stream.cancelled)) is not None:
             return self._finish(slot, reason)
-        token = slot.sampler.sample(self._ctx, slot.batch_index)
+        token = slot.next_token(self._ctx)
         accepted = turn.accept(token, len(slot.cached))
         probs = []
         if accepted.counted and job.n_probs >= 0:
@@ -363,6 +365,9 @@ class ParallelEngine(Engine):
         if accepted.stop is not None:
             return self._finish(slot, accepted.stop)
         slot.last_token = token
+
+    def _piece_text(self, token: int) -> str:
+        return self.model.token_to_piece(token, special=False).decode("utf-8", errors="replace")
 
     # ---- ending a request
 
@@ -405,4 +410,4 @@ class ParallelEngine(Engine):
             slot.sampler.close()
         slot.sampler, slot.stream, slot.state = None, None, IDLE
         slot.pending, slot.batch_index, slot.last_token = [], -1, -1
-        slot.turn = None
+        slot.turn, slot.budget = None, None

@@ -8,6 +8,7 @@ from typing import Any
 
 from ..generate.decide import Turn
 from ..generate.stats import GenerationStats
+from ..text.reasoning import ThinkBudget
 from .jobs import GenerationJob, JobStream
 
 IDLE, PREFILL, GENERATING = "idle", "prefill", "generating"
@@ -28,12 +29,25 @@ class Slot:
     in_batch: bool = False  # whether the last batch held any of this slot's tokens
     stats: GenerationStats = field(default_factory=GenerationStats)
     turn: Turn | None = None  # the per-token decisions of the current request
+    budget: ThinkBudget | None = None  # the request's thinking budget, if it has one
     requests_served: int = 0
 
     @property
     def job(self) -> GenerationJob:
         assert self.stream is not None
         return self.stream.job  # type: ignore[return-value]
+
+    def next_token(self, ctx: Any) -> int:
+        """The sampled token, or the one a spent thinking budget forces (the sampler records it too)."""
+        forced = self.budget.forced() if self.budget is not None else None
+        if forced is None:
+            token = self.sampler.sample(ctx, self.batch_index)
+        else:
+            token = forced
+            self.sampler.accept(token)
+        if self.budget is not None:
+            self.budget.accepted(token)
+        return token
 
     def describe(self) -> dict[str, Any]:
         return {
