@@ -101,6 +101,27 @@ def split_reasoning(text: str, inside: bool = False, markers: ThinkMarkers = THI
     return reasoning.strip("\n"), answer.lstrip("\n") if reasoning or inside else answer
 
 
+class AnswerOnly:
+    """Streamed text less its thinking (and less the blank lines after the think block)."""
+
+    def __init__(self, thinking: Thinking):
+        self.splitter = thinking.splitter()
+        self.started = False
+
+    def feed(self, piece: str) -> str:
+        return self._answer(self.splitter.feed(piece))
+
+    def flush(self) -> str:
+        return self._answer(self.splitter.flush())
+
+    def _answer(self, parts: list[tuple[bool, str]]) -> str:
+        text = "".join(t for is_reasoning, t in parts if not is_reasoning)
+        if not self.started:
+            text = text.lstrip("\n")
+            self.started = bool(text)
+        return text
+
+
 def _partial_tag(text: str, tag: str) -> int:
     """Length of the longest end of `text` that could be the start of `tag`."""
     for n in range(min(len(text), len(tag) - 1), 0, -1):
