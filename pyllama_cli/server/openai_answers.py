@@ -130,7 +130,7 @@ async def _chat_events(stream: JobStream, prep: PreparedChat, header: r.Header,
 
 class SplitReasoning:
     """A stream's text as (is_reasoning, text) parts: cut at the think markers when the server separates
-    reasoning, whole otherwise. Newlines around the reasoning and before the answer are dropped, as
+    reasoning, whole otherwise. White space around the reasoning and newlines before the answer are dropped, as
     `Thinking.split` drops them from a whole answer, so the joined deltas equal the whole answer."""
 
     def __init__(self, prep: PreparedChat):
@@ -138,7 +138,7 @@ class SplitReasoning:
         self.inside = prep.thinking is not None and prep.thinking.inside
         self.answer_started = False
         self.thought = False  # whether any reasoning was sent
-        self.newlines = ""  # reasoning's trailing newlines, sent only if more reasoning follows
+        self.space = ""  # reasoning's trailing white space, sent only if more reasoning follows
 
     def feed(self, text: str, done: bool) -> list[tuple[bool, str]]:
         if self.splitter is None:
@@ -146,9 +146,9 @@ class SplitReasoning:
         out = []
         for is_reasoning, piece in self.splitter.feed(text) + (self.splitter.flush() if done else []):
             if is_reasoning:
-                piece = self.newlines + piece if self.thought else piece.lstrip("\n")
-                body = piece.rstrip("\n")
-                self.newlines = piece[len(body):]
+                piece = self.space + piece if self.thought else piece.lstrip()
+                body = piece.rstrip()
+                self.space = piece[len(body):]
                 piece, self.thought = body, self.thought or bool(body)
             elif not self.answer_started and (self.thought or self.inside):
                 piece = piece.lstrip("\n")

@@ -93,12 +93,13 @@ class ReasoningSplitter:
 
 
 def split_reasoning(text: str, inside: bool = False, markers: ThinkMarkers = THINK) -> tuple[str, str]:
-    """(reasoning, answer) of a whole answer; the answer loses the blank lines that follow the block."""
+    """(reasoning, answer) of a whole answer: the reasoning without the white space around it, the answer
+    without the blank lines that follow the block."""
     splitter = ReasoningSplitter(inside, markers)
     parts = splitter.feed(text) + splitter.flush()
     reasoning = "".join(t for r, t in parts if r)
     answer = "".join(t for r, t in parts if not r)
-    return reasoning.strip("\n"), answer.lstrip("\n") if reasoning or inside else answer
+    return reasoning.strip(), answer.lstrip("\n") if reasoning or inside else answer
 
 
 class AnswerOnly:
