@@ -159,14 +159,15 @@ _pyllama_spec() {
         "complete")
             subs=""
             opts="-p= --prompt= -f= --file= -e --escape --no-escape --chat -sys= --system-prompt= \
-                --chat-template= --truncate --prompt-cache= --echo --stats --json -n= --n-predict= --temp= \
-                --top-k= --top-p= --min-p= --typical= --repeat-penalty= --repeat-last-n= --presence-penalty= \
-                --frequency-penalty= --mirostat= --mirostat-lr= --mirostat-ent= --ignore-eos -r= \
-                --reverse-prompt= --logit-bias= --grammar= --grammar-file= -j= --json-schema= -jf= \
-                --json-schema-file= -m= --model= -hf= --hf-repo= -hff= --hf-file= -hft= --hf-token= \
-                --offline -c= --ctx-size= -t= --threads= -ngl= --gpu-layers= --n-gpu-layers= -fa= \
-                --flash-attn= -b= --batch-size= -ub= --ubatch-size= --mlock --no-mmap -s= --seed= -v \
-                --verbose --log-file= --rpc= -dev= --device= -ts= --tensor-split= --list-devices -h --help"
+                --chat-template= --reasoning= --truncate --prompt-cache= --echo --stats --json -n= \
+                --n-predict= --temp= --top-k= --top-p= --min-p= --typical= --repeat-penalty= \
+                --repeat-last-n= --presence-penalty= --frequency-penalty= --mirostat= --mirostat-lr= \
+                --mirostat-ent= --ignore-eos -r= --reverse-prompt= --logit-bias= --grammar= --grammar-file= \
+                -j= --json-schema= -jf= --json-schema-file= -m= --model= -hf= --hf-repo= -hff= --hf-file= \
+                -hft= --hf-token= --offline -c= --ctx-size= -t= --threads= -ngl= --gpu-layers= \
+                --n-gpu-layers= -fa= --flash-attn= -b= --batch-size= -ub= --ubatch-size= --mlock --no-mmap \
+                -s= --seed= -v --verbose --log-file= --rpc= -dev= --device= -ts= --tensor-split= \
+                --list-devices -h --help"
             ;;
         "completion")
             subs="install show"
@@ -213,14 +214,15 @@ _pyllama_spec() {
         "serve")
             subs=""
             opts="--host= --port= -a= --alias= --api-key= --cors-origin= --embeddings --max-body-size= \
-                --chat-template= -np= --parallel= --kv-unified -n= --n-predict= --temp= --top-k= --top-p= \
-                --min-p= --typical= --repeat-penalty= --repeat-last-n= --presence-penalty= \
-                --frequency-penalty= --mirostat= --mirostat-lr= --mirostat-ent= --ignore-eos -r= \
-                --reverse-prompt= --logit-bias= --grammar= --grammar-file= -j= --json-schema= -jf= \
-                --json-schema-file= -m= --model= -hf= --hf-repo= -hff= --hf-file= -hft= --hf-token= \
-                --offline -c= --ctx-size= -t= --threads= -ngl= --gpu-layers= --n-gpu-layers= -fa= \
-                --flash-attn= -b= --batch-size= -ub= --ubatch-size= --mlock --no-mmap -s= --seed= -v \
-                --verbose --log-file= --rpc= -dev= --device= -ts= --tensor-split= --list-devices -h --help"
+                --chat-template= -np= --parallel= --kv-unified --reasoning-format= --reasoning-budget= -n= \
+                --n-predict= --temp= --top-k= --top-p= --min-p= --typical= --repeat-penalty= \
+                --repeat-last-n= --presence-penalty= --frequency-penalty= --mirostat= --mirostat-lr= \
+                --mirostat-ent= --ignore-eos -r= --reverse-prompt= --logit-bias= --grammar= --grammar-file= \
+                -j= --json-schema= -jf= --json-schema-file= -m= --model= -hf= --hf-repo= -hff= --hf-file= \
+                -hft= --hf-token= --offline -c= --ctx-size= -t= --threads= -ngl= --gpu-layers= \
+                --n-gpu-layers= -fa= --flash-attn= -b= --batch-size= -ub= --ubatch-size= --mlock --no-mmap \
+                -s= --seed= -v --verbose --log-file= --rpc= -dev= --device= -ts= --tensor-split= \
+                --list-devices -h --help"
             ;;
         "tokenize")
             subs=""

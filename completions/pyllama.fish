@@ -181,6 +181,7 @@ complete -c pyllama -n '__pyllama_using complete' -s e -l escape -l no-escape -d
 complete -c pyllama -n '__pyllama_using complete' -l chat -d 'Send the prompt as one user turn through the model\'s chat template (instruct models).'
 complete -c pyllama -n '__pyllama_using complete' -o sys -l system-prompt -d 'System prompt: the system message that opens the conversation.' -x
 complete -c pyllama -n '__pyllama_using complete' -l chat-template -d 'Chat template: a built-in name (chatml, llama3, ...), a .jinja file or Jinja text (default: the model\'s own).' -x -a '(__pyllama_values file chatml gemma llama2 llama2-sys llama2-sys-bos llama2-sys-strip llama3 mistral phi3 zephyr)'
+complete -c pyllama -n '__pyllama_using complete' -l reasoning -d 'A reasoning model\'s thinking (between the template\'s markers, such as <think> and </think>): show it, or hide it and print the answer only.' -x
 complete -c pyllama -n '__pyllama_using complete' -l truncate -d 'If the prompt is longer than the context, keep its end (and say so) instead of failing.'
 complete -c pyllama -n '__pyllama_using complete' -l prompt-cache -d 'Save the evaluated prompt\'s state to this file and reuse its longest matching prefix next time.' -x -a '(__pyllama_values file)'
 complete -c pyllama -n '__pyllama_using complete' -l echo -d 'Print the prompt before the generated text.'
@@ -339,6 +340,8 @@ complete -c pyllama -n '__pyllama_using serve' -l max-body-size -d 'Largest requ
 complete -c pyllama -n '__pyllama_using serve' -l chat-template -d 'Chat template: a built-in name (chatml, llama3, ...), a .jinja file or Jinja text (default: the model\'s own).' -x -a '(__pyllama_values file chatml gemma llama2 llama2-sys llama2-sys-bos llama2-sys-strip llama3 mistral phi3 zephyr)'
 complete -c pyllama -n '__pyllama_using serve' -o np -l parallel -d 'Slots: requests generated at once, batched together (continuous batching); more wait in a queue.' -x
 complete -c pyllama -n '__pyllama_using serve' -l kv-unified -d 'One KV cache for all slots: each may use the whole context while there is room.'
+complete -c pyllama -n '__pyllama_using serve' -l reasoning-format -d 'Thinking between the template\'s markers (<think>...</think>): \'deepseek\' puts it in reasoning_content, thinking blocks and reasoning items; \'none\' leaves it in the answer\'s text.' -x
+complete -c pyllama -n '__pyllama_using serve' -l reasoning-budget -d 'Thinking tokens before the think block is closed and the answer follows: -1 = unlimited, 0 = none.' -x
 complete -c pyllama -n '__pyllama_using serve' -s n -l n-predict -d 'Tokens to generate (-1 = until end of generation or a full context).' -x
 complete -c pyllama -n '__pyllama_using serve' -l temp -d 'Temperature (0 = greedy: always the most likely token).' -x
 complete -c pyllama -n '__pyllama_using serve' -l top-k -d 'Keep the K most likely tokens (0 = off).' -x

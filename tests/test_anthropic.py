@@ -121,7 +121,8 @@ def test_a_bad_role_is_a_400_in_anthropics_shape(server: Server) -> None:
         _client(server).messages.create(model="m", max_tokens=4, messages=[{"role": "robot", "content": "hi"}])
     assert caught.value.status_code == 400
     assert caught.value.body == {"type": "error", "error": {
-        "type": "invalid_request_error", "message": "messages[0].role: Input should be 'user' or 'assistant'"}}
+        "type": "invalid_request_error",
+        "message": "messages[0].role: Input should be 'user', 'assistant' or 'system'"}}
 
 
 def test_a_missing_max_tokens_is_a_400_naming_it(server: Server) -> None:
@@ -176,3 +177,19 @@ def test_a_client_that_disconnects_frees_its_slot(server: Server) -> None:
 
 def _slots(server: Server) -> list[dict]:
     return httpx.get(f"{server.url}/slots", headers=HEADERS, timeout=10).json()["slots"]
+
+
+def test_agent_requests_pass_tools_no_grammar_can_enforce_and_mid_conversation_system_turns(server: Server) -> None:
+    # What Claude Code sends: a tool schema with "propertyNames", and a system message between turns.
+    tool = {"name": "tag", "input_schema": {"type": "object", "properties": {
+        "labels": {"type": "object", "propertyNames": {"pattern": "^[a-z]+$"}}}}}
+    turns = [{"role": "user", "content": "hi"}, {"role": "system", "content": "Context: none."}]
+    client = _client(server)
+    message = client.messages.create(model="m", max_tokens=2, tools=[tool], messages=turns)
+    assert message.usage.input_tokens == client.messages.count_tokens(model="m", tools=[tool],
+                                                                      messages=turns).input_tokens
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        client.messages.create(model="m", max_tokens=2, tools=[tool], messages=turns,
+                               tool_choice={"type": "tool", "name": "tag"})
+    assert caught.value.body["error"]["message"].endswith('"propertyNames" is not supported: a grammar cannot '
+                                                          'enforce it')

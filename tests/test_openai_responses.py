@@ -162,3 +162,18 @@ def test_a_client_that_disconnects_frees_its_slot(server: Server) -> None:
 
 def _slots(server: Server) -> list[dict]:
     return httpx.get(f"{server.url}/slots", timeout=10).json()["slots"]
+
+
+def test_codex_style_tools_namespaces_join_and_hosted_tools_are_left_out(server: Server) -> None:
+    namespace = {"type": "namespace", "name": "agents", "description": "Sub-agents.", "tools": [WEATHER]}
+    response = server.client().responses.create(
+        model="m", input=[{"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "Hi"}]},
+                          {"role": "user", "content": "weather?"}],
+        tools=[namespace, {"type": "web_search", "external_web_access": False}], tool_choice="required",
+        max_output_tokens=60, extra_body={"include": ["reasoning.encrypted_content"]})
+    [call] = response.output
+    assert call.type == "function_call" and call.name == "get_weather"
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": WEATHER["description"],
+                                               "parameters": WEATHER["parameters"]}}]
+    assert response.usage.input_tokens == _prompt_tokens(server, [{"role": "system", "content": "Hi"},
+                                                                  {"role": "user", "content": "weather?"}], tools)

@@ -45,14 +45,15 @@ class PreparedChat:
 
 
 def prepare_chat(engine: Engine, settings: ServerSettings, req: ChatCompletionRequest,
-                 think_budget: int | None = None) -> PreparedChat:
+                 think_budget: int | None = None, agent: bool = False) -> PreparedChat:
     """The job of a chat request; `think_budget` (a Messages request's thinking.budget_tokens) wins over
-    the request's reasoning_effort, which wins over --reasoning-budget."""
+    the request's reasoning_effort, which wins over --reasoning-budget. An `agent` API (Messages,
+    Responses) offers tools whose schemas no grammar can enforce, unless a call to them is forced."""
     _check_n(req.n)
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs", code="invalid_value")
     messages = message_dicts(req.messages)
-    plan = plan_request_tools(req.tools, req.tool_choice, req.parallel_tool_calls is not False)
+    plan = plan_request_tools(req.tools, req.tool_choice, req.parallel_tool_calls is not False, not agent)
     prompt = render_prompt(engine, settings, messages, plan)
     ids = engine.tokenize(prompt, add_special=True, parse_special=True)
     grammar = _grammar(req, settings, plan)
@@ -190,11 +191,12 @@ def _check_legacy_fields(req: CompletionRequest) -> None:
                        param="best_of", code="unsupported_value")
 
 
-def plan_request_tools(tools: list[Any] | None, tool_choice: Any, parallel: bool = True) -> ToolPlan | None:
+def plan_request_tools(tools: list[Any] | None, tool_choice: Any, parallel: bool = True,
+                       check_schemas: bool = True) -> ToolPlan | None:
     """The request's tools and tool_choice, checked; a mistake is a 400 naming the field."""
     choice = tool_choice.model_dump() if hasattr(tool_choice, "model_dump") else tool_choice
     try:
-        return plan_tools([t.model_dump() for t in tools] if tools else None, choice, parallel)
+        return plan_tools([t.model_dump() for t in tools] if tools else None, choice, parallel, check_schemas)
     except ToolsError as exc:
         raise APIError(400, exc.message, param="tools", code="invalid_value") from None
     except InputError as exc:

@@ -21,13 +21,13 @@ def prepare_messages(engine: Engine, settings: ServerSettings, req: MessagesRequ
     fields = _chat_fields(req)
     fields.update(max_tokens=req.max_tokens, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
                   stop=req.stop_sequences)
-    return prepare_chat(engine, settings, chat_request(fields), _think_budget(req))
+    return prepare_chat(engine, settings, chat_request(fields), _think_budget(req), agent=True)
 
 
 def count_prompt_tokens(engine: Engine, settings: ServerSettings, req: CountTokensRequest) -> int:
     """The tokens of the prompt /v1/messages would render for the same messages and tools."""
     chat = chat_request(_chat_fields(req))
-    plan = plan_request_tools(chat.tools, chat.tool_choice, chat.parallel_tool_calls is not False)
+    plan = plan_request_tools(chat.tools, chat.tool_choice, chat.parallel_tool_calls is not False, False)
     prompt = render_prompt(engine, settings, message_dicts(chat.messages), plan)
     return len(engine.tokenize(prompt, add_special=True, parse_special=True))
 
@@ -48,6 +48,7 @@ def _chat_fields(req: CountTokensRequest) -> dict[str, Any]:
         messages.append({"role": "system", "content": system})
     for i, message in enumerate(req.messages):
         messages.extend(_turn(message, i))
+    messages = _join_user_turns(messages)
     fields: dict[str, Any] = {"messages": messages}
     if req.tools:
         fields["tools"] = [_tool(t, i) for i, t in enumerate(req.tools)]
@@ -80,12 +81,25 @@ def _turn(message: MessageParam, index: int) -> list[dict[str, Any]]:
                            param=f"{where}.type")
     out = list(results)
     if texts or calls or thinking or not results:
-        turn: dict[str, Any] = {"role": message.role, "content": "".join(texts)}
+        role = "user" if message.role == "system" else message.role
+        turn: dict[str, Any] = {"role": role, "content": "".join(texts)}
         if calls:
             turn["tool_calls"] = calls
         if thinking:
             turn["reasoning_content"] = "".join(thinking)
         out.append(turn)
+    return out
+
+
+def _join_user_turns(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Consecutive user turns as one (a mid-conversation system message becomes a user turn): many
+    templates require user and assistant turns to alternate."""
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        if out and message["role"] == "user" and out[-1]["role"] == "user":
+            out[-1] = {**out[-1], "content": f"{out[-1]['content']}\n\n{message['content']}"}
+        else:
+            out.append(message)
     return out
 
 

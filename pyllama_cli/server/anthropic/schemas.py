@@ -31,7 +31,8 @@ class ContentBlock(_Lenient):
 
 
 class MessageParam(_Lenient):
-    role: Literal["user", "assistant"]
+    # "system": context given mid-conversation (Claude Code sends it), shown to the model in a user turn.
+    role: Literal["user", "assistant", "system"]
     content: str | list[ContentBlock]
 
 

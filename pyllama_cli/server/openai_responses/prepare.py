@@ -32,8 +32,7 @@ def prepare_response(engine: Engine, settings: ServerSettings, req: ResponsesReq
                               "temperature": req.temperature, "top_p": req.top_p,
                               "parallel_tool_calls": req.parallel_tool_calls}
     if req.tools:
-        fields["tools"] = [{"type": "function", "function": {"name": t.name, "description": t.description,
-                                                             "parameters": t.parameters}} for t in req.tools]
+        fields["tools"] = function_tools(req.tools)
     if req.tool_choice is not None:
         choice = req.tool_choice
         fields["tool_choice"] = choice if isinstance(choice, str) else {"type": "function",
@@ -47,7 +46,20 @@ def prepare_response(engine: Engine, settings: ServerSettings, req: ResponsesReq
             "strict": fmt.strict}}
     elif fmt is not None and fmt.type == "json_object":
         fields["response_format"] = {"type": "json_object"}
-    return prepare_chat(engine, settings, chat_request(fields)), conversation
+    return prepare_chat(engine, settings, chat_request(fields), agent=True), conversation
+
+
+def function_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The function tools as chat tools: a namespace's functions join the others (Codex groups its tools
+    so), and tools this server cannot run (web_search and other hosted tools) are not offered."""
+    out = []
+    for tool in tools:
+        if tool.get("type") == "namespace":
+            out.extend(function_tools(tool.get("tools") or []))
+        elif tool.get("type") == "function":
+            out.append({"type": "function", "function": {
+                "name": tool.get("name"), "description": tool.get("description"), "parameters": tool.get("parameters")}})
+    return out
 
 
 def input_messages(value: str | list[dict[str, Any]]) -> list[dict[str, Any]]:

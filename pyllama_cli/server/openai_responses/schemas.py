@@ -14,14 +14,6 @@ class _Lenient(BaseModel):
     model_config = ConfigDict(extra="ignore", populate_by_name=True, allow_inf_nan=False)
 
 
-class FunctionTool(_Lenient):
-    type: Literal["function"]
-    name: str = Field(min_length=1, max_length=64)
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None
-
-
 class NamedFunctionChoice(_Lenient):
     type: Literal["function"]
     name: str
@@ -47,7 +39,8 @@ class ResponsesRequest(_Lenient):
     input: str | list[dict[str, Any]] = Field(description="Text, or items: messages, function_call, "
                                               "function_call_output.")
     instructions: str | None = None
-    tools: list[FunctionTool] | None = None
+    # Function tools, and namespaces of them; hosted tools (web_search, file_search...) are left out.
+    tools: list[dict[str, Any]] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedFunctionChoice | None = None
     parallel_tool_calls: bool | None = None
     max_output_tokens: int | None = Field(default=None, ge=1)
