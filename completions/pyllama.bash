@@ -131,8 +131,8 @@ _pyllama() {
 _pyllama_spec() {
     case $1 in
         "")
-            subs="bench chat complete completion detokenize info perplexity quantize rpc-server serve \
-                tokenize"
+            subs="bench chat complete completion detokenize info list perplexity ps pull quantize rm \
+                rpc-server serve stop tokenize"
             opts="--version -h --help"
             ;;
         "bench")
@@ -191,6 +191,10 @@ _pyllama_spec() {
             opts="--json --template --metadata -m= --model= -hf= --hf-repo= -hff= --hf-file= -hft= \
                 --hf-token= --offline -h --help"
             ;;
+        "list")
+            subs=""
+            opts="--models-dir= --json -h --help"
+            ;;
         "perplexity")
             subs=""
             opts="-f= --file= --chunks= --kl-divergence --kl-divergence-base= --hellaswag= \
@@ -200,12 +204,24 @@ _pyllama_spec() {
                 --mlock --no-mmap -s= --seed= -v --verbose --log-file= --rpc= -dev= --device= -ts= \
                 --tensor-split= --list-devices -h --help"
             ;;
+        "ps")
+            subs=""
+            opts="--url= --api-key= --json -h --help"
+            ;;
+        "pull")
+            subs=""
+            opts="-hf= --hf-repo= -hff= --hf-file= -hft= --hf-token= --json -h --help"
+            ;;
         "quantize")
             subs=""
             opts="--list --json --allow-requantize --leave-output-tensor --pure --imatrix= \
                 --include-weights= --exclude-weights= --output-tensor-type= --token-embedding-type= \
                 --override-kv= --keep-split -t= --threads= -f --force -v --verbose --log-file= -m= --model= \
                 -hf= --hf-repo= -hff= --hf-file= -hft= --hf-token= --offline -h --help"
+            ;;
+        "rm")
+            subs=""
+            opts="-y --yes --force --api-key= --json -h --help"
             ;;
         "rpc-server")
             subs=""
@@ -223,6 +239,10 @@ _pyllama_spec() {
                 --n-gpu-layers= -fa= --flash-attn= -b= --batch-size= -ub= --ubatch-size= --mlock --no-mmap \
                 -s= --seed= -v --verbose --log-file= --rpc= -dev= --device= -ts= --tensor-split= \
                 --list-devices -h --help"
+            ;;
+        "stop")
+            subs=""
+            opts="--url= --api-key= --json -h --help"
             ;;
         "tokenize")
             subs=""
@@ -243,8 +263,8 @@ _pyllama_value() {
             _pyllama_values gguf ;;
         "bench|-hf" | "bench|--hf-repo" | "chat|-hf" | "chat|--hf-repo" | "complete|-hf" | \
         "complete|--hf-repo" | "detokenize|-hf" | "detokenize|--hf-repo" | "info|-hf" | "info|--hf-repo" | \
-        "perplexity|-hf" | "perplexity|--hf-repo" | "quantize|-hf" | "quantize|--hf-repo" | "serve|-hf" | \
-        "serve|--hf-repo" | "tokenize|-hf" | "tokenize|--hf-repo")
+        "perplexity|-hf" | "perplexity|--hf-repo" | "pull|-hf" | "pull|--hf-repo" | "quantize|-hf" | \
+        "quantize|--hf-repo" | "serve|-hf" | "serve|--hf-repo" | "tokenize|-hf" | "tokenize|--hf-repo")
             _pyllama_values hf ;;
         "bench|-ctk" | "bench|--cache-type-k" | "bench|-ctv" | "bench|--cache-type-v")
             _pyllama_values none bf16 f16 iq4_nl q4_0 q4_1 q5_0 q5_1 q8_0 ;;
@@ -268,6 +288,8 @@ _pyllama_value() {
                 mistral phi3 zephyr ;;
         "chat|--grammar" | "complete|--grammar" | "serve|--grammar")
             _pyllama_values none arithmetic c_identifier chess json json_arr list yes_no ;;
+        "list|--models-dir")
+            _pyllama_values dir ;;
         "quantize|--output-tensor-type" | "quantize|--token-embedding-type")
             _pyllama_values none bf16 f16 f32 iq1_m iq1_s iq2_s iq2_xs iq2_xxs iq3_s iq3_xxs iq4_nl iq4_xs \
                 mxfp4 nvfp4 q1_0 q2_0 q2_k q3_k q4_0 q4_1 q4_k q5_0 q5_1 q5_k q6_k q8_0 tq1_0 tq2_0 ;;
@@ -283,6 +305,8 @@ _pyllama_positional() {
             _pyllama_values gguf BF16 COPY F16 F32 IQ1_M IQ1_S IQ2_M IQ2_S IQ2_XS IQ2_XXS IQ3_M IQ3_S IQ3_XS \
                 IQ3_XXS IQ4_NL IQ4_XS MXFP4_MOE Q1_0 Q2_0 Q2_K Q2_K_S Q3_K Q3_K_L Q3_K_M Q3_K_S Q4_0 Q4_1 \
                 Q4_K Q4_K_M Q4_K_S Q5_0 Q5_1 Q5_K Q5_K_M Q5_K_S Q6_K Q8_0 TQ1_0 TQ2_0 ;;
+        "rm|0" | "stop|0")
+            _pyllama_values hf ;;
     esac
 }
 

@@ -11,7 +11,7 @@ function __pyllama_path
     set -l path
     for token in $tokens
         string match -q -- '-*' $token; and continue
-        contains -- (string join ' ' -- $path $token) 'bench' 'chat' 'complete' 'completion' 'completion install' 'completion show' 'detokenize' 'info' 'perplexity' 'quantize' 'rpc-server' 'serve' 'tokenize'; or break
+        contains -- (string join ' ' -- $path $token) 'bench' 'chat' 'complete' 'completion' 'completion install' 'completion show' 'detokenize' 'info' 'list' 'perplexity' 'ps' 'pull' 'quantize' 'rm' 'rpc-server' 'serve' 'stop' 'tokenize'; or break
         set path $path $token
     end
     string join ' ' -- $path
@@ -80,10 +80,15 @@ complete -c pyllama -n '__pyllama_using' -a 'complete' -d 'Complete a prompt and
 complete -c pyllama -n '__pyllama_using' -a 'completion' -d 'Shell completion for pyllama: install it, or print the script.'
 complete -c pyllama -n '__pyllama_using' -a 'detokenize' -d 'Print the text that token ids stand for: the inverse of `pyllama tokenize`.'
 complete -c pyllama -n '__pyllama_using' -a 'info' -d 'Show what a GGUF model holds: architecture, size, quantization, vocab, template.'
+complete -c pyllama -n '__pyllama_using' -a 'list' -d 'List the GGUF models in the Hugging Face cache and in --models-dir folders (a split...'
 complete -c pyllama -n '__pyllama_using' -a 'perplexity' -d 'Score a model on a text as llama-perplexity does: same chunks, same PPL to every...'
+complete -c pyllama -n '__pyllama_using' -a 'ps' -d 'Show the models a running server has loaded: memory, context, busy slots, idle time.'
+complete -c pyllama -n '__pyllama_using' -a 'pull' -d 'Download a model from Hugging Face into its cache (an interrupted download resumes);...'
 complete -c pyllama -n '__pyllama_using' -a 'quantize' -d 'Quantize a GGUF model to another type, as llama.cpp\'s llama-quantize does...'
+complete -c pyllama -n '__pyllama_using' -a 'rm' -d 'Delete a downloaded model (through huggingface_hub\'s cache API) or a GGUF file; asks...'
 complete -c pyllama -n '__pyllama_using' -a 'rpc-server' -d 'Run ggml\'s RPC server: clients add it with --rpc HOST:PORT and put part of a model on...'
 complete -c pyllama -n '__pyllama_using' -a 'serve' -d 'Serve a model over an OpenAI-compatible HTTP API: chat, completions, embeddings.'
+complete -c pyllama -n '__pyllama_using' -a 'stop' -d 'Unload a model from a running server (it loads again on its next request).'
 complete -c pyllama -n '__pyllama_using' -a 'tokenize' -d 'Print the tokens a model turns text into, as llama-tokenize does (same ids, same lines).'
 complete -c pyllama -n '__pyllama_using' -l version -d 'Show pyllama\'s version and exit.'
 complete -c pyllama -n '__pyllama_using' -s h -l help -d 'Show this message and exit.'
@@ -263,6 +268,11 @@ complete -c pyllama -n '__pyllama_using info' -o hft -l hf-token -d 'Hugging Fac
 complete -c pyllama -n '__pyllama_using info' -l offline -d 'Resolve -hf from the local cache only, with no network call (also HF_HUB_OFFLINE=1).'
 complete -c pyllama -n '__pyllama_using info' -s h -l help -d 'Show this message and exit.'
 
+# pyllama list
+complete -c pyllama -n '__pyllama_using list' -l models-dir -d 'Also list the GGUF models in this folder (may be repeated).' -x -a '(__pyllama_values dir)'
+complete -c pyllama -n '__pyllama_using list' -l json -d 'Print JSON instead of text.'
+complete -c pyllama -n '__pyllama_using list' -s h -l help -d 'Show this message and exit.'
+
 # pyllama perplexity
 complete -c pyllama -n '__pyllama_using perplexity' -s f -l file -d 'Text to score (read as bytes; one trailing newline is dropped).' -x -a '(__pyllama_values file)'
 complete -c pyllama -n '__pyllama_using perplexity' -l chunks -d 'Score at most N chunks (-1 = all).' -x
@@ -295,6 +305,19 @@ complete -c pyllama -n '__pyllama_using perplexity' -o ts -l tensor-split -d 'Ea
 complete -c pyllama -n '__pyllama_using perplexity' -l list-devices -d 'Print the devices (local, and the --rpc servers\') with their memory and exit.'
 complete -c pyllama -n '__pyllama_using perplexity' -s h -l help -d 'Show this message and exit.'
 
+# pyllama ps
+complete -c pyllama -n '__pyllama_using ps' -l url -d 'The server\'s address.' -x
+complete -c pyllama -n '__pyllama_using ps' -l api-key -d 'The servers\' API key, sent as \'Authorization: Bearer KEY\'.' -x
+complete -c pyllama -n '__pyllama_using ps' -l json -d 'Print JSON instead of text.'
+complete -c pyllama -n '__pyllama_using ps' -s h -l help -d 'Show this message and exit.'
+
+# pyllama pull
+complete -c pyllama -n '__pyllama_using pull' -o hf -l hf-repo -d 'Hugging Face repo as user/repo[:quant] (default quant: Q4_K_M, else the first GGUF).' -x -a '(__pyllama_values hf)'
+complete -c pyllama -n '__pyllama_using pull' -o hff -l hf-file -d 'Exact GGUF file in the -hf repo (overrides the quant tag).' -x
+complete -c pyllama -n '__pyllama_using pull' -o hft -l hf-token -d 'Hugging Face token for gated or private repos (default: $HF_TOKEN).' -x
+complete -c pyllama -n '__pyllama_using pull' -l json -d 'Print JSON instead of text.'
+complete -c pyllama -n '__pyllama_using pull' -s h -l help -d 'Show this message and exit.'
+
 # pyllama quantize
 complete -c pyllama -n '__pyllama_using quantize' -l list -d 'List every type and exit.'
 complete -c pyllama -n '__pyllama_using quantize' -l json -d 'Print JSON instead of text.'
@@ -319,6 +342,14 @@ complete -c pyllama -n '__pyllama_using quantize' -o hft -l hf-token -d 'Hugging
 complete -c pyllama -n '__pyllama_using quantize' -l offline -d 'Resolve -hf from the local cache only, with no network call (also HF_HUB_OFFLINE=1).'
 complete -c pyllama -n '__pyllama_using quantize' -s h -l help -d 'Show this message and exit.'
 complete -c pyllama -n '__pyllama_using quantize' -a '(__pyllama_values gguf BF16 COPY F16 F32 IQ1_M IQ1_S IQ2_M IQ2_S IQ2_XS IQ2_XXS IQ3_M IQ3_S IQ3_XS IQ3_XXS IQ4_NL IQ4_XS MXFP4_MOE Q1_0 Q2_0 Q2_K Q2_K_S Q3_K Q3_K_L Q3_K_M Q3_K_S Q4_0 Q4_1 Q4_K Q4_K_M Q4_K_S Q5_0 Q5_1 Q5_K Q5_K_M Q5_K_S Q6_K Q8_0 TQ1_0 TQ2_0)'
+
+# pyllama rm
+complete -c pyllama -n '__pyllama_using rm' -s y -l yes -d 'Delete without asking.'
+complete -c pyllama -n '__pyllama_using rm' -l force -d 'Delete even a model that a running pyllama serve has loaded.'
+complete -c pyllama -n '__pyllama_using rm' -l api-key -d 'The servers\' API key, sent as \'Authorization: Bearer KEY\'.' -x
+complete -c pyllama -n '__pyllama_using rm' -l json -d 'Print JSON instead of text.'
+complete -c pyllama -n '__pyllama_using rm' -s h -l help -d 'Show this message and exit.'
+complete -c pyllama -n '__pyllama_using rm' -a '(__pyllama_values hf)'
 
 # pyllama rpc-server
 complete -c pyllama -n '__pyllama_using rpc-server' -s H -l host -d 'Address to listen on.' -x
@@ -383,6 +414,13 @@ complete -c pyllama -n '__pyllama_using serve' -o dev -l device -d 'Devices to o
 complete -c pyllama -n '__pyllama_using serve' -o ts -l tensor-split -d 'Each device\'s share of the layers, e.g.' -x
 complete -c pyllama -n '__pyllama_using serve' -l list-devices -d 'Print the devices (local, and the --rpc servers\') with their memory and exit.'
 complete -c pyllama -n '__pyllama_using serve' -s h -l help -d 'Show this message and exit.'
+
+# pyllama stop
+complete -c pyllama -n '__pyllama_using stop' -l url -d 'The server\'s address.' -x
+complete -c pyllama -n '__pyllama_using stop' -l api-key -d 'The servers\' API key, sent as \'Authorization: Bearer KEY\'.' -x
+complete -c pyllama -n '__pyllama_using stop' -l json -d 'Print JSON instead of text.'
+complete -c pyllama -n '__pyllama_using stop' -s h -l help -d 'Show this message and exit.'
+complete -c pyllama -n '__pyllama_using stop' -a '(__pyllama_values hf)'
 
 # pyllama tokenize
 complete -c pyllama -n '__pyllama_using tokenize' -s p -l prompt -d 'Text to tokenize, as llama-tokenize\'s -p.' -x

@@ -27,9 +27,17 @@ COMMANDS = [
     ("quantize", "quantize", "quantize"),
     ("info", "info", "info"),
     ("rpc-server", "rpc_server", "rpc_server"),
+    ("list", "models", "list_models"),
+    ("ls", "models", "list_models"),
+    ("pull", "models", "pull"),
+    ("rm", "models", "rm"),
+    ("ps", "running", "ps"),
+    ("stop", "running", "stop"),
     ("completion", "shell_completion", "app"),
 ]
 COMMAND_NAMES = frozenset(name for name, _, _ in COMMANDS)
+# Second names, left out of --help and the docs: `ls` is `list`.
+HIDDEN_ALIASES = frozenset({"ls"})
 # Commands that read the whole command tree from the app they run in (the completion scripts).
 NEEDS_EVERY_COMMAND = frozenset({"completion"})
 
@@ -39,7 +47,7 @@ def build_app(only: str | None = None) -> typer.Typer:
     application = typer.Typer(
         name="pyllama",
         help="llama.cpp's command-line tools in Python: chat, complete, serve, bench, perplexity, tokenize, "
-        "quantize, info, rpc-server.",
+        "quantize, info, rpc-server; list, pull, rm, ps and stop manage local models.",
         no_args_is_help=True,
         add_completion=False,
         pretty_exceptions_enable=False,
@@ -54,7 +62,9 @@ def build_app(only: str | None = None) -> typer.Typer:
         if isinstance(target, typer.Typer):  # a command group (`pyllama completion install|show`)
             application.add_typer(target, name=name)
         else:
-            application.command(name, epilog=getattr(module, "EXAMPLES", None))(_closing_quietly(target))
+            # A module with several commands names each one's examples <ATTR>_EXAMPLES.
+            epilog = getattr(module, f"{attr.upper()}_EXAMPLES", None) or getattr(module, "EXAMPLES", None)
+            application.command(name, epilog=epilog, hidden=name in HIDDEN_ALIASES)(_closing_quietly(target))
     return application
 
 

@@ -54,6 +54,14 @@ class RpcError(PyllamaError):
     """llama.cpp's RPC backend failed: a library built without it, or a server that cannot be reached or is gone."""
 
 
+class ServerError(PyllamaError):
+    """A running `pyllama serve` that cannot be reached, or that refused what `ps`, `stop` or `rm` asked."""
+
+
+class ModelInUse(PyllamaError):
+    """A model `rm` would delete that a running server has loaded."""
+
+
 class ContextOverflow(PyllamaError):
     """A prompt or conversation that does not fit in the context window."""
 

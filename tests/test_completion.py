@@ -135,6 +135,13 @@ def test_bash_hf_flag_completes_cached_repos_then_their_quant_tags() -> None:
     assert bash_complete("pyllama info -hf bob/tiny:") == []
 
 
+def test_bash_rm_and_stop_complete_cached_repos_and_tags() -> None:
+    _fake_hub_cache()
+    assert bash_complete("pyllama rm ") == ["bob/tiny", "org/Model-GGUF"]
+    assert bash_complete("pyllama rm -y org/Model-GGUF:Q") == ["Q4_K_M", "Q6_K_XL", "Q8_0"]
+    assert bash_complete("pyllama stop org/Model-GGUF:Q8") == ["Q8_0"]
+
+
 def test_bash_hf_tags_agree_with_how_pyllama_reads_them() -> None:
     from pyllama_cli.core.model.resolve import available_quants
 

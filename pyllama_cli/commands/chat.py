@@ -75,6 +75,10 @@ def chat(
     system = _system_prompt(system_prompt, system_prompt_file)
     if chat_template:
         resolve_template(None, chat_template)  # an unknown name fails before the model loads
+    if not (model.model or model.hf_repo or model.hf_file) and _on_terminal():
+        from ..chat.first_run import first_run_request
+
+        model = first_run_request(model)  # pick a cached model, or fetch a small first one
     with open_model(model, load, progress=model_progress()) as session, \
             closing(open_chat_engine(session, load, chat_template)) as engine:
         ui = _make_ui(plain, reasoning, no_history)
@@ -102,10 +106,14 @@ def _make_ui(plain: bool, reasoning: str, no_history: bool):
     from ..chat.ui import PlainUI, TerminalUI
     from ..core.paths import data_dir
 
-    if not (sys.stdin.isatty() and sys.stdout.isatty()) or os.environ.get("TERM") == "dumb":
+    if not _on_terminal():
         return PlainUI(reasoning=reasoning, stdin=_lenient(sys.stdin))
     history = None if no_history else data_dir() / HISTORY_FILE
     return TerminalUI(history=history, commands=command_names(), plain=plain, reasoning=reasoning)
+
+
+def _on_terminal() -> bool:
+    return sys.stdin.isatty() and sys.stdout.isatty() and os.environ.get("TERM") != "dumb"
 
 
 def _lenient(stdin: Any) -> Any:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..console import err
+from ..core.model.servers import register_server
 from ..core.model.settings import LoadSettings
 from ..errors import Interrupted, ModelLoadError, PyllamaError, UsageError
 
@@ -95,7 +96,8 @@ def serve(sock: socket.socket, path: Path, load: LoadSettings, settings: Any, *,
     err().print(f"pyllama serve: listening on {address} - loading {path.name} (/health answers 503 until ready)",
                 markup=False, highlight=False)
     try:
-        server.run(sockets=[sock])
+        with register_server(address, api_key_required=bool(settings.api_key)):  # `pyllama rm` asks what it has loaded
+            server.run(sockets=[sock])
     finally:
         sock.close()
     _raise_for_stop(engine, server, path)

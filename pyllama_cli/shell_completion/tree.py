@@ -121,6 +121,8 @@ _HOOKS: dict[tuple[str, str], tuple[str, str | None]] = {
     ("*", "--chat-template"): ("file", "chat_templates"),  # a name, or a Jinja file
     ("*", "--flash-attn"): ("none", "flash_attn"),
     ("*", "--imatrix"): ("file", None),
+    ("rm", "target"): ("hf", None),  # user/repo[:quant] from the cache (a file path is typed out)
+    ("stop", "model"): ("hf", None),
     ("quantize", "args"): ("gguf", "quant_types"),  # INPUT [OUTPUT] TYPE [NTHREADS]
     ("quantize", "--output-tensor-type"): ("none", "tensor_types"),
     ("quantize", "--token-embedding-type"): ("none", "tensor_types"),

@@ -25,14 +25,14 @@ from ...errors import (
 )
 from ..gguf.reader import read_gguf
 from ..gguf.vocab_check import check_vocab
+from .catalog import SPLIT_PART as _SPLIT
+from .catalog import cached_models, current_revision, hub_cache_dir, quant_in_name, repo_files, scan_hub_cache
+
+__all__ = ["hub_cache_dir"]  # also imported from here by the completion tests
 
 DEFAULT_QUANT = "Q4_K_M"
 FIRST_CHOICE_REPO = "ggml-org/gemma-3-1b-it-GGUF"
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-_SPLIT = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
-_QUANT_IN_NAME = re.compile(
-    r"(?<![A-Za-z0-9])(I?Q\d(?:_[A-Z0-9]+)*|BF16|F16|F32|MXFP4(?:_MOE)?)(?=[.-])", re.IGNORECASE
-)
 
 
 @dataclass(frozen=True)
@@ -58,13 +58,6 @@ class ResolvedModel:
     @property
     def display_name(self) -> str:
         return f"{self.repo}:{self.filename}" if self.repo else str(self.path)
-
-
-@dataclass(frozen=True)
-class CachedModel:
-    repo: str
-    filename: str
-    size: int
 
 
 def resolve_model(request: ModelRequest, *, tqdm_class: Any = None, tokenizer: bool = True) -> ResolvedModel:
@@ -139,17 +132,6 @@ def parse_hf_spec(spec: str) -> tuple[str, str | None]:
     return repo, (tag.strip() or None)
 
 
-def hub_cache_dir() -> Path:
-    """The Hugging Face hub cache, found from the environment at call time, as huggingface_hub does."""
-    env = os.environ
-    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
-        if env.get(var):
-            return Path(env[var]).expanduser()
-    if env.get("HF_HOME"):
-        return Path(env["HF_HOME"]).expanduser() / "hub"
-    return Path(env.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "huggingface" / "hub"
-
-
 def offline_requested(request: ModelRequest) -> bool:
     return request.offline or os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
 
@@ -159,19 +141,18 @@ def resolve_hf(request: ModelRequest, *, tqdm_class: Any = None, tokenizer: bool
     if offline_requested(request):
         # Say how the user asked for offline mode, so the hint names what to undo.
         online = "without --offline" if request.offline else "with HF_HUB_OFFLINE unset"
-        snapshot = _cached_snapshot(repo)
-        files = _snapshot_files(snapshot) if snapshot else []
+        files = _cached_repo_files(repo)
         if not files:
             raise OfflineMiss(
                 f"offline mode: {repo} is not in the local Hugging Face cache ({hub_cache_dir()})",
                 hint=f"run once {online} to download it: -hf {request.hf_repo}",
             )
-        names = pick_gguf_files(files, tag, request.hf_file, repo)
-        paths = tuple(snapshot / n for n in names)
-        missing = [p for p in paths if not p.exists()]
+        names = pick_gguf_files(list(files), tag, request.hf_file, repo)
+        missing = [n for n in names if n not in files]
         if missing:
-            raise OfflineMiss(f"offline mode: {missing[0].name} of {repo} is not in the local cache",
+            raise OfflineMiss(f"offline mode: {missing[0].rsplit('/', 1)[-1]} of {repo} is not in the local cache",
                               hint=f"run once {online} to download it")
+        paths = tuple(files[n] for n in names)
     else:
         files = _list_repo_files(repo, request.hf_token)
         names = pick_gguf_files(files, tag, request.hf_file, repo)
@@ -241,48 +222,30 @@ def available_quants(ggufs: list[str]) -> list[str]:
     """The distinct quant names found in GGUF file names, in file order."""
     seen: dict[str, None] = {}
     for f in ggufs:
-        m = _QUANT_IN_NAME.search(f.rsplit("/", 1)[-1])
-        seen[m.group(1).upper() if m else f.rsplit("/", 1)[-1]] = None
+        seen[quant_in_name(f) or f.rsplit("/", 1)[-1]] = None
     return list(seen)
 
 
-def _repo_cache_dir(repo: str) -> Path:
-    return hub_cache_dir() / ("models--" + repo.replace("/", "--"))
+def _cached_repo_files(repo: str) -> dict[str, Path]:
+    """The files of `repo`'s current cached revision, by path in the repo (empty when not cached)."""
+    from huggingface_hub import try_to_load_from_cache
 
-
-def _cached_snapshot(repo: str) -> Path | None:
-    """The snapshot `refs/main` points at, else the newest snapshot present."""
-    root = _repo_cache_dir(repo)
-    ref = root / "refs" / "main"
-    if ref.is_file():
-        snap = root / "snapshots" / ref.read_text().strip()
-        if snap.is_dir():
-            return snap
-    snaps = sorted((root / "snapshots").glob("*"), key=lambda p: p.stat().st_mtime, reverse=True) if root.is_dir() else []
-    return snaps[0] if snaps else None
-
-
-def _snapshot_files(snapshot: Path) -> list[str]:
-    return sorted(str(p.relative_to(snapshot)) for p in snapshot.rglob("*") if p.is_file())
-
-
-def list_cached_models() -> list[CachedModel]:
-    """Every GGUF file in the local Hugging Face cache (no network)."""
-    found = []
-    for root in sorted(hub_cache_dir().glob("models--*--*")):
-        repo = root.name[len("models--"):].replace("--", "/", 1)
-        snapshot = _cached_snapshot(repo)
-        for name in _snapshot_files(snapshot) if snapshot else []:
-            if name.lower().endswith(".gguf") and "mmproj" not in name.lower():
-                m = _SPLIT.search(name)
-                if m and m.group(1) != "00001":
-                    continue
-                found.append(CachedModel(repo, name, (snapshot / name).stat().st_size))
+    cache = scan_hub_cache()
+    repo_info = next((r for r in cache.repos if r.repo_id == repo and r.repo_type == "model"), None) if cache else None
+    revision = current_revision(repo_info) if repo_info else None
+    if revision is None:
+        return {}
+    found = {}
+    for name in repo_files(revision):
+        # The cache API's own lookup: the snapshot entry for this commit, if the file is complete.
+        path = try_to_load_from_cache(repo, name, cache_dir=hub_cache_dir(), revision=revision.commit_hash)
+        if isinstance(path, str):
+            found[name] = Path(path)
     return found
 
 
 def no_model_error() -> NoModelGiven:
-    cached = list_cached_models()
+    cached = cached_models()
     if not cached:
         hint = f"no GGUF models in your Hugging Face cache yet; a small first choice: -hf {FIRST_CHOICE_REPO}"
     else:
@@ -299,8 +262,20 @@ def _token(explicit: str | None) -> str | None:
     return explicit or os.environ.get("HF_TOKEN") or None
 
 
+def remote_model_files(spec: str, token: str | None = None) -> tuple[list[str], int]:
+    """The file(s) `-hf spec` would download and their size in bytes, from the Hub's file listing."""
+    repo, tag = parse_hf_spec(spec)
+    sizes = _list_repo_tree(repo, token)
+    names = pick_gguf_files(list(sizes), tag, None, repo)
+    return names, sum(sizes[n] for n in names)
+
+
 def _list_repo_files(repo: str, token: str | None) -> list[str]:
-    """The repo's file paths, in one attempt: an unreachable Hub fails at once instead of after the
+    return list(_list_repo_tree(repo, token))
+
+
+def _list_repo_tree(repo: str, token: str | None) -> dict[str, int]:
+    """The repo's file paths and sizes, in one attempt: an unreachable Hub fails at once instead of after the
     client's ~20 s of retries (HfApi.list_repo_files retries connection errors five times)."""
     from urllib.parse import quote
 
@@ -309,13 +284,13 @@ def _list_repo_files(repo: str, token: str | None) -> list[str]:
     _quiet_hub_logging()
     url = f"{_hub_endpoint() or 'https://huggingface.co'}/api/models/{quote(repo)}/tree/main"
     params: dict[str, str] | None = {"recursive": "true", "expand": "false"}
-    files: list[str] = []
+    files: dict[str, int] = {}
     with _hub_errors(repo):
         while url:
             response = get_session().get(url, params=params, headers=build_hf_headers(token=_token(token)),
                                          timeout=30, follow_redirects=True)
             hf_raise_for_status(response)
-            files += [e["path"] for e in response.json() if e.get("type") == "file"]
+            files.update({e["path"]: int(e.get("size") or 0) for e in response.json() if e.get("type") == "file"})
             url, params = (response.links.get("next") or {}).get("url"), None
     return files
 
@@ -328,16 +303,11 @@ def _quiet_hub_logging() -> None:
 
 
 def _download(repo: str, filename: str, token: str | None, tqdm_class: Any) -> Path:
-    from huggingface_hub import hf_hub_download
+    from .download import download_to_cache
 
     _quiet_hub_logging()
     with _hub_errors(repo, filename):
-        return Path(
-            hf_hub_download(
-                repo, filename, cache_dir=hub_cache_dir(), token=_token(token),
-                endpoint=_hub_endpoint(), tqdm_class=tqdm_class,
-            )
-        )
+        return download_to_cache(repo, filename, token=_token(token), endpoint=_hub_endpoint(), tqdm_class=tqdm_class)
 
 
 class _hub_errors:
