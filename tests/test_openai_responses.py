@@ -13,6 +13,8 @@ import jsonschema
 import openai
 import pytest
 
+from pyllama_cli.server.errors import APIError
+from pyllama_cli.server.openai_responses.store import ResponseStore
 from tests.test_serve import Server, _start
 
 N_SLOTS = 4
@@ -177,3 +179,17 @@ def test_codex_style_tools_namespaces_join_and_hosted_tools_are_left_out(server:
                                                "parameters": WEATHER["parameters"]}}]
     assert response.usage.input_tokens == _prompt_tokens(server, [{"role": "system", "content": "Hi"},
                                                                   {"role": "user", "content": "weather?"}], tools)
+
+
+def test_the_store_forgets_the_oldest_past_its_count_or_its_bytes() -> None:
+    store = ResponseStore(max_count=2, max_bytes=400)
+    for i in range(3):
+        store.put({"id": f"r{i}"}, [{"role": "user", "content": "x"}])
+    assert list(store.items) == ["r1", "r2"]
+    store.put({"id": "big", "text": "y" * 360}, [])
+    assert list(store.items) == ["big"] and store.size <= 400
+    store.put({"id": "huge", "text": "z" * 500}, [])  # larger than the whole store: not kept
+    assert list(store.items) == ["big"]
+    with pytest.raises(APIError) as caught:
+        store.get("r0", "previous_response_id")
+    assert (caught.value.status, caught.value.param) == (404, "previous_response_id")
