@@ -1,7 +1,7 @@
 """The agents' APIs under load: streamed `/v1/messages` and `/v1/responses`, pyllama against llama-server.
 
 Both servers run the same model, context and threads with 4 slots, and are driven in turn (A,B then
-B,A) by 4 concurrent streaming clients sharing 16 requests of up to 64 tokens, once per API.
+B,A) by 4 concurrent streaming clients sharing 8 requests of up to 48 tokens, once per API.
 Reported per API: generated tokens/s (the output tokens the streams' usage reports / wall time)
 and p50 time to the first text delta. Target: pyllama >= 1.0x llama-server.
 
@@ -19,8 +19,8 @@ import time
 import _common as common
 from bench_serve_parallel import free_port, start_server, stop_server
 
-N_TOKENS = 64
-CLIENTS, REQUESTS = 4, 16
+N_TOKENS = 48
+CLIENTS, REQUESTS = 4, 8
 LOADS_PER_ROUND = 2
 
 
