@@ -44,17 +44,24 @@ def _read(api: str, data: dict) -> tuple[bool, int | None]:
 
 
 async def _stream(client, url: str, api: str, i: int) -> tuple[int, float]:
+    """(output tokens, seconds to the first text); (0, 0.0) for a request that failed."""
+    import httpx
+
     path, body = _request(api, i)
     start, first, tokens = time.perf_counter(), 0.0, 0
-    async with client.stream("POST", url + path, json=body, timeout=600) as response:
-        response.raise_for_status()
-        async for line in response.aiter_lines():
-            if not line.startswith("data: "):
-                continue
-            text, used = _read(api, json.loads(line[6:]))
-            if text and not first:
-                first = time.perf_counter() - start
-            tokens = used if used is not None else tokens
+    try:
+        async with client.stream("POST", url + path, json=body, timeout=600) as response:
+            response.raise_for_status()
+            async for line in response.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                text, used = _read(api, json.loads(line[6:]))
+                if text and not first:
+                    first = time.perf_counter() - start
+                tokens = used if used is not None else tokens
+    except httpx.HTTPError as exc:
+        print(f"{url}{path}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 0, 0.0
     return tokens, first
 
 
@@ -71,7 +78,9 @@ async def load(url: str, api: str) -> dict[str, float]:
         start = time.perf_counter()
         await asyncio.gather(*[worker() for _ in range(CLIENTS)])
         wall = time.perf_counter() - start
-    return {"tps": sum(t for t, _ in results) / wall, "ttft": statistics.median(f for _, f in results)}
+    ok = [f for t, f in results if t]
+    return {"tps": sum(t for t, _ in results) / wall, "ttft": statistics.median(ok) if ok else 0.0,
+            "errors": len(results) - len(ok)}
 
 
 def main() -> None:
@@ -110,7 +119,9 @@ def main() -> None:
         ref, ours = runs["ref"][api], runs["ours"][api]
         paired = statistics.median(o["tps"] / f["tps"] for f, o in zip(ref, ours))
         print(f"{api}: median paired ratio {paired:.3f}; p50 time to first text llama-server "
-              f"{common.median([x['ttft'] for x in ref]):.3f} s, pyllama {common.median([x['ttft'] for x in ours]):.3f} s")
+              f"{common.median([x['ttft'] for x in ref]):.3f} s, pyllama {common.median([x['ttft'] for x in ours]):.3f} s; "
+              f"failed requests llama-server {sum(x['errors'] for x in ref):.0f}, "
+              f"pyllama {sum(x['errors'] for x in ours):.0f}")
 
 
 if __name__ == "__main__":
