@@ -40,7 +40,10 @@ from ..options.serve import (
     PortOpt,
     SleepIdleOpt,
     SlotSavePathOpt,
+    ReasoningBudgetOpt,
+    ReasoningFormatOpt,
 )
+from ..core.text.reasoning import FORMAT_DEEPSEEK, REASONING_FORMATS, UNLIMITED
 
 EXAMPLES = """\
 Examples:
@@ -85,6 +88,8 @@ def serve(
     models_max: ModelsMaxOpt = DEFAULT_MODELS_MAX,
     sleep_idle_seconds: SleepIdleOpt = -1,
     models_preset: ModelsPresetOpt = None,
+    reasoning_format: ReasoningFormatOpt = FORMAT_DEEPSEEK,
+    reasoning_budget: ReasoningBudgetOpt = UNLIMITED,
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API: chat, completions, embeddings.
 
@@ -101,6 +106,10 @@ def serve(
     from ..server import run as server
     from ..server.settings import ServerSettings
 
+    if reasoning_format not in REASONING_FORMATS:
+        raise typer.BadParameter(f"{reasoning_format!r} is not one of {', '.join(REASONING_FORMATS)}",
+                                 param_hint="'--reasoning-format'")
+
     if chat_template:
         from ..core.text.chat_template import resolve_template
 
@@ -108,6 +117,9 @@ def serve(
     if embeddings and speculative.settings.enabled:
         raise UsageError("--spec-type and -md speed up generation; an --embeddings server generates nothing",
                          hint="drop --spec-type/-md, or serve a generating model without --embeddings")
+    if reasoning_format not in REASONING_FORMATS:
+        raise typer.BadParameter(f"{reasoning_format!r} is not one of {', '.join(REASONING_FORMATS)}",
+                                 param_hint="'--reasoning-format'")
     spec = resolve_draft(speculative.settings, speculative.draft, download_tqdm())
     paths: list[str] = list(model.model or [])  # -m and -hf are repeatable here: lists
     repos: list[str] = list(model.hf_repo or [])
@@ -118,6 +130,7 @@ def serve(
         stop=sampling.stop, api_key=api_key or None, cors_origins=tuple(cors_origin or ()),
         max_body_size=parse_size(max_body_size), chat_template=chat_template, webui=not no_webui,
         limits=limits, speculative=spec, slot_save_path=slot_save_path.resolve() if slot_save_path else None,
+        reasoning_format=reasoning_format, reasoning_budget=reasoning_budget,
     )
     if router:
         _serve_router(ctx, model, paths, repos, load, settings, host, port, embeddings=embeddings, alias=alias,
