@@ -43,7 +43,7 @@ from ..options.serve import (
     ReasoningBudgetOpt,
     ReasoningFormatOpt,
 )
-from ..core.text.reasoning import FORMAT_DEEPSEEK, REASONING_FORMATS, UNLIMITED
+from ..core.text.reasoning import FORMAT_DEEPSEEK, UNLIMITED
 
 EXAMPLES = """\
 Examples:
@@ -106,9 +106,6 @@ def serve(
     from ..server import run as server
     from ..server.settings import ServerSettings
 
-    if reasoning_format not in REASONING_FORMATS:
-        raise typer.BadParameter(f"{reasoning_format!r} is not one of {', '.join(REASONING_FORMATS)}",
-                                 param_hint="'--reasoning-format'")
 
     if chat_template:
         from ..core.text.chat_template import resolve_template
@@ -117,9 +114,6 @@ def serve(
     if embeddings and speculative.settings.enabled:
         raise UsageError("--spec-type and -md speed up generation; an --embeddings server generates nothing",
                          hint="drop --spec-type/-md, or serve a generating model without --embeddings")
-    if reasoning_format not in REASONING_FORMATS:
-        raise typer.BadParameter(f"{reasoning_format!r} is not one of {', '.join(REASONING_FORMATS)}",
-                                 param_hint="'--reasoning-format'")
     spec = resolve_draft(speculative.settings, speculative.draft, download_tqdm())
     paths: list[str] = list(model.model or [])  # -m and -hf are repeatable here: lists
     repos: list[str] = list(model.hf_repo or [])
