@@ -29,7 +29,8 @@ RETRY_AFTER_S = 5  # what a cut request's 503 tells the client to wait before tr
 ANTHROPIC_PATHS = ("/v1/messages",)
 ANTHROPIC_TYPES = {
     400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
-    405: "invalid_request_error", 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error",
+    405: "invalid_request_error", 413: "request_too_large", 429: "rate_limit_error", 500: "api_error",
+    503: "overloaded_error", 529: "overloaded_error",
 }
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Tags pydantic puts in an error location for the member of a union that failed.

@@ -18,10 +18,9 @@ from ...core.generate.decide import STOP_CONTEXT, STOP_LENGTH, STOP_STOP
 from ...core.serving.engine import Engine
 from ...core.serving.jobs import JobStream
 from .. import responses as r
-from ..errors import to_api_error
 from ..openai_answers import CALLS, PING, REASONING, TEXT, Running, collect_all, streamed_parts, whole_parts
 from ..prepare import PreparedChat
-from ..sse import EventStream
+from ..sse import EventStream, anthropic_error_event
 
 PING_S = 5.0  # a ping this long after the last event, while a long prompt is still being read
 
@@ -149,6 +148,6 @@ async def _events(stream: JobStream, prep: PreparedChat, model: str) -> AsyncIte
                                             "usage": _usage(answer.stats.n_prompt, answer.stats.n_generated)})
         yield named_event("message_stop", {"type": "message_stop"})
     except Exception as exc:  # noqa: BLE001 - the status line is gone; report in the stream, as Anthropic does
-        yield named_event("error", to_api_error(exc).anthropic_body())
+        yield anthropic_error_event(exc)
     finally:
         stream.cancel()  # a no-op once the job is done; stops it when this stream is torn down early
