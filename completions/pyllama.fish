@@ -198,6 +198,7 @@ complete -c pyllama -n '__pyllama_using complete' -s e -l escape -l no-escape -d
 complete -c pyllama -n '__pyllama_using complete' -l chat -d 'Send the prompt as one user turn through the model\'s chat template (instruct models).'
 complete -c pyllama -n '__pyllama_using complete' -o sys -l system-prompt -d 'System prompt: the system message that opens the conversation.' -x
 complete -c pyllama -n '__pyllama_using complete' -l chat-template -d 'Chat template: a built-in name (chatml, llama3, ...), a .jinja file or Jinja text (default: the model\'s own).' -x -a '(__pyllama_values file chatml gemma llama2 llama2-sys llama2-sys-bos llama2-sys-strip llama3 mistral phi3 zephyr)'
+complete -c pyllama -n '__pyllama_using complete' -l reasoning -d 'A reasoning model\'s thinking (between the template\'s markers, such as <think> and </think>): show it, or hide it and print the answer only.' -x
 complete -c pyllama -n '__pyllama_using complete' -l truncate -d 'If the prompt is longer than the context, keep its end (and say so) instead of failing.'
 complete -c pyllama -n '__pyllama_using complete' -l prompt-cache -d 'Save the evaluated prompt\'s state to this file and reuse its longest matching prefix next time.' -x -a '(__pyllama_values file)'
 complete -c pyllama -n '__pyllama_using complete' -l echo -d 'Print the prompt before the generated text.'
@@ -401,6 +402,8 @@ complete -c pyllama -n '__pyllama_using serve' -l models-cache -d 'Serve every G
 complete -c pyllama -n '__pyllama_using serve' -l models-max -d 'Models loaded at once (0 = no limit); the least recently used idle one is unloaded to make room.' -x
 complete -c pyllama -n '__pyllama_using serve' -l sleep-idle-seconds -d 'Unload a model idle this long (-1 = never); a request\'s keep_alive overrides it for its model.' -x
 complete -c pyllama -n '__pyllama_using serve' -l models-preset -d 'INI file of per-model settings: [MODEL_ID] or [*] sections of flag = value (c, np, chat-template, alias, temp, ...).' -x -a '(__pyllama_values file)'
+complete -c pyllama -n '__pyllama_using serve' -l reasoning-format -d 'Thinking between the template\'s markers (<think>...</think>): \'deepseek\' puts it in reasoning_content, thinking blocks and reasoning items; \'none\' leaves it in the answer\'s text.' -x
+complete -c pyllama -n '__pyllama_using serve' -l reasoning-budget -d 'Thinking tokens before the think block is closed and the answer follows: -1 = unlimited, 0 = none.' -x
 complete -c pyllama -n '__pyllama_using serve' -l shutdown-grace -d 'Seconds running requests get to finish after SIGTERM/Ctrl-C; then streams end with a server_shutdown error event and waiting requests get 503.' -x
 complete -c pyllama -n '__pyllama_using serve' -l max-header-size -d 'Largest total size of a request\'s header fields in bytes (larger gets 431).' -x
 complete -c pyllama -n '__pyllama_using serve' -l max-headers -d 'Most header fields in one request (more gets 431).' -x

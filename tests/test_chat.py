@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from pyllama_cli.chat.repl import ChatRepl, ChatSettings, command_names, find_command, parse_param
-from pyllama_cli.chat.ui import PlainUI, ReasoningSplitter, TerminalUI
+from pyllama_cli.chat.ui import PlainUI, TerminalUI
+from pyllama_cli.core.text.reasoning import ReasoningSplitter, Thinking
 from pyllama_cli.console import STYLES
 from pyllama_cli.core.text.chat_template import BUILTIN_TEMPLATES, TemplateError, render_template
 from pyllama_cli.core.generate.conversation import Conversation, fit_context, open_chat_engine
@@ -531,7 +532,7 @@ def test_reasoning_is_split_even_when_tags_straddle_chunks() -> None:
     assert parts + split.flush() == [(True, "plan"), (False, "\n\nAnswer "), (False, "<b")]
     out = io.StringIO()
     text = PlainUI(reasoning="hide", stdout=out, stderr=io.StringIO()).show_answer(
-        iter(["plan</th", "ink>\n\nAnswer\n", "\n"]), opens_reasoning=True)
+        iter(["plan</th", "ink>\n\nAnswer\n", "\n"]), Thinking(inside=True))
     assert (out.getvalue(), text) == ("Answer\n\n", "plan</think>\n\nAnswer\n\n")
 
 

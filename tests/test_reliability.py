@@ -508,14 +508,21 @@ def test_a_cut_stream_ends_in_each_api_shape() -> None:
 
 
 def test_sigterm_cuts_streams_with_an_error_event_and_exits_0(tiny_model: Path, tmp_path: Path) -> None:
-    srv = _start(tiny_model, tmp_path / "stderr.log", "-np", "4", "-c", "65536", "--shutdown-grace", "1")
-    body = {"messages": [{"role": "user", "content": "tell a story"}], "max_tokens": 100_000, "ignore_eos": True}
+    # Two OpenAI chat streams, one Anthropic Messages stream and one Responses stream: each cut stream ends
+    # with its API's own error event, never as a finished answer.
+    srv = _start(tiny_model, tmp_path / "stderr.log", "-np", "4", "-c", "65536", "--shutdown-grace", "1",
+                 "--ignore-eos")
+    messages = [{"role": "user", "content": "tell a story"}]
+    body = {"messages": messages, "max_tokens": 100_000}
+    requests = [("/v1/chat/completions", body), ("/v1/chat/completions", body), ("/v1/messages", body),
+                ("/v1/responses", {"input": "tell a story", "max_output_tokens": 100_000})]
     streams: dict[int, list[str]] = {}
     whole: dict[str, httpx.Response] = {}
 
     def stream(i: int) -> None:
-        with httpx.stream("POST", f"{srv.url}/v1/chat/completions", json={**body, "stream": True}, timeout=30) as r:
-            streams[i] = [line.removeprefix("data: ") for line in r.iter_lines() if line.startswith("data: ")]
+        path, fields = requests[i]
+        with httpx.stream("POST", f"{srv.url}{path}", json={**fields, "stream": True}, timeout=30) as r:
+            streams[i] = [line for line in r.iter_lines() if line]
 
     def wait_whole() -> None:  # a fifth request waits for a slot, unstreamed
         whole["reply"] = httpx.post(f"{srv.url}/v1/chat/completions", json=body, timeout=30)
@@ -533,12 +540,21 @@ def test_sigterm_cuts_streams_with_an_error_event_and_exits_0(tiny_model: Path, 
         t.join(15)
     assert code == 0, srv.stderr[-2000:]
     assert sorted(streams) == [0, 1, 2, 3]
-    for lines in streams.values():
-        assert lines[-1] == "[DONE]", lines[-3:]
-        assert json.loads(lines[-2]).get("error") == {"message": "the server is shutting down", "type": "server_shutdown",
-                                                  "param": None, "code": "server_shutdown"}
+    for lines in (streams[0], streams[1]):
+        data = [line.removeprefix("data: ") for line in lines]
+        assert data[-1] == "[DONE]", data[-3:]
+        assert json.loads(data[-2]).get("error") == {"message": "the server is shutting down", "type": "server_shutdown",
+                                                 "param": None, "code": "server_shutdown"}
         # The cut stream never says it finished (the tiny model's tokens may all be empty text: no count).
-        assert {c["finish_reason"] for line in lines[:-2] for c in json.loads(line)["choices"]} == {None}
+        assert {c["finish_reason"] for line in data[:-2] for c in json.loads(line)["choices"]} == {None}
+    anthropic = streams[2]
+    assert anthropic[-2:] == ["event: error", 'data: {"type":"error","error":{"type":"overloaded_error",'
+                              '"message":"the server is shutting down"}}'], anthropic[-4:]
+    assert "event: message_delta" not in anthropic and "event: message_stop" not in anthropic
+    responses = streams[3]
+    assert responses[-2] == "event: error", responses[-4:]
+    assert json.loads(responses[-1].removeprefix("data: "))["code"] == "server_shutdown"
+    assert "event: response.completed" not in responses
     reply = whole["reply"]
     assert (reply.status_code, reply.headers.get("retry-after")) == (503, "5"), (reply.headers, reply.text)
     assert reply.json()["error"]["type"] == "server_shutdown"

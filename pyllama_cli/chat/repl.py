@@ -320,7 +320,7 @@ class ChatRepl:
             try:
                 chunks = self.engine.answer(self.conv.to_messages(), sampling, max_tokens=s.max_tokens,
                                             stop=s.stop, stop_flag=self.ctrl_c.__bool__)
-                text = self.ui.show_answer(chunks, self.engine.opens_reasoning)
+                text = self.ui.show_answer(chunks, self.engine.thinking)
             except Interrupted:
                 text = ""
         if self.ctrl_c.exit:

@@ -23,6 +23,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
+from ..core.text.reasoning import ReasoningSplitter, Thinking
+
 try:
     import termios
 except ImportError:  # Windows: no echo control, nothing else changes
@@ -30,7 +32,6 @@ except ImportError:  # Windows: no echo control, nothing else changes
 
 REASONING_SHOW = "show"
 REASONING_HIDE = "hide"
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 BLOCK_QUOTES = '"""'
 REFRESH_S = 0.08  # live Markdown re-render interval: smooth enough, cheap on long answers
 
@@ -44,7 +45,7 @@ class ChatUI:
         """The next message or command; None at end of input. Ctrl-C raises KeyboardInterrupt."""
         raise NotImplementedError
 
-    def show_answer(self, chunks: Iterable[str], opens_reasoning: bool = False) -> str:
+    def show_answer(self, chunks: Iterable[str], thinking: Thinking = Thinking()) -> str:
         """Show streamed answer text as it arrives; return all of it."""
         raise NotImplementedError
 
@@ -96,9 +97,9 @@ class PlainUI(ChatUI):
             return collect_block(line, self._line)
         return line
 
-    def show_answer(self, chunks: Iterable[str], opens_reasoning: bool = False) -> str:
+    def show_answer(self, chunks: Iterable[str], thinking: Thinking = Thinking()) -> str:
         raw: list[str] = []
-        splitter = ReasoningSplitter(opens_reasoning)
+        splitter = thinking.splitter()
         newlines = ""  # trailing newlines wait until more text follows: the answer ends with exactly one
         started = False
         for chunk in itertools.chain(chunks, [""]):  # "" flushes text held back as a possible tag ("a <" at the end)
@@ -159,42 +160,6 @@ def is_open_block(text: str) -> bool:
     return body.startswith(BLOCK_QUOTES) and not body[len(BLOCK_QUOTES):].rstrip().endswith(BLOCK_QUOTES)
 
 
-class ReasoningSplitter:
-    """Splits streamed text into (is_reasoning, text) parts at <think> and </think>, even mid-tag."""
-
-    def __init__(self, inside: bool = False):
-        self.inside = inside
-        self.pending = ""
-
-    def feed(self, text: str) -> list[tuple[bool, str]]:
-        self.pending += text
-        parts: list[tuple[bool, str]] = []
-        while True:
-            tag = THINK_CLOSE if self.inside else THINK_OPEN
-            cut = self.pending.find(tag)
-            if cut < 0:
-                break
-            parts.append((self.inside, self.pending[:cut]))
-            self.pending = self.pending[cut + len(tag):]
-            self.inside = not self.inside
-        keep = _partial_tag(self.pending, THINK_CLOSE if self.inside else THINK_OPEN)
-        parts.append((self.inside, self.pending[: len(self.pending) - keep]))
-        self.pending = self.pending[len(self.pending) - keep:]
-        return [(r, t) for r, t in parts if t]
-
-    def flush(self) -> list[tuple[bool, str]]:
-        text, self.pending = self.pending, ""
-        return [(self.inside, text)] if text else []
-
-
-def _partial_tag(text: str, tag: str) -> int:
-    """Length of the longest end of `text` that could be the start of `tag`."""
-    for n in range(min(len(text), len(tag) - 1), 0, -1):
-        if text.endswith(tag[:n]):
-            return n
-    return 0
-
-
 def stats_line(stats: Any, n_used: int, n_ctx: int) -> str:
     """`[ Prompt: X t/s | Generation: Y t/s | TTFT: Z s | Context: used/n_ctx ]` for a GenerationStats, with
     `| Draft: accepted/drafted (rate)` before Context when speculative decoding drafted tokens."""
@@ -237,10 +202,10 @@ class TerminalUI(ChatUI):
         # A triple-quote block was edited as one buffer (Enter adds lines until it is closed): one history entry.
         return collect_block(line, lambda: None) if line.lstrip().startswith(BLOCK_QUOTES) else line
 
-    def show_answer(self, chunks: Iterable[str], opens_reasoning: bool = False) -> str:
+    def show_answer(self, chunks: Iterable[str], thinking: Thinking = Thinking()) -> str:
         render = self._stream_plain if self.plain else self._stream_markdown
         with _no_echo():
-            return render(chunks, ReasoningSplitter(opens_reasoning))
+            return render(chunks, thinking.splitter())
 
     def _stream_plain(self, chunks: Iterable[str], splitter: ReasoningSplitter) -> str:
         from rich.text import Text

@@ -31,6 +31,7 @@ Examples:
 
 PROMPT_PANEL = "Prompt"
 OUTPUT_PANEL = "Output"
+REASONING_CHOICES = ("show", "hide")
 
 
 @model_options(load=True)
@@ -56,6 +57,9 @@ def complete(
         rich_help_panel=PROMPT_PANEL)] = False,
     system_prompt: in_panel(SystemPromptOpt, PROMPT_PANEL) = None,
     chat_template: in_panel(ChatTemplateOpt, PROMPT_PANEL) = None,
+    reasoning: Annotated[str, typer.Option(
+        "--reasoning", help="A reasoning model's thinking (between the template's markers, such as <think> and "
+        "</think>): show it, or hide it and print the answer only.", rich_help_panel=OUTPUT_PANEL)] = "show",
     truncate: Annotated[bool, typer.Option(
         "--truncate", help="If the prompt is longer than the context, keep its end (and say so) instead of failing.",
         rich_help_panel=PROMPT_PANEL)] = False,
@@ -80,11 +84,15 @@ def complete(
     from ..core.generate.one_shot import OneShot, OneShotRequest, as_typed, read_prompt
     from ..core.generate.speculative import resolve_draft, speculating
     from ..core.interrupt import StopFlag, catch_sigint
+    from ..core.text.reasoning import AnswerOnly
 
     if system_prompt is not None and not chat:
         raise UsageError("-sys/--system-prompt needs --chat", hint="add --chat to use the chat template")
     if chat_template is not None and not chat:
         raise UsageError("--chat-template needs --chat", hint="add --chat to use the chat template")
+    if reasoning not in REASONING_CHOICES:
+        raise typer.BadParameter(f"{reasoning!r} is not one of {', '.join(REASONING_CHOICES)}",
+                                 param_hint="'--reasoning'")
     if prompt_cache is not None:
         require_folder(prompt_cache, "the prompt cache")
     unescape = process_text_escapes if escape else as_typed
@@ -99,7 +107,8 @@ def complete(
             speculating(spec, load, session.model, session.ctx.n_ctx) as speculation:
         run = OneShot(session.model, session.ctx, request, warn=warn, speculation=speculation)
         try:
-            interrupted = _stream(run, echo, catch_sigint, StopFlag())
+            answer = AnswerOnly(run.thinking) if reasoning == "hide" else None
+            interrupted = _stream(run, echo, catch_sigint, StopFlag(), answer)
         finally:
             run.close()
         _warn_if_cut(run.report.stats, session.ctx.n_ctx, constrained=request.sampling.grammar is not None)
@@ -125,15 +134,18 @@ def _warn_if_cut(stats: Any, n_ctx: int, *, constrained: bool) -> None:
              "output was done, so it may be unfinished; raise -n/--n-predict")
 
 
-def _stream(run: Any, echo: bool, catch_sigint: Any, flag: Any) -> bool:
-    """Write the generated text to stdout as it comes; return True when Ctrl-C stopped it."""
+def _stream(run: Any, echo: bool, catch_sigint: Any, flag: Any, answer: Any) -> bool:
+    """Write the generated text to stdout as it comes (through `answer`, an AnswerOnly, when reasoning is
+    hidden); return True when Ctrl-C stopped it."""
     sink = _Stdout()
     with catch_sigint(flag):
         try:
             if echo:
                 sink.write(run.text)
             for piece in run.stream(stop_flag=flag.__bool__):
-                sink.write(piece)
+                sink.write(answer.feed(piece) if answer is not None else piece)
+            if answer is not None:
+                sink.write(answer.flush())
         except Interrupted:  # Ctrl-C during the prompt evaluation
             return True
         except BrokenPipeError:  # the reader went away (`| head`): stop generating, quietly, with 141 as others do

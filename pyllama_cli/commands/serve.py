@@ -40,7 +40,10 @@ from ..options.serve import (
     PortOpt,
     SleepIdleOpt,
     SlotSavePathOpt,
+    ReasoningBudgetOpt,
+    ReasoningFormatOpt,
 )
+from ..core.text.reasoning import FORMAT_DEEPSEEK, UNLIMITED
 
 EXAMPLES = """\
 Examples:
@@ -85,6 +88,8 @@ def serve(
     models_max: ModelsMaxOpt = DEFAULT_MODELS_MAX,
     sleep_idle_seconds: SleepIdleOpt = -1,
     models_preset: ModelsPresetOpt = None,
+    reasoning_format: ReasoningFormatOpt = FORMAT_DEEPSEEK,
+    reasoning_budget: ReasoningBudgetOpt = UNLIMITED,
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API: chat, completions, embeddings.
 
@@ -100,6 +105,7 @@ def serve(
     from ..core.generate.speculative import resolve_draft
     from ..server import run as server
     from ..server.settings import ServerSettings
+
 
     if chat_template:
         from ..core.text.chat_template import resolve_template
@@ -118,6 +124,7 @@ def serve(
         stop=sampling.stop, api_key=api_key or None, cors_origins=tuple(cors_origin or ()),
         max_body_size=parse_size(max_body_size), chat_template=chat_template, webui=not no_webui,
         limits=limits, speculative=spec, slot_save_path=slot_save_path.resolve() if slot_save_path else None,
+        reasoning_format=reasoning_format, reasoning_budget=reasoning_budget,
     )
     if router:
         _serve_router(ctx, model, paths, repos, load, settings, host, port, embeddings=embeddings, alias=alias,

@@ -47,6 +47,22 @@ ParallelOpt = Annotated[int, typer.Option(
 KvUnifiedOpt = Annotated[bool, typer.Option(
     "--kv-unified", help="One KV cache for all slots: each may use the whole context while there is room.",
     rich_help_panel=SERVER_PANEL)]
+def _reasoning_format(value: str) -> str:
+    from ..core.text.reasoning import REASONING_FORMATS
+
+    if value not in REASONING_FORMATS:
+        raise typer.BadParameter(f"{value!r} is not one of {', '.join(REASONING_FORMATS)}")
+    return value
+
+
+ReasoningFormatOpt = Annotated[str, typer.Option(
+    "--reasoning-format", callback=_reasoning_format, help="Thinking between the template's markers (<think>...</think>): 'deepseek' puts it "
+    "in reasoning_content, thinking blocks and reasoning items; 'none' leaves it in the answer's text.",
+    rich_help_panel=SERVER_PANEL)]
+ReasoningBudgetOpt = Annotated[int, typer.Option(
+    "--reasoning-budget", min=-1, help="Thinking tokens before the think block is closed and the answer "
+    "follows: -1 = unlimited, 0 = none. Requests' reasoning_effort or thinking.budget_tokens override it.",
+    rich_help_panel=SERVER_PANEL)]
 NoWebuiOpt = Annotated[bool, typer.Option(
     "--no-webui", help="Do not serve the chat page at / (the API is unchanged).", rich_help_panel=SERVER_PANEL)]
 

@@ -23,6 +23,8 @@ from ..core.serving.engine import BROKEN, Engine
 from ..core.serving.jobs import EmbeddingJob
 from ..errors import InputError
 from . import openai_answers
+from .anthropic import routes as anthropic
+from .openai_responses import routes as openai_responses
 from .auth import ApiKeyMiddleware
 from .errors import ERROR_TYPES, APIError, install_error_handlers, loading_error
 from .leases import LeaseMiddleware
@@ -132,6 +134,8 @@ async def _named(models: ModelSet, request: Request) -> ServedModel:
 def _add_routes(app: FastAPI, models: ModelSet) -> None:
     _add_openai_routes(app, models)
     _add_utility_routes(app, models)
+    anthropic.add_routes(app, models, _generation, _prepare)
+    openai_responses.add_routes(app, models, _generation, _prepare)
 
 
 def _add_openai_routes(app: FastAPI, models: ModelSet) -> None:

@@ -32,7 +32,8 @@ class ApiKeyMiddleware:
             return
         message = ("missing API key: send it as 'Authorization: Bearer KEY'" if given is None
                    else "invalid API key")
-        response = APIError(401, message, code="invalid_api_key").response(headers={"WWW-Authenticate": "Bearer"})
+        response = APIError(401, message, code="invalid_api_key").response(headers={"WWW-Authenticate": "Bearer"},
+                                                                         path=scope["path"])
         await response(scope, receive, send)
 
 

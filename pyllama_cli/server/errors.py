@@ -25,6 +25,13 @@ ERROR_TYPES = {
 }
 SHUTDOWN_ERROR = "server_shutdown"  # the error type of a request the server cut short (never a finished answer)
 RETRY_AFTER_S = 5  # what a cut request's 503 tells the client to wait before trying again
+# Routes of Anthropic's Messages API answer errors in Anthropic's shape (its clients read no other).
+ANTHROPIC_PATHS = ("/v1/messages",)
+ANTHROPIC_TYPES = {
+    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
+    405: "invalid_request_error", 413: "request_too_large", 429: "rate_limit_error", 500: "api_error",
+    503: "overloaded_error", 529: "overloaded_error",
+}
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Tags pydantic puts in an error location for the member of a union that failed.
 _UNION_TAGS = {"str", "int", "float", "bool", "dict", "list", "none", "tuple"}
@@ -50,8 +57,14 @@ class APIError(Exception):
         error = {"message": self.message, "type": self.error_type, "param": self.param, "code": self.code}
         return {"error": {**error, **self.extra}}
 
-    def response(self, headers: dict[str, str] | None = None) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status, headers={**self.headers, **(headers or {})})
+    def anthropic_body(self) -> dict[str, Any]:
+        kind = ANTHROPIC_TYPES.get(self.status, "api_error" if self.status >= 500 else "invalid_request_error")
+        return {"type": "error", "error": {"type": kind, "message": self.message}}
+
+    def response(self, headers: dict[str, str] | None = None, path: str = "") -> JSONResponse:
+        """The answer, in Anthropic's shape on its routes' `path`s and OpenAI's elsewhere."""
+        body = self.anthropic_body() if path.startswith(ANTHROPIC_PATHS) else self.body()
+        return JSONResponse(body, status_code=self.status, headers={**self.headers, **(headers or {})})
 
 
 def loading_error() -> APIError:
@@ -92,7 +105,7 @@ async def handle_error(request: Request, exc: Exception) -> JSONResponse:
         metrics = getattr(request.app.state, "metrics", None)
         if metrics is not None:
             metrics.observe(request.url.path, error.status)
-    return error.response()
+    return error.response(path=request.url.path)
 
 
 # UnicodeEncodeError: utf-8 fails only on the lone surrogates a JSON body can carry, a client error (400).

@@ -57,7 +57,7 @@ class BodyLimitMiddleware:
         got = f" ({size} bytes)" if size is not None else ""
         error = APIError(413, f"the request body{got} is larger than the server's limit of {self.limit} bytes",
                          code="request_too_large")
-        await error.response(headers={"Connection": "close"})(scope, receive, send)
+        await error.response(headers={"Connection": "close"}, path=scope["path"])(scope, receive, send)
 
 
 async def _drain(receive: Receive, cap: int) -> None:

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import Request
 
 from ..core.serving.engine import Engine
-from ..core.serving.jobs import GenerationJob, JobStream
+from ..core.serving.jobs import Event, GenerationJob, JobStream
 from ..core.constrain.tools import ToolPlan, may_be_call, parse_tool_calls
 from . import responses as r
 from .llama import chat as llama_chat
@@ -77,9 +78,17 @@ async def _watch_disconnect(request: Request, running: Running | _Together) -> N
 async def chat_body(engine: Engine, prep: PreparedChat, model: str, request: Request) -> dict[str, Any]:
     header = r.Header.new("chatcmpl", model)
     answers = await collect_together(engine, llama_chat.choice_jobs(prep.job, prep.extras.n), request)
-    bodies = [r.chat_completion(header, answer, parse_tool_calls(answer.text, prep.tools) if prep.tools is not None
-                                else None, prep.logprobs) for answer in answers]
+    bodies = [_chat_choice(header, answer, prep) for answer in answers]
     return llama_chat.whole_body(bodies, answers, prep.extras)
+
+
+def _chat_choice(header: r.Header, answer: r.Answer, prep: PreparedChat) -> dict[str, Any]:
+    """One choice's body: its reasoning cut out (where the server separates it), then its tool calls read."""
+    reasoning = ""
+    if prep.thinking is not None:
+        reasoning, answer.text = prep.thinking.split(answer.text)
+    calls = parse_tool_calls(answer.text, prep.tools) if prep.tools is not None else None
+    return r.chat_completion(header, answer, calls, prep.logprobs, reasoning)
 
 
 async def collect_together(engine: Engine, jobs: list[GenerationJob], request: Request) -> list[r.Answer]:
@@ -114,25 +123,31 @@ def chat_stream(engine: Engine, prep: PreparedChat, model: str, include_usage: b
 async def _chat_events(stream: JobStream, prep: PreparedChat, header: r.Header,
                        include_usage: bool) -> AsyncIterator[bytes]:
     answer = r.Answer()
-    held = _HeldForTools(prep.tools)
+    held = HeldForTools(prep.tools)
+    split = SplitReasoning(prep)
     timer = llama_chat.StreamTimer()
     try:
         yield event(r.chat_chunk(header, {"role": "assistant", "content": None}))
         content = TextEvents(r.chat_chunk(header, {"content": TextEvents.MARK}))
+        thoughts = TextEvents(r.chat_chunk(header, {"reasoning_content": TextEvents.MARK}))
         async for ev in stream:
             if ev.progress is not None:
                 yield event({**r.chat_chunk(header, {}), "choices": [], "prompt_progress": timer.progress(ev.progress)})
             answer.probs.extend(ev.probs)
             if ev.done and ev.stats is not None:
                 answer.stats = ev.stats
-            for text, probs in held.feed(ev.text, ev.probs):
-                if prep.logprobs or prep.extras.timings_per_token:
-                    chunk = r.chat_chunk(header, {"content": text},
-                                         logprobs=r.chat_logprobs(probs) if prep.logprobs else None)
-                    yield event({**chunk, "timings": timer.token(len(ev.tokens))} if prep.extras.timings_per_token
-                                else chunk)
-                else:
-                    yield content.event(text)
+            for is_reasoning, piece in split.feed(ev.text, ev.done):
+                if is_reasoning:
+                    yield thoughts.event(piece)
+                    continue
+                for text, probs in held.feed(piece, ev.probs):
+                    if prep.logprobs or prep.extras.timings_per_token:
+                        chunk = r.chat_chunk(header, {"content": text},
+                                             logprobs=r.chat_logprobs(probs) if prep.logprobs else None)
+                        yield event({**chunk, "timings": timer.token(len(ev.tokens))}
+                                    if prep.extras.timings_per_token else chunk)
+                    else:
+                        yield content.event(text)
         calls, rest = held.finish()
         if rest is not None:
             text, probs = rest
@@ -152,7 +167,37 @@ async def _chat_events(stream: JobStream, prep: PreparedChat, header: r.Header,
     yield DONE
 
 
-class _HeldForTools:
+class SplitReasoning:
+    """A stream's text as (is_reasoning, text) parts: cut at the think markers when the server separates
+    reasoning, whole otherwise. White space around the reasoning and newlines before the answer are dropped, as
+    `Thinking.split` drops them from a whole answer, so the joined deltas equal the whole answer."""
+
+    def __init__(self, prep: PreparedChat):
+        self.splitter = prep.thinking.splitter() if prep.thinking is not None else None
+        self.inside = prep.thinking is not None and prep.thinking.inside
+        self.answer_started = False
+        self.thought = False  # whether any reasoning was sent
+        self.space = ""  # reasoning's trailing white space, sent only if more reasoning follows
+
+    def feed(self, text: str, done: bool) -> list[tuple[bool, str]]:
+        if self.splitter is None:
+            return [(False, text)] if text else []
+        out = []
+        for is_reasoning, piece in self.splitter.feed(text) + (self.splitter.flush() if done else []):
+            if is_reasoning:
+                piece = self.space + piece if self.thought else piece.lstrip()
+                body = piece.rstrip()
+                self.space = piece[len(body):]
+                piece, self.thought = body, self.thought or bool(body)
+            elif not self.answer_started and (self.thought or self.inside):
+                piece = piece.lstrip("\n")
+            if piece:
+                self.answer_started |= not is_reasoning
+                out.append((is_reasoning, piece))
+        return out
+
+
+class HeldForTools:
     """Decides what streamed text is content, holding back text that may be a tool call.
 
     Without tools everything passes through. With a forced call everything is held and read as a
@@ -184,6 +229,74 @@ class _HeldForTools:
         if calls:
             return calls, None
         return None, (self.text, self.probs) if self.text or self.probs else None
+
+
+# ---------------------------------------------------------------- the parts other APIs build answers from
+
+
+@dataclass(frozen=True)
+class Parts:
+    """A whole answer cut into what the APIs for agents show apart: thinking, text, tool calls."""
+
+    reasoning: str
+    text: str
+    calls: list[dict[str, Any]] | None
+
+
+def whole_parts(prep: PreparedChat, answer: r.Answer) -> Parts:
+    reasoning, text = prep.thinking.split(answer.text) if prep.thinking is not None else ("", answer.text)
+    calls = parse_tool_calls(text, prep.tools) if prep.tools is not None else None
+    return Parts(reasoning, "" if calls else text, calls)
+
+
+REASONING, TEXT, CALLS, PING = "reasoning", "text", "calls", "ping"
+
+
+async def streamed_parts(stream: JobStream, prep: PreparedChat, answer: r.Answer,
+                         ping_s: float | None = None) -> AsyncIterator[tuple[str, Any]]:
+    """A job's answer as it streams: (REASONING, text), (TEXT, text), then (CALLS, calls) if the answer is
+    tool calls; (PING, None) after each `ping_s` without an event (a long prompt still being read).
+    `answer` gets the statistics."""
+    split, held = SplitReasoning(prep), HeldForTools(prep.tools)
+    async for ev in _with_pings(stream, ping_s):
+        if ev is None:
+            yield PING, None
+            continue
+        if ev.done and ev.stats is not None:
+            answer.stats = ev.stats
+        for is_reasoning, piece in split.feed(ev.text, ev.done):
+            if is_reasoning:
+                yield REASONING, piece
+            else:
+                for text, _ in held.feed(piece, []):
+                    yield TEXT, text
+    calls, rest = held.finish()
+    if rest is not None and rest[0]:
+        yield TEXT, rest[0]
+    if calls:
+        yield CALLS, calls
+
+
+async def _with_pings(stream: JobStream, ping_s: float | None) -> AsyncIterator[Event | None]:
+    """The stream's events, with None each time `ping_s` pass without one."""
+    if ping_s is None:
+        async for ev in stream:
+            yield ev
+        return
+    waiting: asyncio.Future[Event] | None = None
+    try:
+        while True:
+            waiting = asyncio.ensure_future(anext(stream))
+            while not (await asyncio.wait({waiting}, timeout=ping_s))[0]:
+                yield None
+            try:
+                ev = waiting.result()
+            except StopAsyncIteration:
+                return
+            yield ev
+    finally:
+        if waiting is not None and not waiting.done():
+            waiting.cancel()
 
 
 # ---------------------------------------------------------------- text completions

@@ -12,12 +12,24 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
+
 from ..core.serving.engine import Engine
 from ..core.serving.jobs import GenerationJob
 from ..core.generate.sampling import SamplingSettings
 from ..core.constrain.tools import ToolPlan, ToolsError, plan_tools, render_with_tools
+from ..core.text.reasoning import (
+    EFFORT_BUDGETS,
+    FORMAT_NONE,
+    UNLIMITED,
+    BudgetSpec,
+    Thinking,
+    opens_reasoning,
+    template_markers,
+)
 from ..errors import ContextOverflow, InputError
-from .errors import APIError
+from .errors import APIError, to_api_error
 from .llama.chat import ChatExtras, chat_shape, extras_of
 from .schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, GenerationFields
 from .settings import ServerSettings
@@ -31,25 +43,60 @@ class PreparedChat:
     tools: ToolPlan | None
     logprobs: bool
     extras: ChatExtras = ChatExtras()  # llama-server's n, timings, verbose
+    thinking: Thinking | None = None  # how to cut the reasoning out of the answer (None: leave it whole)
 
 
-def prepare_chat(engine: Engine, settings: ServerSettings, req: ChatCompletionRequest) -> PreparedChat:
+def prepare_chat(engine: Engine, settings: ServerSettings, req: ChatCompletionRequest,
+                 think_budget: int | None = None, agent: bool = False) -> PreparedChat:
+    """The job of a chat request; `think_budget` (a Messages request's thinking.budget_tokens) wins over
+    the request's reasoning_effort, which wins over --reasoning-budget. An `agent` API (Messages,
+    Responses) offers tools whose schemas no grammar can enforce, unless a call to them is forced."""
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs", code="invalid_value")
     shape = chat_shape(engine, req, message_dicts(req.messages))
-    plan = plan_request_tools(req.tools, req.tool_choice, req.parallel_tool_calls is not False)
+    plan = plan_request_tools(req.tools, req.tool_choice, req.parallel_tool_calls is not False, not agent)
     prompt = render_prompt(engine, settings, shape.messages, plan, add_generation_prompt=shape.add_generation_prompt,
                            template_kwargs=req.chat_template_kwargs) + shape.prefill
     ids = engine.tokenize(prompt, add_special=True, parse_special=True)
     grammar = _grammar(req, settings, plan)
     requested = _requested_tokens(req, req.max_completion_tokens)
+    if think_budget is None and req.reasoning_effort:
+        think_budget = EFFORT_BUDGETS[req.reasoning_effort]
+    thinking, budget_spec = plan_reasoning(engine, settings, prompt, think_budget, grammar)
     job = GenerationJob(
         prompt=tuple(ids), sampling=_sampling(req, settings, grammar, engine),
         max_tokens=_budget(requested, len(ids), engine, settings, "messages"), stop=_stops(req.stop, settings),
         n_probs=(req.top_logprobs or 0) if req.logprobs else -1, id_slot=req.id_slot, cache_prompt=req.cache_prompt,
-        progress=req.return_progress,
+        progress=req.return_progress, think_budget=budget_spec,
     )
-    return PreparedChat(job, plan, bool(req.logprobs), extras_of(req, prompt))
+    return PreparedChat(job, plan, bool(req.logprobs), extras_of(req, prompt), thinking)
+
+
+def plan_reasoning(engine: Engine, settings: ServerSettings, prompt: str, budget: int | None,
+                   grammar: str | None) -> tuple[Thinking | None, BudgetSpec | None]:
+    """How a chat answer's thinking is cut out (None with --reasoning-format none), and the thinking
+    budget its job enforces: the request's `budget`, else --reasoning-budget. A grammar already decides
+    every token, so it gets no budget (forcing the end marker could break it)."""
+    markers = template_markers(engine.chat_template_text(settings.chat_template))
+    inside = opens_reasoning(prompt, markers)
+    thinking = Thinking(markers, inside) if settings.reasoning_format != FORMAT_NONE else None
+    budget = settings.reasoning_budget if budget is None else budget
+    if budget == UNLIMITED or grammar is not None:
+        return thinking, None
+    end = engine.tokenize(markers.end + "\n\n", add_special=False, parse_special=True)
+    return thinking, BudgetSpec(budget, tuple(end), inside, markers)
+
+
+def chat_request(fields: dict[str, Any]) -> ChatCompletionRequest:
+    """A chat request built from another API's request (Messages, Responses), checked as one.
+
+    Raises:
+        APIError: 400 naming the field the other API's request got wrong.
+    """
+    try:
+        return ChatCompletionRequest.model_validate(fields)
+    except ValidationError as exc:
+        raise to_api_error(RequestValidationError(exc.errors())) from None
 
 
 def prepare_completion(engine: Engine, settings: ServerSettings, req: CompletionRequest) -> list[GenerationJob]:
@@ -100,6 +147,8 @@ def message_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
             d["tool_calls"] = [c.model_dump() for c in m.tool_calls]
         if m.tool_call_id:
             d["tool_call_id"] = m.tool_call_id
+        if m.reasoning_content:
+            d["reasoning_content"] = m.reasoning_content
         out.append(d)
     return out
 
@@ -147,11 +196,12 @@ def _check_legacy_fields(req: CompletionRequest) -> None:
                        param="best_of", code="unsupported_value")
 
 
-def plan_request_tools(tools: list[Any] | None, tool_choice: Any, parallel: bool = True) -> ToolPlan | None:
+def plan_request_tools(tools: list[Any] | None, tool_choice: Any, parallel: bool = True,
+                       check_schemas: bool = True) -> ToolPlan | None:
     """The request's tools and tool_choice, checked; a mistake is a 400 naming the field."""
     choice = tool_choice.model_dump() if hasattr(tool_choice, "model_dump") else tool_choice
     try:
-        return plan_tools([t.model_dump() for t in tools] if tools else None, choice, parallel)
+        return plan_tools([t.model_dump() for t in tools] if tools else None, choice, parallel, check_schemas)
     except ToolsError as exc:
         raise APIError(400, exc.message, param="tools", code="invalid_value") from None
     except InputError as exc:

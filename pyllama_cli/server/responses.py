@@ -102,8 +102,10 @@ def chat_logprobs(probs: list[TokenProb]) -> dict[str, Any]:
 
 
 def chat_completion(header: Header, answer: Answer, tool_calls: list[dict[str, Any]] | None,
-                    logprobs: bool) -> dict[str, Any]:
+                    logprobs: bool, reasoning: str = "") -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": None if tool_calls else answer.text, "refusal": None}
+    if reasoning:
+        message["reasoning_content"] = reasoning
     if tool_calls:
         message["tool_calls"] = tool_calls
     choice = {"index": 0, "message": message, "logprobs": chat_logprobs(answer.probs) if logprobs else None,

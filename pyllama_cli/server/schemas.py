@@ -45,6 +45,7 @@ class ChatMessage(_Lenient):
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
+    reasoning_content: str | None = None  # an earlier answer's thinking, for templates that show it
 
 
 class FunctionDefinition(_Lenient):
@@ -148,6 +149,9 @@ class ChatCompletionRequest(GenerationFields):
     verbose: bool = False
     id_slot: int = Field(default=-1, ge=-1)
     cache_prompt: bool = True
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = Field(
+        default=None, description="Limits the thinking of a reasoning model (none, minimal: no thinking; low: "
+        "512 tokens; medium: 2048; high, xhigh: unlimited).")
 
 
 class CompletionRequest(GenerationFields):

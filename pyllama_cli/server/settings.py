@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ..core.generate.sampling import SamplingSettings
 from ..core.generate.speculative import SpeculativeSettings
+from ..core.text.reasoning import FORMAT_DEEPSEEK, UNLIMITED
 
 DEFAULT_MAX_BODY_SIZE = 8 * 1024 * 1024
 
@@ -44,3 +45,5 @@ class ServerSettings:
     limits: ServerLimits = field(default_factory=ServerLimits)
     speculative: SpeculativeSettings = field(default_factory=SpeculativeSettings)  # --spec-type, -md
     slot_save_path: Path | None = None  # where /slots/ID?action=save|restore files live (None: off)
+    reasoning_format: str = FORMAT_DEEPSEEK  # "none": thinking stays in the answer's text
+    reasoning_budget: int = UNLIMITED  # thinking tokens before the block is closed (-1: no limit)

@@ -35,22 +35,9 @@ def error_event(exc: BaseException) -> bytes:
     return event(to_api_error(exc).body())
 
 
-# Anthropic's error types by HTTP status (its docs' table; 503 is what a shutdown answers here).
-ANTHROPIC_ERRORS = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                    404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 500: "api_error",
-                    503: "overloaded_error", 529: "overloaded_error"}
-
-
-def anthropic_error(exc: BaseException) -> dict[str, Any]:
-    """Anthropic's error body for `exc`: `{"type": "error", "error": {"type", "message"}}`."""
-    error = to_api_error(exc)
-    kind = ANTHROPIC_ERRORS.get(error.status, "api_error" if error.status >= 500 else "invalid_request_error")
-    return {"type": "error", "error": {"type": kind, "message": error.message}}
-
-
 def anthropic_error_event(exc: BaseException) -> bytes:
     """The `event: error` that ends an Anthropic stream cut by `exc` (a shutdown: `overloaded_error`)."""
-    return b"event: error\n" + event(anthropic_error(exc))
+    return b"event: error\n" + event(to_api_error(exc).anthropic_body())
 
 
 class TextEvents:

@@ -52,8 +52,11 @@ class ToolPlan:
 
 
 def plan_tools(tools: list[dict[str, Any]] | None, tool_choice: str | dict[str, Any] | None,
-               parallel: bool = True) -> ToolPlan | None:
+               parallel: bool = True, check_schemas: bool = True) -> ToolPlan | None:
     """The plan for a request's `tools` and `tool_choice`; None when no tool may be called.
+
+    With `check_schemas` off, a tool whose parameters no grammar can enforce is still offered (agents
+    send dozens of tools with such schemas); only forcing a call to it fails.
 
     Raises:
         ToolsError: two tools share a name, or a tool's parameters are not a usable JSON schema.
@@ -67,7 +70,8 @@ def plan_tools(tools: list[dict[str, Any]] | None, tool_choice: str | dict[str, 
     duplicate = next((n for n in names if names.count(n) > 1), None)
     if duplicate:
         raise ToolsError(f"two tools are named {duplicate!r}")
-    _check_parameters(tools)  # whatever the choice: the same tools sent with "auto" would be refused
+    if check_schemas:  # whatever the choice: the same tools sent with "required" would be refused
+        _check_parameters(tools)
     if tool_choice == "none":
         return None
     if isinstance(tool_choice, dict):

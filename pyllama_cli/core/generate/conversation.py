@@ -19,6 +19,7 @@ from typing import Any
 from ...errors import ContextOverflow, InputError
 from ..text import json_text
 from ..text.chat_template import TURN_END_MARKERS, render_template, validate_messages
+from ..text.reasoning import Thinking, opens_reasoning, template_markers
 from .decide import STOP_EOS, STOP_LENGTH
 from .generator import Generator
 from .stats import GenerationStats
@@ -229,7 +230,8 @@ class ChatEngine:
         self.bos_text = _token_text(model, model.bos)
         self.eos_text = _token_text(model, model.eos)
         self.turn_end = TURN_END_MARKERS.get(template_name, ())
-        self.opens_reasoning = False  # the last prompt ended inside <think> (the template opened it)
+        self.markers = template_markers(template)
+        self.thinking = Thinking(self.markers)  # the last prompt's: did the template open the think block?
         # Recent prompts and prompt+answer pairs as text and as the exact tokens the model saw and produced,
         # so a later turn extends those tokens instead of re-tokenizing an answer that may split differently
         # (which would re-evaluate it), and /regen sees the very tokens the first answer came from.
@@ -281,7 +283,7 @@ class ChatEngine:
         """
         # Not a generator itself: the prompt is rendered (and template errors raised) right away.
         text = self.render(messages)
-        self.opens_reasoning = text.rstrip().endswith("<think>")
+        self.thinking = Thinking(self.markers, opens_reasoning(text, self.markers))
         prompt = self._continuation(text)
         if prompt is None:
             prompt = self._tokenize(text)

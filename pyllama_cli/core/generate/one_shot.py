@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import ContextOverflow, InputError, UsageError
-from ..text.chat_template import render_chat
+from ..text.chat_template import render_chat, resolve_template
+from ..text.reasoning import Thinking, opens_reasoning, template_markers
 from .generator import Generator
 from .stats import GenerationStats
 from ..model.native import Context, Model, lib
@@ -191,6 +192,7 @@ class OneShot:
             warn(f"the prompt has {len(ids)} tokens but the context holds {ctx.n_ctx}: kept its last "
                  f"{len(self.tokens)} tokens (--truncate)")
         check_logit_bias(self.request.sampling.logit_bias, self.model.n_vocab)
+        self.thinking = _thinking(model, request, self.text)
         self._eval_start: tuple[float, int] | None = None
 
     def stream(self, stop_flag: Callable[[], bool] = lambda: False) -> Iterator[str]:
@@ -242,3 +244,12 @@ class OneShot:
             self.report.cache_saved = True
         except InputError as exc:
             self.warn(exc.message)
+
+
+def _thinking(model: Model, request: OneShotRequest, prompt: str) -> Thinking:
+    """Where the answer's reasoning is: the chat template's think markers, and whether the prompt opened
+    the block (plain prompts use `<think>`, opened when the prompt ends with it)."""
+    if not request.chat:
+        return Thinking(inside=opens_reasoning(prompt))
+    markers = template_markers(resolve_template(model.chat_template(), request.chat_template)[0])
+    return Thinking(markers, opens_reasoning(prompt, markers))

@@ -19,6 +19,7 @@ import numpy as np
 from ..generate.decide import STOP_INTERRUPTED
 from ..generate.sampling import SamplingSettings
 from ..generate.stats import GenerationStats
+from ..text.reasoning import BudgetSpec
 from ..interrupt import StopFlag
 
 
@@ -43,6 +44,7 @@ class GenerationJob:
     cache_prompt: bool = True
     progress: bool = False
     post_sampling: bool = False
+    think_budget: BudgetSpec | None = None  # close the think block after this many tokens
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from ...errors import ContextOverflow, InputError, ServerShutdown
 from ..generate.decide import STOP_INTERRUPTED, Turn, common_prefix, reusable_prefix
 from ..generate.speculative import SpeculativeSettings, verify
 from ..generate.stats import GenerationStats
+from ..text.reasoning import ThinkBudget
 from .engine import BROKEN, CLOSED, READY, Engine
 from .jobs import EmbeddingJob, EngineStats, Event, GenerationJob, JobStream, ModelSummary
 from .post_sampling import post_sampling_prob
@@ -315,6 +316,7 @@ class ParallelEngine(Engine):
         settings = slot.sampler.settings
         slot.turn = Turn(self.model, max_tokens=job.max_tokens, stop=job.stop, n_ctx=self.n_ctx_slot,
                          ignore_eos=settings.ignore_eos, grammar=bool(settings.grammar), stats=slot.stats)
+        slot.budget = ThinkBudget(job.think_budget, self._piece_text) if job.think_budget is not None else None
         slot.batch_index = -1
         if job.progress:
             self._post(stream, Event(progress=(len(prompt), reuse, reuse)))
@@ -429,12 +431,15 @@ class ParallelEngine(Engine):
                 self._post(slot.stream, Event(text=accepted.text, probs=probs,
                                               tokens=[token] if accepted.counted else []))
 
-        result = verify(turn, lambda i: slot.sampler.sample(self._ctx, i), slot.batch_index, position, drafts, emit,
+        result = verify(turn, lambda i: slot.next_token(self._ctx, i), slot.batch_index, position, drafts, emit,
                         lambda: slot.stream.cancelled)
         slot.settle_draft(self._ctx, position, result)
         if result.stop is not None:
             return self._finish(slot, result.stop)
         slot.last_token = result.token
+
+    def _piece_text(self, token: int) -> str:
+        return self.model.token_to_piece(token, special=False).decode("utf-8", errors="replace")
 
     # ---- ending a request
 
@@ -477,4 +482,4 @@ class ParallelEngine(Engine):
             slot.sampler.close()
         slot.sampler, slot.stream, slot.state = None, None, IDLE
         slot.pending, slot.batch_index, slot.last_token, slot.drafts = [], -1, -1, []
-        slot.turn = None
+        slot.turn, slot.budget = None, None

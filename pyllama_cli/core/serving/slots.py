@@ -9,6 +9,7 @@ from typing import Any
 
 from ..generate.decide import Turn
 from ..generate.stats import GenerationStats
+from ..text.reasoning import ThinkBudget
 from .jobs import GenerationJob, JobStream
 
 IDLE, PREFILL, GENERATING = "idle", "prefill", "generating"
@@ -29,6 +30,7 @@ class Slot:
     in_batch: bool = False  # whether the last batch held any of this slot's tokens
     stats: GenerationStats = field(default_factory=GenerationStats)
     turn: Turn | None = None  # the per-token decisions of the current request
+    budget: ThinkBudget | None = None  # the request's thinking budget, if it has one
     requests_served: int = 0
     drafter: Any = None  # this slot's speculative drafter (None: no speculation)
     drafts: list[int] = field(default_factory=list)  # tokens drafted after last_token in this step's batch
@@ -63,6 +65,19 @@ class Slot:
     def job(self) -> GenerationJob:
         assert self.stream is not None
         return self.stream.job  # type: ignore[return-value]
+
+    def next_token(self, ctx: Any, index: int) -> int:
+        """The token sampled from batch row `index`, or the one a spent thinking budget forces (the sampler
+        records it too)."""
+        forced = self.budget.forced() if self.budget is not None else None
+        if forced is None:
+            token = self.sampler.sample(ctx, index)
+        else:
+            token = forced
+            self.sampler.accept(token)
+        if self.budget is not None:
+            self.budget.accepted(token)
+        return token
 
     def describe(self) -> dict[str, Any]:
         return {
