@@ -151,7 +151,7 @@ def send_hostile(url: str, cases: list[fuzzing.Hostile], label: str) -> list[str
         for case in cases:
             reply = case.send(client, url)
             status = reply.status_code
-            shape = fuzzing.error_shape_problem(status, reply.content) if status >= 400 else None
+            shape = fuzzing.error_shape_problem(status, reply.content, case.path) if status >= 400 else None
             # The message as written, not as JSON escapes it (an expected '"not"' is '\"not\"' there).
             said = reply.json()["error"]["message"] if status >= 400 and not shape else reply.text
             if reply.status_code != case.status or shape or case.expect not in said:

@@ -65,7 +65,7 @@ def router_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) ->
 def _check_hostile_answer(response: httpx.Response, case: fuzzing.Hostile, model: str) -> None:
     assert response.status_code == case.status, response.text[:500]
     if case.status >= 400:
-        assert fuzzing.error_shape_problem(response.status_code, response.content) is None
+        assert fuzzing.error_shape_problem(response.status_code, response.content, case.path) is None, response.text
         assert case.expect in response.json()["error"]["message"], response.text[:500]
     elif case.path in GENERATION_PATHS:
         assert response.json()["choices"][0]["finish_reason"] in ("stop", "length")
