@@ -7,10 +7,10 @@ ever be loaded at once.
 
 A bounded load (127.0.0.1 only, at most --max-requests requests, at most --duration seconds):
 each client sends streaming requests (ROUTES: chat, text completions, llama-server's /completion and
-/infill) one after another; a request drawn with
+/infill, Anthropic's /v1/messages, OpenAI's /v1/responses) one after another; a request drawn with
 probability --disconnect-rate reads a few events and closes the connection. Checked at the end:
 
-  * zero failed requests among those that stayed (HTTP 200, no error event, ends with [DONE]);
+  * zero failed requests among those that stayed (HTTP 200, no error event, ends with its route's last event);
   * the server's resident memory at the end within 10% of its value after the first minute;
   * no slot busy and no request queued once the load has stopped (router: on each loaded model);
   * router: never more than --models-max models loaded at once (polled every 0.2 s);
@@ -72,7 +72,13 @@ ROUTES = {
     "native": Route("/completion", lambda prompt, n: {"prompt": prompt, "n_predict": n}),
     "infill": Route("/infill", lambda prompt, n: {
         "input_prefix": f"def tell(): # {prompt}\n    ", "input_suffix": "\n    return", "n_predict": n}),
+    # Anthropic's Messages API and OpenAI's Responses API: named events, the last one says it finished.
+    "messages": Route("/v1/messages", lambda prompt, n: {
+        "messages": [{"role": "user", "content": prompt}], "max_tokens": n}, done="event: message_stop"),
+    "responses": Route("/v1/responses", lambda prompt, n: {
+        "input": prompt, "max_output_tokens": n}, done="event: response.completed"),
 }
+FAILED_EVENTS = ("event: error", "event: response.failed")
 
 
 @dataclass
@@ -83,6 +89,7 @@ class Tally:
     latencies: list[float] = field(default_factory=list)
     ttfts: list[float] = field(default_factory=list)
     tokens: int = 0
+    by_route: dict[str, int] = field(default_factory=dict)  # completed requests per route
 
     @property
     def sent(self) -> int:
@@ -177,7 +184,8 @@ def rss_mib(pid: int) -> float:
 
 async def one_request(client, url: str, rng: random.Random, tally: Tally, args: argparse.Namespace,
                       model: str | None = None) -> None:
-    route = ROUTES[rng.choice(args.routes)]
+    name = rng.choice(args.routes)
+    route = ROUTES[name]
     body = {**route.body(rng.choice(PROMPTS), rng.randint(8, args.max_tokens)), "stream": True,
             "seed": rng.randrange(1 << 30), **({"model": model} if model else {})}
     hang_up_after = rng.randint(1, 8) if rng.random() < args.disconnect_rate else None
@@ -189,10 +197,10 @@ async def one_request(client, url: str, rng: random.Random, tally: Tally, args: 
                 return
             async for line in resp.aiter_lines():
                 if line == route.done:
-                    done = True
-                    break
-                if line == "event: error":
-                    tally.failures.append("an error event")
+                    done = True  # read on: the data of a named last event follows it
+                    continue
+                if line in FAILED_EVENTS:
+                    tally.failures.append(f"an error event ({line})")
                     return
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
@@ -202,7 +210,7 @@ async def one_request(client, url: str, rng: random.Random, tally: Tally, args: 
                     return
                 events += 1
                 first = first or time.perf_counter()
-                usage = data.get("usage") or usage
+                usage = data.get("usage") or (data.get("response") or {}).get("usage") or usage
                 if data.get("stop") is True:  # llama-server's native last event
                     usage = {"completion_tokens": data.get("tokens_predicted", 0)}
                 if hang_up_after is not None and events >= hang_up_after:
@@ -215,6 +223,7 @@ async def one_request(client, url: str, rng: random.Random, tally: Tally, args: 
         tally.failures.append("the stream ended without data: [DONE]")
         return
     tally.completed += 1
+    tally.by_route[name] = tally.by_route.get(name, 0) + 1
     tally.latencies.append(time.perf_counter() - start)
     tally.ttfts.append((first or time.perf_counter()) - start)
     tally.tokens += (usage.get("completion_tokens") or usage.get("output_tokens") or 0) if usage else 0
@@ -325,6 +334,7 @@ def main() -> int:
               f"{', '.join(args.routes)}" + (f"; router over {', '.join(args.model_ids)} with --models-max "
                                             f"{args.models_max}" if args.router else ""), file=sys.stderr)
         tally, rss, seen, loads = Tally(), {}, {"polls": 0, "max_loaded": 0, "max_held": 0}, {}
+        rss["start"] = rss_mib(proc.pid)
         try:
             wall = asyncio.run(load(url, args, tally, proc.pid, rss, seen))
             rss.setdefault("1min", float("nan"))
@@ -347,7 +357,8 @@ def main() -> int:
     summary = {
         "duration_s": round(wall, 1), "requests": tally.sent, "completed": tally.completed,
         "disconnected": tally.disconnected, "failed": len(tally.failures), "tokens": tally.tokens,
-        "rss_1min_mib": round(rss["1min"], 1), "rss_end_mib": round(rss["end"], 1),
+        "completed_by_route": tally.by_route,
+        "rss_start_mib": round(rss["start"], 1), "rss_1min_mib": round(rss["1min"], 1), "rss_end_mib": round(rss["end"], 1),
         "rss_growth_pct": round(growth * 100, 2), "latency_p50_s": round(pct(tally.latencies, 50), 3),
         "latency_p95_s": round(pct(tally.latencies, 95), 3), "ttft_p50_s": round(pct(tally.ttfts, 50), 3),
         "ttft_p95_s": round(pct(tally.ttfts, 95), 3), "slots_busy_after": busy, "queued_after": queued,
@@ -358,7 +369,8 @@ def main() -> int:
     }
     print(f"requests      {tally.sent} in {wall:.0f} s: {tally.completed} completed, {tally.disconnected} hung up "
           f"mid-stream, {len(tally.failures)} failed ({tally.tokens} tokens streamed)")
-    print(f"memory (RSS)  {rss['1min']:.1f} MiB after {rss.get('first_s', 60):.0f} s, {rss['end']:.1f} MiB at the end "
+    print("by route      " + ", ".join(f"{name} {n}" for name, n in sorted(tally.by_route.items())) + " completed")
+    print(f"memory (RSS)  {rss['start']:.1f} MiB at the start, {rss['1min']:.1f} MiB after {rss.get('first_s', 60):.0f} s, {rss['end']:.1f} MiB at the end "
           f"({growth:+.1%})")
     print(f"latency       p50 {summary['latency_p50_s']} s, p95 {summary['latency_p95_s']} s "
           f"(first token p50 {summary['ttft_p50_s']} s, p95 {summary['ttft_p95_s']} s)")
