@@ -150,6 +150,14 @@ def test_no_command_module_is_over_200_lines() -> None:
     assert not over, "over 200 lines: " + ", ".join(over)
 
 
+def test_no_package_holds_more_than_twelve_modules() -> None:
+    # The house rule: a folder past ~12 modules is split by concern before more moves in.
+    packages = [p.parent for p in PACKAGE.rglob("__init__.py") if "__pycache__" not in p.parts]
+    crowded = {name_of(p) or "pyllama_cli": n for p in packages
+               if (n := len([m for m in p.glob("*.py") if m.name != "__init__.py"])) > 12}
+    assert not crowded, crowded
+
+
 def test_core_has_at_most_two_modules_at_its_top_level() -> None:
     top = sorted(p.name for p in (PACKAGE / "core").glob("*.py") if p.name != "__init__.py")
     assert len(top) <= 2, top

@@ -18,7 +18,7 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from pyllama_cli.server.middleware import CorsMiddleware
+from pyllama_cli.server.http.middleware import CorsMiddleware
 from tests.fixtures.make_gguf import CHATML_TEMPLATE, TINY_FIM, write_llama_gguf
 from tests.test_serve import Server, _start
 

@@ -25,12 +25,12 @@ from ..errors import InputError
 from . import openai_answers
 from .anthropic import routes as anthropic
 from .openai_responses import routes as openai_responses
-from .auth import ApiKeyMiddleware
+from .http.auth import ApiKeyMiddleware
 from .errors import ERROR_TYPES, APIError, install_error_handlers, loading_error
-from .leases import LeaseMiddleware
+from .http.leases import LeaseMiddleware
 from .metrics import CONTENT_TYPE, Metrics, MetricsMiddleware
 from .llama import routes as llama_routes
-from .middleware import BodyLimitMiddleware, CorsMiddleware
+from .http.middleware import BodyLimitMiddleware, CorsMiddleware
 from .models import ModelSet, ServedModel
 from .prepare import (
     message_dicts,

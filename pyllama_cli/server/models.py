@@ -18,7 +18,7 @@ from typing import Any
 from ..core.serving.engine import BROKEN, CLOSED, FAILED, READY, Engine
 from .cards import model_card
 from .errors import APIError
-from .leases import hold
+from .http.leases import hold
 from .settings import ServerSettings
 
 

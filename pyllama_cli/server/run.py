@@ -99,7 +99,7 @@ def serve(sock: socket.socket | list[socket.socket], path: Path, load: LoadSetti
     import uvicorn
 
     from .app import create_app
-    from .memory import fix_mmap_threshold
+    from .http.memory import fix_mmap_threshold
     from .models import OneModel
 
     fix_mmap_threshold()  # before the first request: big request bodies must not grow the heap for good
@@ -171,7 +171,7 @@ def uvicorn_config(app: Any, limits: Any, *, verbose: bool) -> Any:
     """uvicorn's settings: the guarded httptools protocol (limits.py), keep-alive, the shutdown deadline."""
     import uvicorn
 
-    from .limits import guarded_protocol
+    from .http.limits import guarded_protocol
     from .llama.header_case import with_header_case
 
     return uvicorn.Config(app, log_level="info" if verbose else "warning", access_log=verbose, log_config=log_config(),
@@ -188,7 +188,7 @@ def log_config() -> dict[str, Any]:
 
     config = copy.deepcopy(LOGGING_CONFIG)
     config["handlers"]["access"]["stream"] = "ext://sys.stderr"
-    config["filters"] = {"redact": {"()": "pyllama_cli.server.redact.RedactFilter"}}
+    config["filters"] = {"redact": {"()": "pyllama_cli.server.http.redact.RedactFilter"}}
     for handler in config["handlers"].values():
         handler["filters"] = ["redact"]
     return config

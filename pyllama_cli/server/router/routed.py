@@ -16,7 +16,7 @@ from ...core.serving.engine import Engine
 from ...core.serving.pool import FAILED, LOADED, EnginePool, PoolModel
 from ..cards import model_card
 from ..errors import APIError
-from ..leases import hold
+from ..http.leases import hold
 from ..models import ModelSet, ServedModel
 from ..settings import ServerSettings
 

@@ -155,7 +155,7 @@ def serve_router(socks: list[socket.socket], models: list[PoolModel], preload: t
     from ...errors import ServerShutdown
     from .. import run
     from ..app import create_app
-    from ..memory import fix_mmap_threshold
+    from ..http.memory import fix_mmap_threshold
 
     def say(message: str) -> None:
         err().print(f"pyllama serve: {message}", markup=False, highlight=False)

@@ -9,8 +9,8 @@ import hmac
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from .errors import APIError
-from .webui.routes import PAGE_PATHS
+from ..errors import APIError
+from ..webui.routes import PAGE_PATHS
 
 # Routes that answer without a key: liveness probes, the API's own documentation, and the chat page
 # (whose API calls then carry the key).

@@ -27,8 +27,8 @@ from typing import Any
 import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from .errors import ERROR_TYPES
-from .settings import ServerLimits
+from ..errors import ERROR_TYPES
+from ..settings import ServerLimits
 
 # A head still arriving is refused once it is longer than the URL and header limits together plus
 # this much (the request line and the separators): it can no longer fit. Counting raw bytes bounds

@@ -10,7 +10,7 @@ import re
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .errors import APIError
+from ..errors import APIError
 
 _FORM = b"application/x-www-form-urlencoded"
 # An oversized body is read and dropped (up to this much) before the 413 goes out: a client still
