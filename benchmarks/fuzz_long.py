@@ -10,8 +10,9 @@ The same checks as tests/test_reliability.py, with many more cases:
     its limit. A route a server adds to its schema is fuzzed with no change here; a new way to start
     the server is one table entry;
   * hostile: the hand-written lists (nesting, 10 MB strings, bad UTF-8, bad numbers and ids,
-    bad grammars and schemas, /render's Markdown; a router's unknown ids, bad keep_alive, /models/*),
-    each with the answer it must get;
+    bad grammars and schemas, llama-server's /completion, /infill and /slots actions, Anthropic's
+    /v1/messages (errors in its own shape), /v1/responses, /render's Markdown; on a router: unknown
+    ids on every route, bad keep_alive, /models/*), each with the answer it must get;
   * limits: the raw-socket heads of LIMIT_CASES (huge headers, a huge URL, too many fields), each
     with the status it must get, then /health; one entry per case;
   * gguf: every targeted mutation of the tiny model's header plus --gguf-random blind ones, each
