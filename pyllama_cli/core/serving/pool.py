@@ -25,11 +25,13 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...errors import InputError
 from ..model.settings import LoadSettings
-from .engine import READY, Engine
+
+if TYPE_CHECKING:  # the engine (and numpy) load with the first model; `serve --help` reads only this module's defaults
+    from .engine import Engine
 
 UNLOADED, LOADING, LOADED, FAILED = "unloaded", "loading", "loaded", "failed"
 DEFAULT_MODELS_MAX = 4
@@ -96,7 +98,7 @@ class PoolModel:
         return 0.0 if self.busy else max(time.monotonic() - self.last_used, 0.0)
 
 
-EngineFactory = Callable[..., Engine]  # (model, on_ready=..., on_failure=...) -> an engine not started yet
+EngineFactory = Callable[..., "Engine"]  # (model, on_ready=..., on_failure=...) -> an engine not started yet
 Report = Callable[[str], None]
 
 
@@ -231,7 +233,7 @@ class EnginePool:
 
     def _finish_load(self, model: PoolModel, engine: Engine | None, error: BaseException | None) -> None:
         model._room_made = False
-        if error is not None or engine is None or engine.state != READY:
+        if error is not None or engine is None or not engine.ready:
             model.state, model.error = FAILED, error or RuntimeError("the model did not load")
             failed_engine, model.engine = model.engine, None
             if failed_engine is not None:  # its thread has ended; join it and free what it holds
