@@ -113,10 +113,10 @@ def _completion_body(model: str) -> dict[str, object]:
 
 
 def test_schema_fuzz_of_a_router_finds_no_server_error(router_server: Server) -> None:
-    report = fuzzing.schema_fuzz(router_server.url, examples_per_operation=3, model_ids=ROUTER_IDS)
+    report = fuzzing.schema_fuzz(router_server.url, examples_per_operation=2, model_ids=ROUTER_IDS)
     assert report.cases >= 40
     assert report.problems == []
-    assert report.statuses.get(200, 0) >= 5  # some cases reached a model, not only 404s
+    assert report.statuses.get(200, 0) >= 3  # some cases reached a model, not only 404s
     assert _alive(router_server)
     loaded = [card["id"] for card in httpx.get(f"{router_server.url}/v1/models").json()["data"]
               if card["status"]["value"] != "unloaded"]
