@@ -3,7 +3,7 @@
 With --router, the server is in router mode over three models (tiny ones of different depths, made
 once) with --models-max 2, and each client's requests rotate over the three, so that models load and
 unload throughout; GET /v1/models is polled during the run, and no more than --models-max models may
-ever be loaded at once.
+ever be loaded at once. With --rpc, every layer runs on one local `pyllama rpc-server` (-ngl 99).
 
 A bounded load (127.0.0.1 only, at most --max-requests requests, at most --duration seconds):
 each client sends streaming requests (ROUTES: chat, text completions, llama-server's /completion and
@@ -23,7 +23,7 @@ The routes the clients draw from are the ROUTES table: a route is one entry (its
 body, and the event that ends a good stream), chosen with --routes.
 
     python benchmarks/soak_serve.py [-m MODEL.gguf] [--duration 300] [--clients 16] [--max-requests 50000]
-                                    [--routes chat,completions] [--router [--models-max 2]]
+                                    [--routes chat,completions] [--router [--models-max 2]] [--rpc]
 """
 
 from __future__ import annotations
@@ -111,6 +111,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--routes", default=",".join(ROUTES), help=f"routes to draw from ({','.join(ROUTES)})")
     p.add_argument("--router", action="store_true", help="router mode: requests rotate over three models")
     p.add_argument("--models-max", type=int, default=2, help="router mode's --models-max (default 2)")
+    p.add_argument("--rpc", action="store_true",
+                   help="offload every layer (-ngl 99) to one local `pyllama rpc-server` (its own process)")
     args = p.parse_args()
     if args.router and args.model:
         p.error("--router makes its own three models; leave out -m")
@@ -152,12 +154,37 @@ def router_models() -> list[Path]:
     return paths
 
 
+def start_rpc_server() -> tuple[subprocess.Popen, str]:
+    """One `pyllama rpc-server` on a free loopback port, once it accepts connections (as bench_rpc.py starts it)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "pyllama_cli", "rpc-server", "-t", "1", "-H", "127.0.0.1",
+                             "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO_ROOT)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            sys.exit(f"the rpc-server exited with {proc.returncode}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            time.sleep(0.2)  # the probe connection is served (and closed) before the first client
+            return proc, f"127.0.0.1:{port}"
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    sys.exit("the rpc-server did not start")
+
+
 def start_server(args: argparse.Namespace, models: list[Path], log: Path) -> tuple[subprocess.Popen, str]:
     cmd = [sys.executable, "-m", "pyllama_cli", "serve", *(a for m in models for a in ("-m", str(m))),
            "--host", "127.0.0.1", "--port", "0",
            "-np", str(args.parallel), "-c", str(args.ctx_size), "-t", str(args.threads)]
     if args.router:
         cmd += ["--models-max", str(args.models_max)]
+    if args.rpc_address:
+        cmd += ["--rpc", args.rpc_address, "-ngl", "99"]
     env = {k: v for k, v in os.environ.items() if k != "PYLLAMA_API_KEY"}
     with open(log, "wb") as sink:
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=sink, cwd=REPO_ROOT, env=env)
@@ -326,13 +353,20 @@ def pct(values: list[float], q: float) -> float:
 def main() -> int:
     args = parse_args()
     models = router_models() if args.router else [args.model or tiny_model()]
+    rpc, args.rpc_address = start_rpc_server() if args.rpc else (None, None)
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp) / "serve.log"
-        proc, url = start_server(args, models, log)
+        try:
+            proc, url = start_server(args, models, log)
+        except BaseException:
+            if rpc is not None:
+                rpc.kill()
+            raise
         print(f"soak: {args.clients} streaming clients, {args.duration:.0f} s or {args.max_requests} requests, "
               f"{args.disconnect_rate:.0%} hang up, against {url} -np {args.parallel}, routes "
               f"{', '.join(args.routes)}" + (f"; router over {', '.join(args.model_ids)} with --models-max "
-                                            f"{args.models_max}" if args.router else ""), file=sys.stderr)
+                                            f"{args.models_max}" if args.router else "")
+              + (f"; every layer on the rpc-server at {args.rpc_address}" if args.rpc else ""), file=sys.stderr)
         tally, rss, seen, loads = Tally(), {}, {"polls": 0, "max_loaded": 0, "max_held": 0}, {}
         rss["start"] = rss_mib(proc.pid)
         try:
@@ -343,6 +377,9 @@ def main() -> int:
             rss["end"] = rss_mib(proc.pid)
         finally:
             code, stop_s = stop(proc)
+            rpc_alive = rpc is None or rpc.poll() is None
+            if rpc is not None:
+                stop(rpc)
         log_text = log.read_text(errors="replace")
     growth = (rss["end"] - rss["1min"]) / rss["1min"] if rss["1min"] == rss["1min"] else float("nan")
     checks = {
@@ -353,6 +390,7 @@ def main() -> int:
             0 < seen["max_loaded"] <= args.models_max} if args.router else {}),
         "SIGTERM: exit 0 within 5 s": code == 0 and stop_s <= 5,
         "no traceback in the server log": "Traceback" not in log_text,
+        **({"the rpc-server still up after the run": rpc_alive} if args.rpc else {}),
     }
     summary = {
         "duration_s": round(wall, 1), "requests": tally.sent, "completed": tally.completed,
