@@ -372,8 +372,12 @@ def main() -> int:
         try:
             wall = asyncio.run(load(url, args, tally, proc.pid, rss, seen))
             rss.setdefault("1min", float("nan"))
-            busy, queued = idle_after(url)
-            loads = model_loads(url) if args.router else {}
+            try:
+                busy, queued = idle_after(url)
+                loads = model_loads(url) if args.router else {}
+            except Exception as exc:  # noqa: BLE001 - a server that no longer answers is a finding, not a crash
+                tally.failures.append(f"after the load, /metrics did not answer: {type(exc).__name__}: {exc}")
+                busy, queued = -1, -1
             rss["end"] = rss_mib(proc.pid)
         finally:
             code, stop_s = stop(proc)
