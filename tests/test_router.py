@@ -307,3 +307,12 @@ def test_a_bad_preset_file_is_one_error_naming_the_line(folder: Path, tmp_path: 
     assert result.exit_code != 0
     assert result.stderr.splitlines()[0] == f"Error: {preset}:4: unknown key 'warp-speed'"
     assert "Traceback" not in result.stderr
+
+
+def test_rpc_in_router_mode_needs_models_max_1(folder: Path) -> None:
+    # Two models decoding on one RPC server at once hang inside ggml's RPC client: refused before any connection.
+    args = ("serve", "-m", str(folder / "alpha.gguf"), "-m", str(folder / "beta.gguf"), "--rpc", "127.0.0.1:1",
+            "--port", "0")
+    result = run_cli(*args)
+    assert (result.exit_code, result.stderr.strip().splitlines()) == (
+        1, ["Error: --rpc in router mode runs one model at a time", "Hint: add --models-max 1"])

@@ -152,6 +152,8 @@ def _serve_router(ctx: typer.Context, model: ModelRequest, paths: list[str], rep
         flag = "--embeddings" if embeddings else "--alias"
         raise UsageError(f"{flag} serves one model, and this server has several (router mode)",
                          hint="give one model, or set aliases with `alias = NAME` in --models-preset")
+    if load.rpc and models_max != 1:  # two models decoding on one RPC server at once hang in ggml's RPC client
+        raise UsageError("--rpc in router mode runs one model at a time", hint="add --models-max 1")
     if len(repos) > 1 and model.hf_file:
         raise UsageError("-hff picks a file of one -hf repo, and there are several", hint="use -hf user/repo:QUANT")
     found = find_models(paths, repos, models_dir, models_cache or not (paths or repos or models_dir), model,
