@@ -55,3 +55,31 @@ def run_process(*args: str, stdin: str | bytes = b"", env: dict[str, str] | None
         env={**os.environ, **(env or {})}, timeout=timeout, cwd=REPO_ROOT,
     )
     return CliResult(proc.returncode, proc.stdout.decode("utf-8", "replace"), proc.stderr.decode("utf-8", "replace"))
+
+
+def hang_up_after(url: str, body: dict, delta_line: str, headers: dict[str, str] | None = None,
+                  deltas: int = 3) -> None:
+    """POST a streamed request, read `deltas` lines equal to `delta_line`, then hang up."""
+    import httpx
+
+    with httpx.stream("POST", url, json=body, headers=headers, timeout=60) as response:
+        seen = 0
+        for line in response.iter_lines():
+            seen += line == delta_line
+            if seen == deltas:
+                return
+
+
+def wait_slots_idle(server_url: str, headers: dict[str, str] | None = None, timeout: float = 10) -> list[dict]:
+    """Poll llama-server's /slots list until every slot is idle; the slots then."""
+    import time
+
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while True:
+        slots = httpx.get(f"{server_url}/slots", headers=headers, timeout=10).json()
+        if all(s["state"] == "idle" for s in slots):
+            return slots
+        assert time.monotonic() < deadline, slots
+        time.sleep(0.05)

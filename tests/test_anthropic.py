@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import httpx
 import jsonschema
 import pytest
 
+from tests.helpers import hang_up_after, wait_slots_idle
 from tests.test_serve import Server, _start
 
 KEY = "sk-test-anthropic"
@@ -162,21 +162,9 @@ def test_eight_concurrent_streams_on_four_slots_complete_whole(server: Server) -
 
 def test_a_client_that_disconnects_frees_its_slot(server: Server) -> None:
     body = {"model": "m", "max_tokens": 400, "stream": True, "messages": [{"role": "user", "content": "go"}]}
-    with httpx.stream("POST", f"{server.url}/v1/messages", json=body, headers=HEADERS, timeout=60) as response:
-        deltas = 0
-        for line in response.iter_lines():
-            deltas += line == "event: content_block_delta"
-            if deltas == 3:
-                break
-    deadline = time.monotonic() + 10
-    while any(s["state"] != "idle" for s in _slots(server)):
-        assert time.monotonic() < deadline, _slots(server)
-        time.sleep(0.05)
-    assert max(s["n_cached"] for s in _slots(server)) < 400
-
-
-def _slots(server: Server) -> list[dict]:
-    return httpx.get(f"{server.url}/slots", headers=HEADERS, timeout=10).json()  # llama-server's list
+    hang_up_after(f"{server.url}/v1/messages", body, "event: content_block_delta", headers=HEADERS)
+    slots = wait_slots_idle(server.url, headers=HEADERS)
+    assert max(s["n_cached"] for s in slots) < 400
 
 
 def test_agent_requests_pass_tools_no_grammar_can_enforce_and_mid_conversation_system_turns(server: Server) -> None:

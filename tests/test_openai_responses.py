@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import pytest
 
 from pyllama_cli.server.errors import APIError
 from pyllama_cli.server.openai_responses.store import ResponseStore
+from tests.helpers import hang_up_after, wait_slots_idle
 from tests.test_serve import Server, _start
 
 N_SLOTS = 4
@@ -149,21 +149,9 @@ def test_eight_concurrent_streams_on_four_slots_complete_whole(server: Server) -
 
 def test_a_client_that_disconnects_frees_its_slot(server: Server) -> None:
     body = {"model": "m", "input": "go", "max_output_tokens": 400, "stream": True}
-    with httpx.stream("POST", f"{server.url}/v1/responses", json=body, timeout=60) as response:
-        deltas = 0
-        for line in response.iter_lines():
-            deltas += line == "event: response.output_text.delta"
-            if deltas == 3:
-                break
-    deadline = time.monotonic() + 10
-    while any(s["state"] != "idle" for s in _slots(server)):
-        assert time.monotonic() < deadline, _slots(server)
-        time.sleep(0.05)
-    assert max(s["n_cached"] for s in _slots(server)) < 400
-
-
-def _slots(server: Server) -> list[dict]:
-    return httpx.get(f"{server.url}/slots", timeout=10).json()  # llama-server's list
+    hang_up_after(f"{server.url}/v1/responses", body, "event: response.output_text.delta")
+    slots = wait_slots_idle(server.url)
+    assert max(s["n_cached"] for s in slots) < 400
 
 
 def test_codex_style_tools_namespaces_join_and_hosted_tools_are_left_out(server: Server) -> None:

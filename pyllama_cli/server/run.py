@@ -127,13 +127,19 @@ def serve(sock: socket.socket | list[socket.socket], path: Path, load: LoadSetti
     listening = ", ".join(url(s) for s in socks)
     err().print(f"pyllama serve: listening on {listening} - loading {path.name} (/health answers 503 until ready)",
                 markup=False, highlight=False)
+    run_registered(server, socks, address, bool(settings.api_key))
+    _raise_for_stop(engine, server, path)
+
+
+def run_registered(server: Any, socks: list[socket.socket], address: str, api_key_required: bool) -> None:
+    """Run uvicorn's `server` on `socks` until it stops, registered meanwhile as a running server (so
+    `pyllama rm` asks it what it has loaded); the sockets are closed after."""
     try:
-        with register_server(address, api_key_required=bool(settings.api_key)):  # `pyllama rm` asks what it has loaded
+        with register_server(address, api_key_required=api_key_required):
             server.run(sockets=socks)
     finally:
-        for s in socks:
-            s.close()
-    _raise_for_stop(engine, server, path)
+        for sock in socks:
+            sock.close()
 
 
 def _survive_dead_rpc_servers(engine: Any) -> None:

@@ -151,7 +151,6 @@ def serve_router(socks: list[socket.socket], models: list[PoolModel], preload: t
     """
     import signal
 
-    from ...core.store.servers import register_server
     from ...errors import ServerShutdown
     from .. import run
     from ..app import create_app
@@ -178,12 +177,7 @@ def serve_router(socks: list[socket.socket], models: list[PoolModel], preload: t
     for sock in socks:
         sock.listen(2048)  # clients that connect from now on wait in the backlog until uvicorn accepts
     say(f"ready at {address}/v1 - router mode, models loaded on first use ({most})")
-    try:
-        with register_server(address, api_key_required=bool(settings.api_key)):  # `pyllama rm` asks what it has loaded
-            server.run(sockets=socks)
-    finally:
-        for sock in socks:
-            sock.close()
+    run.run_registered(server, socks, address, bool(settings.api_key))
     if server.stop_signal == signal.SIGINT:
         raise Interrupted("pyllama serve: stopped")
     if server.stop_signal is not None:
