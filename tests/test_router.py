@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -18,7 +16,8 @@ import pytest
 
 from tests.fixtures.fake_hf import FakeHub
 from tests.fixtures.make_gguf import TINY, write_llama_gguf, write_split_gguf
-from tests.helpers import REPO_ROOT, run_cli, run_process
+from tests.helpers import run_cli, run_process
+from tests.test_serve import Server, spawn_serve
 
 HELLO = [{"role": "user", "content": "hello"}]
 PRESETS = """\
@@ -40,15 +39,8 @@ c = 512
 """
 
 
-@dataclass
-class Router:
-    proc: subprocess.Popen
-    url: str
-    log: Path
-
-    @property
-    def stderr(self) -> str:
-        return self.log.read_text(encoding="utf-8", errors="replace")
+class Router(Server):
+    """A `pyllama serve` of several models, with the requests these tests send it."""
 
     def chat(self, model: str, **fields: object) -> httpx.Response:
         body = {"model": model, "messages": HELLO, "max_tokens": 2, **fields}
@@ -70,36 +62,11 @@ class Router:
         status = Path(f"/proc/{self.proc.pid}/status").read_text()
         return int(re.search(r"^VmRSS:\s+(\d+) kB", status, re.MULTILINE).group(1))
 
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=15)
-
 
 def _start(log: Path, *args: str, hf_home: Path | None = None) -> Router:
     """Start `pyllama serve` in router mode on a free port and wait for its ready line."""
-    home = log.parent / "home"
-    env = {k: v for k, v in os.environ.items() if k != "PYLLAMA_API_KEY"}
-    env.update({"HF_HOME": str(hf_home or home / "hf"), "PYLLAMA_HOME": str(home / "pyllama"),
-                "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_DISABLE_TELEMETRY": "1"})
-    with open(log, "wb") as sink:
-        proc = subprocess.Popen([sys.executable, "-m", "pyllama_cli", "serve", "--host", "127.0.0.1", "--port", "0",
-                                 "-t", "1", *args], stdout=subprocess.DEVNULL, stderr=sink, env=env, cwd=REPO_ROOT)
-    server = Router(proc, "", log)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"pyllama serve exited with {proc.returncode}:\n{server.stderr}")
-        found = re.search(r"ready at (http://127\.0\.0\.1:\d+)/v1", server.stderr)
-        if found:
-            server.url = found.group(1)
-            return server
-        time.sleep(0.05)
-    server.stop()
-    raise RuntimeError(f"pyllama serve did not become ready:\n{server.stderr}")
+    env = {"HF_HOME": str(hf_home)} if hf_home is not None else None
+    return spawn_serve(log, list(args), env=env, kind=Router, timeout=60)
 
 
 @pytest.fixture(scope="module")

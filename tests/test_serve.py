@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import numpy as np
@@ -88,23 +88,32 @@ class Server:
 
 def _start(model: Path, log: Path, *args: str, env: dict[str, str] | None = None) -> Server:
     """Start `pyllama serve` on a free port (--port 0; the URL is read from stderr) and wait until ready."""
+    return spawn_serve(log, ["-m", str(model), "-c", str(N_CTX), *args], env=env)
+
+
+S = TypeVar("S", bound=Server)
+
+
+def spawn_serve(log: Path, args: list[str], env: dict[str, str] | None = None, kind: type[S] = Server,
+                timeout: float = 90) -> S:
+    """`pyllama serve ARGS` on 127.0.0.1 and a free port, with its own HF and pyllama homes and no Hub,
+    once it says it is ready (its URL is read from that line on stderr)."""
     home = log.parent / "home"
     environ = {k: v for k, v in os.environ.items() if k != "PYLLAMA_API_KEY"}
     environ.update({"HF_HOME": str(home / "hf"), "PYLLAMA_HOME": str(home / "pyllama"),
                     "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_DISABLE_TELEMETRY": "1", **(env or {})})
     with open(log, "wb") as sink:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "pyllama_cli", "serve", "-m", str(model), "--host", "127.0.0.1", "--port", "0",
-             "-t", "1", "-c", str(N_CTX), *args],
+            [sys.executable, "-m", "pyllama_cli", "serve", "--host", "127.0.0.1", "--port", "0", "-t", "1", *args],
             stdout=subprocess.DEVNULL, stderr=sink, env=environ, cwd=REPO_ROOT,
         )
-    server = Server(proc, "", log)
-    deadline = time.monotonic() + 90
+    server = kind(proc, "", log)
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"pyllama serve exited with {proc.returncode}:\n{server.stderr}")
-        found = re.search(r"listening on (http://127\.0\.0\.1:\d+)", server.stderr)
-        if found and "ready at" in server.stderr:
+        found = re.search(r"ready at (http://127\.0\.0\.1:\d+)/v1", server.stderr)
+        if found:
             server.url = found.group(1)
             return server
         time.sleep(0.05)
