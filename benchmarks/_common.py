@@ -14,6 +14,7 @@ import functools
 import os
 import resource
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -151,3 +152,29 @@ def print_pp_tg_report(runs: dict, labels: tuple[str, str]) -> None:
     for kind in ("pp", "tg"):
         best_ref, best_ours = max(runs["ref"][kind]), max(runs["ours"][kind])
         print(f"{kind}: best round llama-bench {best_ref:.2f}, pyllama {best_ours:.2f} t/s, ratio {best_ours / best_ref:.3f}")
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (the server started next binds it)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def start_rpc_server(cmd: Sequence[str], port: int, timeout: float = 30) -> subprocess.Popen:
+    """An RPC server (`cmd`: llama.cpp's or `pyllama rpc-server`) on 127.0.0.1:`port`, once it accepts
+    connections; exits the benchmark with a message if it does not start."""
+    proc = subprocess.Popen([*cmd, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, cwd=REPO_ROOT)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            sys.exit(f"RPC server {' '.join(cmd)} exited with {proc.returncode}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            time.sleep(0.2)  # the probe connection is served (and closed) before the first client
+            return proc
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    sys.exit("RPC server did not start")

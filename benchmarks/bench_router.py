@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -34,12 +33,6 @@ PROMPT = "Write a short story about a lighthouse keeper who finds a message in a
 N_TOKENS = 64
 CLIENTS, REQUESTS = 4, 16
 MODEL_ID = "bench"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def stream(client, url: str, n: int, max_tokens: int = N_TOKENS) -> tuple[int, float]:
@@ -163,7 +156,7 @@ def main() -> None:
     (folder / f"{MODEL_ID}.gguf").symlink_to(model)
     (folder / "twin.gguf").symlink_to(model)  # a second model, never used: the router serves two
     flags = ["--host", "127.0.0.1", "-c", "4096", "-t", str(args.threads), "-np", str(CLIENTS)]
-    ports = {"router": free_port(), "single": free_port()}
+    ports = {"router": common.free_port(), "single": common.free_port()}
     urls = {who: f"http://127.0.0.1:{port}" for who, port in ports.items()}
     cmds = {"router": [*common.pyllama_cmd(), "serve", "--models-dir", str(folder), "--port", str(ports["router"]),
                        *flags],

@@ -18,44 +18,20 @@ RPC across machines, only the ratio counts.
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 from _common import (
     base_parser,
     bench_model,
+    free_port,
     llama_cpp_bin,
     print_pp_tg_report,
     pyllama_cmd,
     run_timed,
+    start_rpc_server,
     turn_order,
 )
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def start_server(cmd: list[str], port: int) -> subprocess.Popen:
-    proc = subprocess.Popen([*cmd, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            sys.exit(f"RPC server {' '.join(cmd)} exited with {proc.returncode}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            time.sleep(0.2)  # the probe connection is served (and closed) before the first client
-            return proc
-        except OSError:
-            time.sleep(0.05)
-    proc.kill()
-    sys.exit("RPC server did not start")
 
 
 def rpc_server_cmd(kind: str, bin_dir: Path, threads: int) -> list[str]:
@@ -95,7 +71,7 @@ def main() -> None:
     bin_dir = llama_cpp_bin(args.llama_cpp_bin)
     model = str(args.model or bench_model("Q4_0"))
     ports = [free_port(), free_port()]
-    servers = [start_server(rpc_server_cmd(args.servers, bin_dir, args.server_threads), port) for port in ports]
+    servers = [start_rpc_server(rpc_server_cmd(args.servers, bin_dir, args.server_threads), port) for port in ports]
     rpc = ",".join(f"127.0.0.1:{port}" for port in ports)
     common = ["-m", model, "-t", str(args.threads), "-p", str(args.n_prompt), "-n", str(args.n_gen),
               "-r", str(args.repetitions), "-ngl", "99", "-ts", "1/1", "--rpc", rpc, "-o", "json"]

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import statistics
 import subprocess
 import sys
@@ -29,12 +28,6 @@ import _common as common
 
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle. Once upon a time"
 N_TOKENS = 64
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def one_request(client, url: str, seed: int) -> tuple[int, float, bool]:
@@ -170,7 +163,7 @@ def main() -> None:
     bin_dir = common.llama_cpp_bin(args.llama_cpp_bin)
     model = args.model or common.bench_model("Q4_0")
     n_ctx, t = 4096, str(args.threads)
-    ports = {"ref": free_port(), "ours": free_port()}
+    ports = {"ref": common.free_port(), "ours": common.free_port()}
     cmds = {
         "ref": [str(bin_dir / "llama-server"), "-m", str(model), "--host", "127.0.0.1", "--port", str(ports["ref"]),
                 "-c", str(n_ctx), "-t", t, "-np", "4", "--no-webui"],

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import subprocess
 import sys
 import tarfile
@@ -67,12 +66,6 @@ def suite_model() -> Path:
         common.BENCH_DIR.mkdir(parents=True, exist_ok=True)
         write_llama_gguf(path.with_suffix(".tmp"), TINY).rename(path)
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start(cmd: list[str], port: int, log: Path) -> subprocess.Popen:
@@ -146,14 +139,14 @@ def main() -> None:
     work = args.work or Path(tempfile.mkdtemp(prefix="pyllama-suite-"))
     work.mkdir(parents=True, exist_ok=True)
     results = {}
-    port = free_port()
+    port = common.free_port()
     print(f"pyllama serve --cors-origin '*' (llama-server reflects any origin by default); logs in {work}",
           file=sys.stderr)
     results["pyllama"] = serve_and_run(
         "pyllama", [*common.pyllama_cmd(), "serve", "-m", str(model), *PRESET, "--port", str(port),
                     "--cors-origin", "*"], port, tests, work, args.select)
     if args.llama_cpp_bin:
-        port = free_port()
+        port = common.free_port()
         server = common.llama_cpp_bin(args.llama_cpp_bin) / "llama-server"
         results["llama-server"] = serve_and_run(
             "llama-server", [str(server), "-m", str(model), *PRESET, "--port", str(port)], port, tests, work,

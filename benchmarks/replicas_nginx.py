@@ -33,7 +33,7 @@ import threading
 import time
 from pathlib import Path
 
-from _common import bench_model, pyllama_cmd
+from _common import bench_model, free_port, pyllama_cmd
 
 MODEL_ID = "pyllama"  # both replicas serve the model under this id (--alias)
 
@@ -70,12 +70,6 @@ http {{
     }}
 }}
 """
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def start_replica(model: Path, log: Path, args: argparse.Namespace) -> tuple[subprocess.Popen, str]:

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import _common as common
 from _common import REPO_ROOT
 
 ROUTER_MODELS = {"red": 2, "green": 3, "blue": 4}  # router mode's models: id -> layers of a tiny model
@@ -155,26 +156,10 @@ def router_models() -> list[Path]:
 
 
 def start_rpc_server() -> tuple[subprocess.Popen, str]:
-    """One `pyllama rpc-server` on a free loopback port, once it accepts connections (as bench_rpc.py starts it)."""
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "pyllama_cli", "rpc-server", "-t", "1", "-H", "127.0.0.1",
-                             "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO_ROOT)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            sys.exit(f"the rpc-server exited with {proc.returncode}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            time.sleep(0.2)  # the probe connection is served (and closed) before the first client
-            return proc, f"127.0.0.1:{port}"
-        except OSError:
-            time.sleep(0.05)
-    proc.kill()
-    sys.exit("the rpc-server did not start")
+    """One `pyllama rpc-server` on a free loopback port, once it accepts connections."""
+    port = common.free_port()
+    return common.start_rpc_server([sys.executable, "-m", "pyllama_cli", "rpc-server", "-t", "1"], port, 60), \
+        f"127.0.0.1:{port}"
 
 
 def start_server(args: argparse.Namespace, models: list[Path], log: Path) -> tuple[subprocess.Popen, str]:
