@@ -98,7 +98,7 @@ def test_a_streamed_function_call_sends_argument_deltas(server: Server) -> None:
 
 def test_text_format_json_schema_gives_output_that_validates(server: Server) -> None:
     response = server.client().responses.create(
-        model="m", input="Give me JSON.", max_output_tokens=80,
+        model="m", input="Give me JSON.", max_output_tokens=80, temperature=0,
         text={"format": {"type": "json_schema", "name": "reply", "schema": SCHEMA, "strict": True}})
     assert response.status == "completed"
     jsonschema.validate(json.loads(response.output_text), SCHEMA)
