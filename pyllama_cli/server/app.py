@@ -31,7 +31,7 @@ from .http.leases import LeaseMiddleware
 from .metrics import CONTENT_TYPE, Metrics, MetricsMiddleware
 from .llama import routes as llama_routes
 from .http.middleware import BodyLimitMiddleware, CorsMiddleware
-from .models import ModelSet, ServedModel
+from .models import ModelSet
 from .prepare import (
     message_dicts,
     plan_request_tools,
@@ -126,11 +126,6 @@ def _generation(engine: Engine) -> Engine:
     return engine
 
 
-async def _named(models: ModelSet, request: Request) -> ServedModel:
-    """The model a route without a body names with `?model=ID` (the default one without)."""
-    return await models.get(request.query_params.get("model"))
-
-
 def _add_routes(app: FastAPI, models: ModelSet) -> None:
     _add_openai_routes(app, models)
     _add_utility_routes(app, models)
@@ -203,7 +198,7 @@ def _add_utility_routes(app: FastAPI, models: ModelSet) -> None:
         """200 once the model is loaded, 503 while it loads (router mode: 200 while the router runs)."""
         if models.router and "model" not in request.query_params:
             return {"status": "ok"}
-        _ready((await _named(models, request)).engine)
+        _ready((await models.named(request)).engine)
         return {"status": "ok"}
 
     @app.get("/metrics", response_class=PlainTextResponse, tags=["Server"])
@@ -226,7 +221,7 @@ def _add_utility_routes(app: FastAPI, models: ModelSet) -> None:
     @app.post("/tokenize", response_model=TokenizeResponse, responses=ERRORS, tags=["Server"])
     async def tokenize(body: TokenizeRequest, request: Request) -> Any:
         """Token ids of `content` (with `with_pieces`, each id with its text)."""
-        engine = _ready((await _named(models, request)).engine)
+        engine = _ready((await models.named(request)).engine)
         # What llama.cpp's tokenizer gives, as llama-server reports it: a BOS the text writes stays
         # after the one add_special adds.
         ids = await run_in_threadpool(engine.tokenize, body.content, add_special=body.add_special,
@@ -238,7 +233,7 @@ def _add_utility_routes(app: FastAPI, models: ModelSet) -> None:
     @app.post("/detokenize", response_model=DetokenizeResponse, responses=ERRORS, tags=["Server"])
     async def detokenize(body: DetokenizeRequest, request: Request) -> Any:
         """The text of a list of token ids."""
-        engine = _ready((await _named(models, request)).engine)
+        engine = _ready((await models.named(request)).engine)
         try:
             return {"content": engine.detokenize(body.tokens)}
         except InputError as exc:
@@ -247,7 +242,7 @@ def _add_utility_routes(app: FastAPI, models: ModelSet) -> None:
     @app.post("/apply-template", response_model=ApplyTemplateResponse, responses=ERRORS, tags=["Server"])
     async def apply_template(body: ApplyTemplateRequest, request: Request) -> Any:
         """The prompt the chat template makes of `messages` (and `tools`), as /v1/chat/completions would."""
-        served = await _named(models, request)
+        served = await models.named(request)
         _ready(served.engine)
         plan = plan_request_tools(body.tools, body.tool_choice)
         prompt = await run_in_threadpool(render_prompt, served.engine, served.settings, message_dicts(body.messages),

@@ -43,6 +43,11 @@ class ModelSet(ABC):
     def start(self) -> None:
         """Begin whatever loading happens at startup (returns at once)."""
 
+    async def named(self, request: Any, name: str | None = None) -> ServedModel:
+        """The model a request names: `name` (its body's `model` field), else its `?model=` (routes with no
+        body), else the default one."""
+        return await self.get(name if name is not None else request.query_params.get("model"))
+
     @abstractmethod
     async def get(self, requested: str | None, keep_alive: float | None = None) -> ServedModel:
         """The model a request names (None: the default one), ready to take jobs or loading; it is the

@@ -34,30 +34,27 @@ _SLOT_FILE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 def add_routes(app: FastAPI) -> None:
     models = app.state.models
 
-    async def served(request: Request, name: str | None = None) -> ServedModel:
-        return await models.get(name if name is not None else request.query_params.get("model"))
-
     @app.post("/completion", tags=["llama-server"])
     @app.post("/completions", include_in_schema=False)
     async def completion(body: NativeCompletionRequest, request: Request) -> Any:
         """Continue a prompt (a string, token ids, both mixed, or a list of prompts) in llama-server's shape."""
-        return await _generate(await served(request, body.model), body, request, prepare_native)
+        return await _generate(await models.named(request, body.model), body, request, prepare_native)
 
     @app.post("/infill", tags=["llama-server"])
     async def infill(body: InfillRequest, request: Request) -> Any:
         """Fill in the middle between `input_prefix` and `input_suffix` (models with FIM tokens)."""
-        return await _generate(await served(request, body.model), body, request, prepare_infill)
+        return await _generate(await models.named(request, body.model), body, request, prepare_infill)
 
     @app.get("/slots", tags=["llama-server"])
     async def slots(request: Request) -> Any:
         """Each slot: its context, whether it is processing, and its token counts."""
-        engine = _ready(await served(request))
+        engine = _ready(await models.named(request))
         return [_slot_view(slot, engine) for slot in engine.slot_states()]
 
     @app.post("/slots/{id_slot}", tags=["llama-server"])
     async def slot_action(id_slot: int, request: Request) -> Any:
         """?action=save|restore with {"filename"} (under --slot-save-path), or ?action=erase."""
-        model = await served(request)
+        model = await models.named(request)
         engine = _ready(model)
         action = request.query_params.get("action", "")
         body = await _json_body(request) if action in ("save", "restore") else {}
@@ -66,7 +63,7 @@ def add_routes(app: FastAPI) -> None:
     @app.get("/props", tags=["llama-server"])
     async def props(request: Request) -> Any:
         """Server properties: slots, per-slot context, default sampling, model path, chat template."""
-        model = await served(request)
+        model = await models.named(request)
         engine, settings = _ready(model), model.settings
         template = await run_in_threadpool(engine.chat_template_text, settings.chat_template)
         return {"default_generation_settings": {"n_ctx": engine.n_ctx, "params": default_params(settings)},
@@ -81,7 +78,7 @@ def add_routes(app: FastAPI) -> None:
         """How many tokens the prompt of `messages` takes."""
         from ..prepare import message_dicts, render_prompt
 
-        model = await served(request)
+        model = await models.named(request)
         engine = _ready(model)
         messages = message_dicts(body.messages)
         prompt = await run_in_threadpool(render_prompt, model.engine, model.settings, messages, None)
