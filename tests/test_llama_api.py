@@ -259,7 +259,10 @@ def test_chat_stream_reports_progress_and_timings_per_token(srv: Server) -> None
     assert progress[-1]["processed"] == progress[-1]["total"] and len(progress) >= 2
     assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": None}
     content = [c for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content")]
-    assert [c["timings"]["predicted_n"] for c in content] == list(range(1, len(content) + 1))
+    # The tokens generated so far: one more per chunk as a rule, but a token's text may be held back (a part of a
+    # character, a possible stop string) and sent with a later one's, or flushed after the last token.
+    counted = [c["timings"]["predicted_n"] for c in content]
+    assert counted == sorted(counted) and 1 <= counted[0] and counted[-1] <= 3, counted
     assert chunks[-1]["usage"]["completion_tokens"] == 3 and chunks[-1]["timings"]["predicted_n"] == 3
 
 

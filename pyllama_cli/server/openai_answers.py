@@ -131,6 +131,7 @@ async def _chat_events(stream: JobStream, prep: PreparedChat, header: r.Header,
         content = TextEvents(r.chat_chunk(header, {"content": TextEvents.MARK}))
         thoughts = TextEvents(r.chat_chunk(header, {"reasoning_content": TextEvents.MARK}))
         async for ev in stream:
+            timer.count(len(ev.tokens))
             if ev.progress is not None:
                 yield event({**r.chat_chunk(header, {}), "choices": [], "prompt_progress": timer.progress(ev.progress)})
             answer.probs.extend(ev.probs)
@@ -144,15 +145,15 @@ async def _chat_events(stream: JobStream, prep: PreparedChat, header: r.Header,
                     if prep.logprobs or prep.extras.timings_per_token:
                         chunk = r.chat_chunk(header, {"content": text},
                                              logprobs=r.chat_logprobs(probs) if prep.logprobs else None)
-                        yield event({**chunk, "timings": timer.token(len(ev.tokens))}
+                        yield event({**chunk, "timings": timer.token()}
                                     if prep.extras.timings_per_token else chunk)
                     else:
                         yield content.event(text)
         calls, rest = held.finish()
         if rest is not None:
             text, probs = rest
-            yield event(r.chat_chunk(header, {"content": text},
-                                     logprobs=r.chat_logprobs(probs) if prep.logprobs else None))
+            chunk = r.chat_chunk(header, {"content": text}, logprobs=r.chat_logprobs(probs) if prep.logprobs else None)
+            yield event({**chunk, "timings": timer.token()} if prep.extras.timings_per_token else chunk)
         for delta in r.tool_call_deltas(calls or []):
             yield event(r.chat_chunk(header, delta))
         yield event({**r.chat_chunk(header, {}, finish="tool_calls" if calls else r.finish_reason(answer.stats)),

@@ -183,13 +183,19 @@ class StreamTimer:
         return {"total": total, "cache": cache, "processed": processed,
                 "time_ms": int((time.perf_counter() - self.started) * 1000)}
 
-    def token(self, n_tokens: int) -> dict[str, Any]:
-        now = time.perf_counter()
-        if self.first is None:
-            self.first = now
+    def count(self, n_tokens: int) -> None:
+        """Count a stream event's tokens, whether or not its text is sent yet (a token may be held back, as an
+        incomplete character or a possible stop string, and its text sent with a later one)."""
+        if n_tokens and self.first is None:
+            self.first = time.perf_counter()
         self.n += n_tokens
-        ms = (now - self.first) * 1000
-        prompt_ms = (self.first - self.started) * 1000
+
+    def token(self) -> dict[str, Any]:
+        """The timings a chunk carries: the tokens generated so far, as llama-server counts them."""
+        now = time.perf_counter()
+        first = self.first if self.first is not None else now
+        ms = (now - first) * 1000
+        prompt_ms = (first - self.started) * 1000
         return {"prompt_ms": prompt_ms, "predicted_n": self.n, "predicted_ms": ms,
                 "predicted_per_token_ms": ms / self.n if self.n else 0.0,
                 "predicted_per_second": 1000 * self.n / ms if ms > 0 else 0.0}
