@@ -6,13 +6,17 @@ Two measures, on the realistic-shape model:
   2. warm: 4 streaming clients share 16 requests of 64 tokens on one loaded model, in router mode
      (two models served, one used) and on a one-model server. Target: router >= 0.97x tokens/s.
 
-    python benchmarks/bench_router.py [-m MODEL.gguf] [-t THREADS] [--repeat 3] [--requests 16] [--tokens 64]
+    python benchmarks/bench_router.py [-m MODEL.gguf] [-t THREADS] [--repeat 5] [--requests 16] [--tokens 64]
 
 On a machine shared with other work, use -t 1: with more threads than free cores, llama.cpp's
 threads spin while they wait for a descheduled one, and both tokens/s and CPU time swing by 5x.
 
 Each repeat measures the router and the one-model server in turn, A,B then B,A; medians are reported.
 Each request's prompt starts with its own number, so that no slot reuses a cached prefix.
+
+Beside tokens/s, the CPU time each server spends per 1000 tokens, split in two: llama.cpp's compute
+threads, and the server's main thread (the event loop: HTTP, routing, streaming). Routing can only
+cost in the second; the first moves with whatever else the machine runs.
 """
 
 from __future__ import annotations
@@ -103,18 +107,23 @@ async def _unload(client, url: str) -> None:
         (await client.post(url + "/models/unload", json={"model": MODEL_ID})).raise_for_status()
 
 
-def cpu_seconds(proc: subprocess.Popen) -> float:
-    """User + system CPU time of a server process, every thread (Linux /proc)."""
-    fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def cpu_seconds(proc: subprocess.Popen) -> tuple[float, float]:
+    """(all threads, main thread) user + system CPU seconds of a server process (Linux /proc)."""
+    def seconds(stat: Path) -> float:
+        fields = stat.read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    return seconds(Path(f"/proc/{proc.pid}/stat")), seconds(Path(f"/proc/{proc.pid}/task/{proc.pid}/stat"))
 
 
-def measured(proc: subprocess.Popen, url: str, first: int) -> tuple[float, float]:
-    """(tokens/s, CPU seconds per 1000 tokens) of one throughput run: CPU time hardly moves when other
-    work shares the machine, so it backs up a noisy wall-clock ratio."""
+def measured(proc: subprocess.Popen, url: str, first: int) -> tuple[float, float, float]:
+    """(tokens/s, CPU seconds per 1000 tokens of all threads, of the main thread) of one throughput run:
+    CPU time hardly moves when other work shares the machine, so it backs up a noisy wall-clock ratio."""
     before = cpu_seconds(proc)
     tokens, wall = asyncio.run(throughput(url, first))
-    return tokens / wall, (cpu_seconds(proc) - before) / max(tokens, 1) * 1000
+    after = cpu_seconds(proc)
+    per_1000 = 1000 / max(tokens, 1)
+    return tokens / wall, (after[0] - before[0]) * per_1000, (after[1] - before[1]) * per_1000
 
 
 def start(cmd: list[str], url: str) -> subprocess.Popen:
@@ -149,6 +158,7 @@ def main() -> None:
     parser = common.base_parser(__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=REQUESTS, help="requests per throughput run")
     parser.add_argument("--tokens", type=int, default=N_TOKENS, help="tokens per request")
+    parser.set_defaults(repeat=5)
     args = parser.parse_args()
     REQUESTS, N_TOKENS = args.requests, args.tokens
     model = (args.model or common.bench_model("Q4_0")).resolve()
@@ -167,17 +177,20 @@ def main() -> None:
     procs: dict[str, subprocess.Popen] = {}
     tps: dict[str, list[float]] = {"router": [], "single": []}
     cpu: dict[str, list[float]] = {"router": [], "single": []}
+    loop_cpu: dict[str, list[float]] = {"router": [], "single": []}
     colds: list[tuple[float, float, float]] = []
     try:
         for who, cmd in cmds.items():
             procs[who] = start(cmd, urls[who])
         for i in range(args.repeat):
             for who in common.turn_order(i, ("router", "single")):
-                speed, cost = measured(procs[who], urls[who], 1000 * (i + 1))
+                speed, cost, loop_cost = measured(procs[who], urls[who], 1000 * (i + 1))
                 tps[who].append(speed)
                 cpu[who].append(cost)
+                loop_cpu[who].append(loop_cost)
             colds.append(asyncio.run(cold_and_parts(urls["router"], 100_000 + 10 * i)))
-            print(f"repeat {i + 1}: router {tps['router'][-1]:.1f} t/s, single {tps['single'][-1]:.1f} t/s; "
+            print(f"repeat {i + 1}: router {tps['router'][-1]:.1f} t/s ({cpu['router'][-1]:.2f} CPU s/1000), "
+                  f"single {tps['single'][-1]:.1f} t/s ({cpu['single'][-1]:.2f}); "
                   f"cold TTFT {colds[-1][0]:.3f} s, load {colds[-1][1]:.3f} s + warm TTFT {colds[-1][2]:.3f} s",
                   file=sys.stderr)
     finally:
@@ -192,6 +205,9 @@ def main() -> None:
     single_cpu, router_cpu = statistics.median(cpu["single"]), statistics.median(cpu["router"])
     print(f"{f'{CLIENTS} clients, CPU s per 1000 tokens':<40} {single_cpu:>10.2f} {router_cpu:>10.2f} "
           f"{router_cpu / single_cpu:>7.3f}  <= 1.03")
+    single_loop, router_loop = statistics.median(loop_cpu["single"]), statistics.median(loop_cpu["router"])
+    print(f"{'  of it, main thread (HTTP, routing)':<40} {single_loop:>10.3f} {router_loop:>10.3f} "
+          f"{router_loop - single_loop:>+7.3f}  s more per 1000 tokens")
     paired = statistics.median(r / s for r, s in zip(tps["router"], tps["single"]))
     print(f"paired ratio (median): {paired:.3f}; load {statistics.median(c[1] for c in colds):.3f} s, "
           f"warm TTFT {statistics.median(c[2] for c in colds):.3f} s (medians)")
