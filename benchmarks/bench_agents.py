@@ -17,7 +17,7 @@ import sys
 import time
 
 import _common as common
-from bench_serve_parallel import free_port, start_server, stop_server
+from bench_serve_parallel import start_server, stop_server
 
 N_TOKENS = 48
 CLIENTS, REQUESTS = 4, 8
@@ -87,7 +87,7 @@ def main() -> None:
     args = common.base_parser(__doc__.splitlines()[0]).parse_args()
     bin_dir = common.llama_cpp_bin(args.llama_cpp_bin)
     model = args.model or common.bench_model("Q4_0")
-    t, ports = str(args.threads), {"ref": free_port(), "ours": free_port()}
+    t, ports = str(args.threads), {"ref": common.free_port(), "ours": common.free_port()}
     cmds = {
         "ref": [str(bin_dir / "llama-server"), "-m", str(model), "--host", "127.0.0.1", "--port", str(ports["ref"]),
                 "-c", "4096", "-t", t, "-np", "4", "--no-webui"],

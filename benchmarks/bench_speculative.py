@@ -23,7 +23,7 @@ import sys
 import time
 
 import _common as common
-from bench_serve_parallel import free_port, start_server, stop_server
+from bench_serve_parallel import start_server, stop_server
 
 PROMPT = "def fibonacci(n):"  # the synthetic model soon loops on it at temperature 0
 SPEC = ["--spec-type", "ngram-simple"]
@@ -84,7 +84,7 @@ async def single_tps(url: str, n: int) -> tuple[float, dict]:
 
 def serve_rounds(model: str, args, extra: list[str], parallel: int, loads: list[tuple[str, int]]) -> dict:
     """Per load, per server, the figures of each round (servers started once, loads interleaved)."""
-    ports = {name: free_port() for name in ("llama-server", "pyllama")}
+    ports = {name: common.free_port() for name in ("llama-server", "pyllama")}
     cmds = server_cmds(model, args, extra, parallel, ports)
     procs = {}
     try:
