@@ -5,7 +5,12 @@ B,A) by 4 concurrent streaming clients sharing 8 requests of up to 48 tokens, on
 Reported per API: generated tokens/s (the output tokens the streams' usage reports / wall time)
 and p50 time to the first text delta. Target: pyllama >= 1.0x llama-server.
 
-    python benchmarks/bench_agents.py [--llama-cpp-bin DIR] [-m MODEL.gguf] [-t THREADS] [--repeat 3]
+    python benchmarks/bench_agents.py [--llama-cpp-bin DIR] [-m MODEL.gguf] [-t THREADS] [--repeat 3] [--ref-cache-ram N]
+
+llama-server keeps the KV state of prompts a slot has moved on from in RAM (`--cache-ram`, 8192 MiB by
+default) and restores it when one comes back; pyllama reuses only what a slot still holds. The 8 prompts
+here share a prefix and come back every load, so that cache saves llama-server a part of each prefill;
+`--ref-cache-ram 0` turns it off to compare the servers' streaming paths alone.
 """
 
 from __future__ import annotations
@@ -84,13 +89,17 @@ async def load(url: str, api: str) -> dict[str, float]:
 
 
 def main() -> None:
-    args = common.base_parser(__doc__.splitlines()[0]).parse_args()
+    parser = common.base_parser(__doc__.splitlines()[0])
+    parser.add_argument("--ref-cache-ram", type=int, default=None, metavar="MIB",
+                        help="llama-server's --cache-ram (default: its own, 8192)")
+    args = parser.parse_args()
+    ref_extra = [] if args.ref_cache_ram is None else ["--cache-ram", str(args.ref_cache_ram)]
     bin_dir = common.llama_cpp_bin(args.llama_cpp_bin)
     model = args.model or common.bench_model("Q4_0")
     t, ports = str(args.threads), {"ref": common.free_port(), "ours": common.free_port()}
     cmds = {
         "ref": [str(bin_dir / "llama-server"), "-m", str(model), "--host", "127.0.0.1", "--port", str(ports["ref"]),
-                "-c", "4096", "-t", t, "-np", "4", "--no-webui"],
+                "-c", "4096", "-t", t, "-np", "4", "--no-webui", *ref_extra],
         "ours": [*common.pyllama_cmd(), "serve", "-m", str(model), "--host", "127.0.0.1", "--port",
                  str(ports["ours"]), "-c", "4096", "-t", t, "--parallel", "4"],
     }
