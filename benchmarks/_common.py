@@ -178,3 +178,32 @@ def start_rpc_server(cmd: Sequence[str], port: int, timeout: float = 30) -> subp
             time.sleep(0.05)
     proc.kill()
     sys.exit("RPC server did not start")
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, *, timeout: float = 300, name: str = "server",
+                 see: str = "") -> None:
+    """Return once the server at `url` answers /health with 200; exit the benchmark with a message (`see`
+    appended: a log to read, the command) when `proc` ends first or `timeout` seconds pass."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            sys.exit(f"{name} exited early with {proc.returncode}{see}")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    proc.kill()
+    sys.exit(f"{name} did not become ready in {timeout:g} s{see}")
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL if the server has not ended within 10 s."""
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()

@@ -22,7 +22,7 @@ import sys
 import time
 
 import _common as common
-from bench_serve_parallel import start_server, stop_server
+from bench_serve_parallel import start_server
 
 N_TOKENS = 48
 CLIENTS, REQUESTS = 4, 8
@@ -116,7 +116,7 @@ def main() -> None:
                         runs[who][api].append(asyncio.run(load(f"http://127.0.0.1:{ports[who]}", api)))
         finally:
             for proc in procs.values():
-                stop_server(proc)
+                common.stop_server(proc)
         print(f"round {r + 1} done", file=sys.stderr)
     rows = []
     for api in apis:

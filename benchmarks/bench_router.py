@@ -127,30 +127,14 @@ def measured(proc: subprocess.Popen, url: str, first: int) -> tuple[float, float
 
 
 def start(cmd: list[str], url: str) -> subprocess.Popen:
-    import httpx
-
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 300
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"server exited early with {proc.returncode}: {' '.join(cmd)}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                asyncio.run(_one(url))  # warm-up: loads the router's model too
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    proc.kill()
-    raise SystemExit("server did not become ready")
-
-
-def stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
     try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+        common.wait_healthy(url, proc, see=f": {' '.join(cmd)}")
+        asyncio.run(_one(url))  # warm-up: loads the router's model too
+    except BaseException:
+        common.stop_server(proc)
+        raise
+    return proc
 
 
 def main() -> None:
@@ -195,7 +179,7 @@ def main() -> None:
                   file=sys.stderr)
     finally:
         for proc in procs.values():
-            stop(proc)
+            common.stop_server(proc)
     cold = statistics.median(c[0] for c in colds)
     parts = statistics.median(c[1] + c[2] for c in colds)
     print(f"{'metric':<40} {'baseline':>10} {'router':>10} {'ratio':>7}  target")

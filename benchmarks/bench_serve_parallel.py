@@ -97,22 +97,6 @@ async def phase(url: str, clients: int, requests: int) -> dict[str, float]:
             "errors": len(results) - len(ok), "wall": wall}
 
 
-def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 300) -> None:
-    import httpx
-
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"server exited early with {proc.returncode}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise SystemExit("server did not become ready")
-
-
 LOADS_PER_ROUND = 3  # alternating bounded loads per round (per server start)
 PHASES = (("4 clients", 4, 16), ("1 client", 1, 4))
 
@@ -121,20 +105,12 @@ def start_server(cmd: list[str], port: int) -> subprocess.Popen:
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         url = f"http://127.0.0.1:{port}"
-        wait_ready(url, proc)
+        common.wait_healthy(url, proc)
         asyncio.run(phase(url, 1, 1))  # warm-up
     except BaseException:
-        stop_server(proc)
+        common.stop_server(proc)
         raise
     return proc
-
-
-def stop_server(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
 
 
 def one_round(cmds: dict[str, list[str]], ports: dict[str, int], round_index: int
@@ -154,7 +130,7 @@ def one_round(cmds: dict[str, list[str]], ports: dict[str, int], round_index: in
                 runs[who].append(loads[who])
     finally:
         for proc in procs.values():
-            stop_server(proc)
+            common.stop_server(proc)
     return runs
 
 

@@ -23,7 +23,7 @@ import sys
 import time
 
 import _common as common
-from bench_serve_parallel import start_server, stop_server
+from bench_serve_parallel import start_server
 
 PROMPT = "def fibonacci(n):"  # the synthetic model soon loops on it at temperature 0
 SPEC = ["--spec-type", "ngram-simple"]
@@ -104,7 +104,7 @@ def serve_rounds(model: str, args, extra: list[str], parallel: int, loads: list[
         return runs
     finally:
         for proc in procs.values():
-            stop_server(proc)
+            common.stop_server(proc)
 
 
 def report_serve(title: str, runs: dict) -> None:

@@ -23,7 +23,6 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -69,21 +68,9 @@ def suite_model() -> Path:
 
 
 def start(cmd: list[str], port: int, log: Path) -> subprocess.Popen:
-    import httpx
-
     proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            sys.exit(f"{cmd[0]} exited with {proc.returncode}; see {log}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    sys.exit(f"{cmd[0]} did not become ready in 120 s; see {log}")
+    common.wait_healthy(f"http://127.0.0.1:{port}", proc, timeout=120, name=cmd[0], see=f"; see {log}")
+    return proc
 
 
 def run_suite(tests: Path, port: int, work: Path, name: str, select: str | None) -> dict[str, str]:
@@ -120,11 +107,7 @@ def serve_and_run(name: str, cmd: list[str], port: int, tests: Path, work: Path,
     try:
         return run_suite(tests, port, work, name, select)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        common.stop_server(proc)
 
 
 def main() -> None:
