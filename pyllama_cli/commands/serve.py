@@ -24,6 +24,11 @@ from ..options.serve import (
     SERVER_PANEL,
     AliasOpt,
     ApiKeyOpt,
+    CacheDiskMaxOpt,
+    CacheDiskMinTokensOpt,
+    CacheDiskOpt,
+    CacheIdleSlotsOpt,
+    CacheRamOpt,
     CorsOriginOpt,
     EmbeddingsOpt,
     HfReposOpt,
@@ -44,6 +49,7 @@ from ..options.serve import (
     ReasoningFormatOpt,
 )
 from ..core.text.reasoning import FORMAT_DEEPSEEK, UNLIMITED
+from ..core.serving.cache.settings import DEFAULT_CACHE_RAM_MIB, DEFAULT_DISK_MAX, DEFAULT_DISK_MIN_TOKENS
 
 EXAMPLES = """\
 Examples:
@@ -90,6 +96,11 @@ def serve(
     models_preset: ModelsPresetOpt = None,
     reasoning_format: ReasoningFormatOpt = FORMAT_DEEPSEEK,
     reasoning_budget: ReasoningBudgetOpt = UNLIMITED,
+    cache_ram: CacheRamOpt = DEFAULT_CACHE_RAM_MIB,
+    cache_idle_slots: CacheIdleSlotsOpt = False,
+    cache_disk: CacheDiskOpt = None,
+    cache_disk_max: CacheDiskMaxOpt = DEFAULT_DISK_MAX,
+    cache_disk_min_tokens: CacheDiskMinTokensOpt = DEFAULT_DISK_MIN_TOKENS,
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API: chat, completions, embeddings.
 
@@ -104,6 +115,7 @@ def serve(
     """
     from ..core.generate.speculative import resolve_draft
     from ..server import run as server
+    from ..core.serving.cache.settings import CacheSettings
     from ..server.settings import ServerSettings
 
 
@@ -125,6 +137,9 @@ def serve(
         max_body_size=parse_size(max_body_size), chat_template=chat_template, webui=not no_webui,
         limits=limits, speculative=spec, slot_save_path=slot_save_path.resolve() if slot_save_path else None,
         reasoning_format=reasoning_format, reasoning_budget=reasoning_budget,
+        prompt_cache=CacheSettings(cache_ram, cache_idle_slots, cache_disk.resolve() if cache_disk else None,
+                                   parse_size(cache_disk_max, "--cache-disk-max"), cache_disk_min_tokens,
+                                   template=chat_template),
     )
     if router:
         _serve_router(ctx, model, paths, repos, load, settings, host, port, embeddings=embeddings, alias=alias,
@@ -186,12 +201,12 @@ def _default_alias(path: Path) -> str:
     return path.stem
 
 
-def parse_size(text: str) -> int:
+def parse_size(text: str, flag: str = "--max-body-size") -> int:
     """Bytes in '8388608', '8M', '8MiB', '512K'... (powers of 1024)."""
     match = _SIZE.match(text)
     if not match:
         raise typer.BadParameter(f"{text!r} is not a size such as 8388608, 512K or 8MiB",
-                                 param_hint="'--max-body-size'")
+                                 param_hint=f"'{flag}'")
     return int(match.group(1)) * 1024 ** " kmg".index(match.group(2).lower() or " ")
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -59,9 +59,22 @@ class Metrics:
         _metric(lines, "slots", "gauge", "Slots by state.", slot_samples)
         _metric(lines, "context_size", "gauge", "Tokens one request may use.",
                 [(label, engine.n_ctx) for label, engine, _ in engines])
+        _prompt_cache_series(lines, engines)
         for name, kind, help_text, samples in models.model_series():
             _metric(lines, name, kind, help_text, samples)
         return "\n".join(lines) + "\n"
+
+
+def _prompt_cache_series(lines: list[str], engines: list[tuple[str, Any, EngineStats]]) -> None:
+    """The prompt cache's routes and tiers (core/serving/cache), for the engines that have one."""
+    series: dict[str, tuple[str, str, list[tuple[str, float]]]] = {}
+    for label, engine, _ in engines:
+        cache = getattr(engine, "prompt_cache", None)
+        for name, kind, help_text, samples in cache.series() if cache is not None else []:
+            entry = series.setdefault(name, (kind, help_text, []))
+            entry[2].extend((_join(label, labels), value) for labels, value in samples)
+    for name, (kind, help_text, samples) in series.items():
+        _metric(lines, name, kind, help_text, samples)
 
 
 def _join(*labels: str) -> str:

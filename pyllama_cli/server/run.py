@@ -77,7 +77,7 @@ def url(sock: socket.socket) -> str:
 
 
 def make_engine(path: Path, load: LoadSettings, embeddings: bool, parallel: int, kv_unified: bool,
-                speculative: Any = None, **callbacks: Any) -> Any:
+                speculative: Any = None, prompt_cache: Any = None, **callbacks: Any) -> Any:
     """Embeddings run one input at a time; generation runs on the continuous-batching slots."""
     if embeddings:
         from ..core.serving.embedding_engine import EmbeddingEngine
@@ -85,7 +85,8 @@ def make_engine(path: Path, load: LoadSettings, embeddings: bool, parallel: int,
         return EmbeddingEngine(path, load, **callbacks)
     from ..core.serving.scheduler import ParallelEngine
 
-    return ParallelEngine(path, load, n_slots=parallel, kv_unified=kv_unified, speculative=speculative, **callbacks)
+    return ParallelEngine(path, load, n_slots=parallel, kv_unified=kv_unified, speculative=speculative,
+                          prompt_cache=prompt_cache, **callbacks)
 
 
 def serve(sock: socket.socket | list[socket.socket], path: Path, load: LoadSettings, settings: Any, *,
@@ -116,7 +117,7 @@ def serve(sock: socket.socket | list[socket.socket], path: Path, load: LoadSetti
         server.should_exit = True
 
     engine = make_engine(path, load, embeddings, parallel, kv_unified, settings.speculative,
-                         on_ready=on_ready, on_failure=on_failure)
+                         prompt_cache=settings.prompt_cache, on_ready=on_ready, on_failure=on_failure)
     if load.rpc and hasattr(engine, "break_down"):
         _survive_dead_rpc_servers(engine)
     app = create_app(OneModel(engine, settings), settings)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ..core.generate.sampling import SamplingSettings
 from ..core.generate.speculative import SpeculativeSettings
+from ..core.serving.cache.settings import CacheSettings
 from ..core.text.reasoning import FORMAT_DEEPSEEK, UNLIMITED
 
 DEFAULT_MAX_BODY_SIZE = 8 * 1024 * 1024
@@ -47,3 +48,4 @@ class ServerSettings:
     slot_save_path: Path | None = None  # where /slots/ID?action=save|restore files live (None: off)
     reasoning_format: str = FORMAT_DEEPSEEK  # "none": thinking stays in the answer's text
     reasoning_budget: int = UNLIMITED  # thinking tokens before the block is closed (-1: no limit)
+    prompt_cache: CacheSettings = field(default_factory=CacheSettings)  # --cache-ram, --cache-disk...

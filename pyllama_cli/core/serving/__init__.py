@@ -5,6 +5,7 @@
 - `scheduler`: `ParallelEngine`, continuous batching over N slots (generation).
 - `slots`: a slot's state and the step padding trial.
 - `embedding_engine`: `EmbeddingEngine`, one input at a time (`--embeddings`).
+- `cache/`: the prompt cache across slots (--cache-ram, --cache-disk): routes, RAM and disk tiers.
 
-May import: `core.generate`, `core.text`, `core.model`, `core.interrupt`, `pyllama_cli.errors`.
+May import: `core.generate`, `core.text`, `core.model`, `core.interrupt`, `core.paths`, `pyllama_cli.errors`.
 """

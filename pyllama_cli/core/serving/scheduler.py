@@ -34,6 +34,7 @@ from ..generate.decide import STOP_INTERRUPTED, Turn, common_prefix, reusable_pr
 from ..generate.speculative import SpeculativeSettings, verify
 from ..generate.stats import GenerationStats
 from ..text.reasoning import ThinkBudget
+from .cache.settings import CacheSettings
 from .engine import BROKEN, CLOSED, READY, Engine
 from .jobs import EmbeddingJob, EngineStats, Event, GenerationJob, JobStream, ModelSummary
 from .post_sampling import post_sampling_prob
@@ -58,9 +59,12 @@ class ParallelEngine(Engine):
     """N slots, one context, one scheduler thread doing continuous batching."""
 
     def __init__(self, *args: Any, n_slots: int = 1, kv_unified: bool = False,
-                 speculative: SpeculativeSettings | None = None, **kwargs: Any):
+                 speculative: SpeculativeSettings | None = None, prompt_cache: CacheSettings | None = None,
+                 **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.speculative = speculative
+        self.cache_settings = prompt_cache
+        self.prompt_cache: Any = None  # cache.prompt_cache.PromptCache once loaded, when enabled
         self._speculation: Any = None
         if n_slots < 1:
             raise InputError(f"--parallel must be at least 1, got {n_slots}")
@@ -206,6 +210,13 @@ class ParallelEngine(Engine):
             session.close()
             raise
         self.summary = ModelSummary.of(self.path, session.model, self._ctx, n_ctx=self.n_ctx_slot, embeddings=False)
+        self._open_prompt_cache()
+
+    def _open_prompt_cache(self) -> None:
+        from .cache.prompt_cache import open_prompt_cache
+
+        if self.cache_settings is not None and self.cache_settings.enabled:
+            self.prompt_cache = open_prompt_cache(self.cache_settings, self, self.session.model)
 
     def _open_speculation(self) -> None:
         from ..generate.speculative import open_speculation
@@ -228,6 +239,8 @@ class ParallelEngine(Engine):
             self._batch.close()
         if self._speculation is not None:
             self._speculation.close()
+        if self.prompt_cache is not None:
+            self.prompt_cache.close(self._ctx, self.slots)
         # The session (context and model) is freed by close(): vocabulary helpers may still be in use.
 
     def _work(self) -> None:
@@ -307,7 +320,12 @@ class ParallelEngine(Engine):
         job: GenerationJob = stream.job  # type: ignore[assignment]
         slot.sampler = Sampler(self.model, job.sampling)
         reuse = reusable_prefix(slot.cached, prompt) if job.cache_prompt else 0
-        self._ctx.remove_tokens(slot.id, reuse, -1)
+        if self.prompt_cache is not None and job.cache_prompt:
+            reuse, _ = self.prompt_cache.prepare(self._ctx, slot, self.slots, prompt, reuse)
+        else:
+            if self.prompt_cache is not None:
+                self.prompt_cache.save(self._ctx, slot)
+            self._ctx.remove_tokens(slot.id, reuse, -1)
         slot.cached = prompt[:reuse]
         slot.pending = prompt[reuse:]
         slot.stream, slot.state = stream, PREFILL
@@ -454,6 +472,8 @@ class ParallelEngine(Engine):
             self._stats.add_generation(stats)
             slot.requests_served += 1
             self._release(slot)
+        if self.prompt_cache is not None and self.cache_settings.idle_slots:  # type: ignore[union-attr]
+            self.prompt_cache.save(self._ctx, slot)
         # Released first, so a client that sees the end of its stream also sees its slot idle.
         if stream is not None:
             self._post(stream, Event(done=True, stats=stats))

@@ -162,7 +162,7 @@ def serve_router(socks: list[socket.socket], models: list[PoolModel], preload: t
     def make_engine(model: PoolModel, **callbacks: Any) -> Any:
         # Speculation applies to every model; a -md draft whose vocabulary is not a model's fails that model's load.
         return run.make_engine(model.path, model.load, False, model.parallel, model.kv_unified, settings.speculative,
-                               **callbacks)
+                               prompt_cache=settings.prompt_cache, **callbacks)
 
     pool = EnginePool(models, make_engine, max_loaded=options.models_max, idle_seconds=options.idle_seconds,
                       report=say)

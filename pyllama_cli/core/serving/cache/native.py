@@ -1,0 +1,44 @@
+"""A sequence's KV cells to bytes and back, and copies between sequences of one context.
+
+`llama_state_seq_get_data` writes one sequence's cells (positions and K/V data) into host memory;
+`llama_state_seq_set_data` puts them into any sequence of a context of the same model and settings.
+`llama_memory_seq_cp` shares cells between sequences without a copy when the KV cache is unified.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+
+def read_sequence(ctx: Any, seq_id: int) -> bytes | bytearray:
+    """The cells of sequence `seq_id`, as llama.cpp serializes them (empty when it holds none)."""
+    from ...model.native import lib
+
+    size = int(lib.llama_state_seq_get_size(ctx.handle, seq_id))
+    if size == 0:
+        return b""
+    data = bytearray(size)  # written in place: one copy of what may be hundreds of MiB
+    written = int(lib.llama_state_seq_get_data(ctx.handle, (ctypes.c_uint8 * size).from_buffer(data), size, seq_id))
+    return data if written == size else data[:written]
+
+
+def write_sequence(ctx: Any, seq_id: int, data: bytes | bytearray) -> bool:
+    """Replace sequence `seq_id`'s cells with `data`; False (and the sequence empty) when llama.cpp refuses."""
+    from ...model.native import lib
+
+    ctx.remove_tokens(seq_id, 0, -1)
+    buffer = (ctypes.c_uint8 * len(data)).from_buffer(data) if isinstance(data, bytearray) \
+        else (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+    if int(lib.llama_state_seq_set_data(ctx.handle, buffer, len(data), seq_id)) == 0:
+        ctx.remove_tokens(seq_id, 0, -1)
+        return False
+    return True
+
+
+def share_prefix(ctx: Any, src: int, dst: int, n_tokens: int) -> None:
+    """Make `dst` hold `src`'s first `n_tokens` cells (a unified KV cache shares them: no copy)."""
+    from ...model.native import lib
+
+    ctx.remove_tokens(dst, 0, -1)
+    lib.llama_memory_seq_cp(ctx.memory, src, dst, 0, n_tokens)
