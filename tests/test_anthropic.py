@@ -52,8 +52,8 @@ def test_create_with_a_system_prompt_answers_a_message(server: Server) -> None:
     assert [block.type for block in message.content] == ["text"]
     assert message.stop_reason in ("end_turn", "max_tokens")
     assert (message.stop_reason == "max_tokens") == (message.usage.output_tokens == 6)
-    assert message.usage.input_tokens == _prompt_tokens(server, [{"role": "system", "content": "Be brief."},
-                                                                 {"role": "user", "content": "hello"}])
+    assert _input(message.usage) == _prompt_tokens(server, [{"role": "system", "content": "Be brief."},
+                                                            {"role": "user", "content": "hello"}])
 
 
 def test_a_forced_tool_gives_input_that_validates_then_its_result_is_answered(server: Server) -> None:
@@ -75,7 +75,7 @@ def test_a_forced_tool_gives_input_that_validates_then_its_result_is_answered(se
         {"role": "tool", "tool_call_id": block.id, "content": "sunny, 21 C"}]
     tools = [{"type": "function", "function": {"name": "get_weather", "description": WEATHER["description"],
                                                "parameters": WEATHER["input_schema"]}}]
-    assert answer.usage.input_tokens == _prompt_tokens(server, openai_turns, tools)
+    assert _input(answer.usage) == _prompt_tokens(server, openai_turns, tools)
 
 
 def test_a_streamed_forced_tool_sends_its_input_as_json_deltas(server: Server) -> None:
@@ -113,7 +113,7 @@ def test_count_tokens_equals_the_prompt_tokens_a_message_reports(server: Server)
                             {"role": "user", "content": [{"type": "text", "text": "weather?"}]}]}
     counted = client.messages.count_tokens(model="m", **request)
     message = client.messages.create(model="m", max_tokens=2, **request)
-    assert counted.input_tokens == message.usage.input_tokens > 20
+    assert counted.input_tokens == _input(message.usage) > 20
 
 
 def test_a_bad_role_is_a_400_in_anthropics_shape(server: Server) -> None:
@@ -174,10 +174,16 @@ def test_agent_requests_pass_tools_no_grammar_can_enforce_and_mid_conversation_s
     turns = [{"role": "user", "content": "hi"}, {"role": "system", "content": "Context: none."}]
     client = _client(server)
     message = client.messages.create(model="m", max_tokens=2, tools=[tool], messages=turns)
-    assert message.usage.input_tokens == client.messages.count_tokens(model="m", tools=[tool],
-                                                                      messages=turns).input_tokens
+    assert _input(message.usage) == client.messages.count_tokens(model="m", tools=[tool],
+                                                                 messages=turns).input_tokens
     with pytest.raises(anthropic.BadRequestError) as caught:
         client.messages.create(model="m", max_tokens=2, tools=[tool], messages=turns,
                                tool_choice={"type": "tool", "name": "tag"})
     assert caught.value.body["error"]["message"].endswith('"propertyNames" is not supported: a grammar cannot '
                                                           'enforce it')
+
+
+def _input(usage: anthropic.types.Usage) -> int:
+    """All the prompt's tokens: those evaluated (input_tokens) and those the prompt cache supplied."""
+    assert usage.cache_creation_input_tokens == 0
+    return usage.input_tokens + (usage.cache_read_input_tokens or 0)

@@ -37,8 +37,11 @@ def _message(msg_id: str, model: str, content: list[dict[str, Any]], stop_reason
             "stop_reason": stop_reason, "stop_sequence": stop_sequence, "usage": usage}
 
 
-def _usage(prompt: int, generated: int) -> dict[str, int]:
-    return {"input_tokens": prompt, "output_tokens": generated}
+def _usage(prompt: int, generated: int, cached: int = 0) -> dict[str, int]:
+    """Anthropic's usage: input_tokens counts only the prompt tokens evaluated; what the prompt cache
+    supplied is cache_read_input_tokens (pyllama writes its cache without being asked: no creation)."""
+    return {"input_tokens": prompt - cached, "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached,
+            "output_tokens": generated}
 
 
 def _stop(answer: r.Answer, prep: PreparedChat, calls: Any) -> tuple[str, str | None]:
@@ -75,7 +78,7 @@ async def message_body(engine: Engine, prep: PreparedChat, model: str, request: 
     content.extend(_tool_use(c) for c in parts.calls or ())
     reason, sequence = _stop(answer, prep, parts.calls)
     return _message(_new_id(), model, content, reason, sequence,
-                    _usage(answer.stats.n_prompt, answer.stats.n_generated))
+                    _usage(answer.stats.n_prompt, answer.stats.n_generated, answer.stats.n_cached))
 
 
 def message_stream(engine: Engine, prep: PreparedChat, model: str) -> EventStream:
@@ -145,7 +148,7 @@ async def _events(stream: JobStream, prep: PreparedChat, model: str) -> AsyncIte
         reason, sequence = _stop(answer, prep, calls)
         yield named_event("message_delta", {"type": "message_delta",
                                             "delta": {"stop_reason": reason, "stop_sequence": sequence},
-                                            "usage": _usage(answer.stats.n_prompt, answer.stats.n_generated)})
+                                            "usage": _usage(answer.stats.n_prompt, answer.stats.n_generated, answer.stats.n_cached)})
         yield named_event("message_stop", {"type": "message_stop"})
     except Exception as exc:  # noqa: BLE001 - the status line is gone; report in the stream, as Anthropic does
         yield anthropic_error_event(exc)

@@ -161,7 +161,7 @@ class DiskStore:
                 continue
             self._index[path] = tokens
         if foreign:
-            log.info("prompt cache: %d entries in %s belong to other models or settings", foreign, self.folder)
+            log.warning("prompt cache: %d entries in %s belong to other models or settings", foreign, self.folder)
 
     def _skip(self, path: Path, why: str) -> None:
         log.warning("prompt cache: skipped %s: %s", path.name, why)

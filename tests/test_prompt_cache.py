@@ -1,0 +1,192 @@
+"""The prompt cache across slots (--cache-ram, --cache-disk): what a slot computed comes back for the
+next request that starts with it, and never for one that differs before the restored length."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.cache_replay import APIS, replay_sync
+from tests.fixtures.make_gguf import TINY, write_llama_gguf
+from tests.test_serve import Server, spawn_serve
+
+N_CTX = "2048"  # 1024 tokens per slot
+
+
+def _serve(model: Path, log: Path, *args: str) -> Server:
+    return spawn_serve(log, ["-m", str(model), *([] if "-c" in args else ["-c", N_CTX]), "-np", "2", *args])
+
+
+@pytest.fixture(scope="module")
+def on(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    srv = _serve(tiny_model, tmp_path_factory.mktemp("cache-on") / "stderr.log", "--cache-ram", "64")
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def off(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    srv = _serve(tiny_model, tmp_path_factory.mktemp("cache-off") / "stderr.log", "--cache-ram", "0")
+    yield srv
+    srv.stop()
+
+
+def _tokens(srv: Server, text: str) -> list[int]:
+    return httpx.post(f"{srv.url}/tokenize", json={"content": text}, timeout=30).json()["tokens"]
+
+
+def _complete(srv: Server, prompt: list[int], n: int = 6) -> dict:
+    body = {"prompt": prompt, "n_predict": n, "temperature": 0, "return_tokens": True, "cache_prompt": True}
+    response = httpx.post(f"{srv.url}/completion", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def _routes(srv: Server) -> dict[str, int]:
+    text = httpx.get(f"{srv.url}/metrics", timeout=10).text
+    return {m[0]: int(m[1]) for m in re.findall(r'^pyllama_prompt_cache_requests_total\{route="(\w+)"\} (\d+)$',
+                                                  text, re.M)}
+
+
+def _text(i: int, n: int = 40) -> str:
+    return " ".join(f"line{i} {k} of the tool list" for k in range(n))
+
+
+def _fill_both_slots(srv: Server, *prompts: list[int]) -> None:
+    for prompt in prompts:
+        _complete(srv, prompt, 2)
+
+
+def test_a_prefix_pushed_out_of_its_slot_comes_back_from_ram(on: Server, off: Server) -> None:
+    a, b, c = _tokens(on, _text(1)), _tokens(on, _text(2)), _tokens(on, _text(3))
+    first = _complete(on, a)
+    _fill_both_slots(on, b, c)  # both slots now hold b and c: a lives in RAM only
+    before = _routes(on)
+    extra = _tokens(on, "and one more line")[1:]
+    prompt = a + first["tokens"][:3] + extra
+    again = _complete(on, prompt)
+    assert again["timings"]["cache_n"] == len(a) + 3  # the prompt, and the answer tokens that were evaluated
+    assert again["timings"]["prompt_n"] == len(extra)
+    assert _routes(on)["ram"] == before["ram"] + 1
+    assert again["tokens"] == _complete(off, prompt)["tokens"]
+
+
+def test_the_same_prefix_then_a_different_token_restores_only_the_prefix(on: Server, off: Server) -> None:
+    a, b, c = _tokens(on, _text(4)), _tokens(on, _text(5)), _tokens(on, _text(6))
+    _complete(on, a)
+    _fill_both_slots(on, b, c)
+    cut = 57
+    other = next(t for t in range(300, 400) if t != a[cut])
+    prompt = a[:cut] + [other] + a[cut + 1:]
+    answer = _complete(on, prompt)
+    assert answer["timings"]["cache_n"] == cut
+    assert answer["tokens"] == _complete(off, prompt)["tokens"]
+
+
+def test_a_prompt_that_is_all_cached_still_evaluates_its_last_token(on: Server) -> None:
+    a, b, c = _tokens(on, _text(7)), _tokens(on, _text(8)), _tokens(on, _text(9))
+    _complete(on, a)
+    _fill_both_slots(on, b, c)
+    answer = _complete(on, a)
+    assert (answer["timings"]["cache_n"], answer["timings"]["prompt_n"]) == (len(a) - 1, 1)
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_answers_with_the_cache_equal_answers_without_it_over_random_interleavings(api: str, on: Server,
+                                                                                    off: Server) -> None:
+    # 6 conversations over 2 slots; scripts/prompt_cache_equality.py runs 50 interleavings.
+    for seed in (1, 2):
+        cached, fresh = replay_sync(on.url, api, seed), replay_sync(off.url, api, seed)
+        assert cached["answers"] == fresh["answers"]
+        assert cached["prompt"] == fresh["prompt"]
+        assert cached["cached"] > fresh["cached"] + cached["prompt"] // 3
+
+
+def test_usage_reports_cached_tokens_on_every_api(on: Server) -> None:
+    result = replay_sync(on.url, "messages", 3)
+    assert result["cached"] > result["prompt"] // 2
+    system = "You are brief. " * 30
+    body = {"model": "m", "system": system, "max_tokens": 2, "temperature": 0,
+            "messages": [{"role": "user", "content": "hi"}]}
+    httpx.post(f"{on.url}/v1/messages", json=body, timeout=60)
+    usage = httpx.post(f"{on.url}/v1/messages", json=body, timeout=60).json()["usage"]
+    total = httpx.post(f"{on.url}/v1/messages/count_tokens", json=body, timeout=60).json()["input_tokens"]
+    assert usage["input_tokens"] == 1 and usage["cache_read_input_tokens"] == total - 1
+    assert usage["cache_creation_input_tokens"] == 0
+
+
+# ---- the disk tier
+
+DISK_TEXT = _text(20, 25)  # fits the 512 tokens of a slot of -c 1024
+
+@pytest.fixture(scope="module")
+def disk(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A cache folder holding tiny.gguf's states of DISK_TEXT, written when its server stopped."""
+    folder = tmp_path_factory.mktemp("cache-disk") / "cache"
+    srv = _serve(tiny_model, folder.parent / "first.log", "--cache-disk", str(folder), "--cache-disk-min-tokens", "16")
+    try:
+        _complete(srv, _tokens(srv, DISK_TEXT))
+    finally:
+        srv.stop()
+    assert len(list(folder.glob("*.pcache"))) == 1
+    return folder
+
+
+def _disk_server(model: Path, folder: Path, name: str, *args: str) -> Server:
+    return _serve(model, folder.parent / f"{name}.log", "--cache-disk", str(folder), "--cache-disk-min-tokens", "16",
+                  *args)
+
+
+def test_the_disk_tier_survives_a_restart(tiny_model: Path, disk: Path, off: Server, tmp_path: Path) -> None:
+    folder = tmp_path / "cache"
+    shutil.copytree(disk, folder)
+    srv = _disk_server(tiny_model, folder, "restart")
+    try:
+        prompt = _tokens(srv, DISK_TEXT) + _tokens(srv, "then a question")[1:]
+        answer = _complete(srv, prompt)
+        assert answer["timings"]["cache_n"] == len(_tokens(srv, DISK_TEXT))
+        assert _routes(srv)["disk"] == 1
+        assert answer["tokens"] == _complete(off, prompt)["tokens"]
+    finally:
+        srv.stop()
+
+
+@pytest.mark.parametrize("change", [["-c", "1024"], ["--chat-template", "llama3"], ["other model"]],
+                         ids=["context size", "chat template", "model"])
+def test_an_entry_never_serves_another_model_or_other_settings(change: list[str], tiny_model: Path, disk: Path,
+                                                               tmp_path: Path) -> None:
+    folder = tmp_path / "cache"
+    shutil.copytree(disk, folder)
+    model = tiny_model
+    if change == ["other model"]:
+        model = write_llama_gguf(tmp_path / "tiny.gguf", TINY.__class__(**{**TINY.__dict__, "seed": 7}))
+        change = []
+    srv = _disk_server(model, folder, "changed", *change)
+    try:
+        answer = _complete(srv, _tokens(srv, DISK_TEXT))
+        assert answer["timings"]["cache_n"] == 0
+        assert _routes(srv)["disk"] == 0
+    finally:
+        srv.stop()
+    assert "prompt cache: 1 entries in" in srv.stderr and "belong to other models or settings" in srv.stderr
+
+
+def test_a_damaged_or_renamed_entry_is_skipped_with_one_line(tiny_model: Path, disk: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "cache"
+    shutil.copytree(disk, folder)
+    [entry] = folder.glob("*.pcache")
+    data = bytearray(entry.read_bytes())
+    data[-100] ^= 0xFF  # a flipped bit in the state
+    entry.write_bytes(bytes(data))
+    srv = _disk_server(tiny_model, folder, "damaged")
+    try:
+        answer = _complete(srv, _tokens(srv, DISK_TEXT))
+        assert answer["timings"]["cache_n"] == 0
+    finally:
+        srv.stop()
+    assert srv.stderr.count(f"prompt cache: skipped {entry.name}: its checksum does not match") == 1
