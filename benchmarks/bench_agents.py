@@ -6,6 +6,12 @@ Reported per API: generated tokens/s (the output tokens the streams' usage repor
 and p50 time to the first text delta. Target: pyllama >= 1.0x llama-server.
 
     python benchmarks/bench_agents.py [--llama-cpp-bin DIR] [-m MODEL.gguf] [-t THREADS] [--repeat 3] [--ref-cache-ram N]
+    python benchmarks/bench_agents.py --replay distinct|shared [-t 1] [--repeat 2] [--ref-cache-ram N]
+
+--replay runs agent_replay.py's workload instead (an agent's turns over 4 conversations, -c 32768
+-np 2), one server at a time (each started afresh, in alternating order), and reports prompt tokens
+evaluated, wall time and the median time to first token of turns >= 2. Targets on `distinct`:
+wall and TTFT <= 0.8x llama-server's, tokens evaluated <= llama-server's.
 
 llama-server keeps the KV state of prompts a slot has moved on from in RAM (`--cache-ram`, 8192 MiB by
 default) and restores it when one comes back; pyllama reuses only what a slot still holds. The 8 prompts
@@ -17,9 +23,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import statistics
+import subprocess
 import sys
 import time
+from typing import Any
 
 import _common as common
 from bench_serve_parallel import start_server
@@ -92,8 +101,13 @@ def main() -> None:
     parser = common.base_parser(__doc__.splitlines()[0])
     parser.add_argument("--ref-cache-ram", type=int, default=None, metavar="MIB",
                         help="llama-server's --cache-ram (default: its own, 8192)")
+    parser.add_argument("--replay", choices=("distinct", "shared"), default=None,
+                        help="replay an agent's turns (agent_replay.py) instead of the streaming load")
+    parser.add_argument("--ours-args", default="", help="extra pyllama serve flags (e.g. '--cache-ram 0')")
     args = parser.parse_args()
     ref_extra = [] if args.ref_cache_ram is None else ["--cache-ram", str(args.ref_cache_ram)]
+    if args.replay:
+        return replay_main(args, ref_extra)
     bin_dir = common.llama_cpp_bin(args.llama_cpp_bin)
     model = args.model or common.bench_model("Q4_0")
     t, ports = str(args.threads), {"ref": common.free_port(), "ours": common.free_port()}
@@ -131,6 +145,34 @@ def main() -> None:
               f"{common.median([x['ttft'] for x in ref]):.3f} s, pyllama {common.median([x['ttft'] for x in ours]):.3f} s; "
               f"failed requests llama-server {sum(x['errors'] for x in ref):.0f}, "
               f"pyllama {sum(x['errors'] for x in ours):.0f}")
+
+
+def replay_main(args: Any, ref_extra: list[str]) -> None:
+    import agent_replay
+
+    bin_dir = common.llama_cpp_bin(args.llama_cpp_bin)
+    model = args.model or common.bench_model("Q4_0")
+    t, port = str(args.threads), common.free_port()
+    flags = ["-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-c", "32768", "-t", t, "-np", "2"]
+    cmds = {"ref": [str(bin_dir / "llama-server"), *flags, "--no-webui", *ref_extra],
+            "ours": [*common.pyllama_cmd(), "serve", *flags, *args.ours_args.split()]}
+    runs: dict[str, list[dict[str, float]]] = {who: [] for who in cmds}
+    print(f"replay {args.replay}: model {model.name}, threads {t}, {args.repeat} rounds, load "
+          f"{os.getloadavg()[0]:.2f}", file=sys.stderr)
+    for r in range(args.repeat):
+        for who in common.turn_order(r, tuple(cmds)):
+            proc = subprocess.Popen(cmds[who], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            try:
+                common.wait_healthy(f"http://127.0.0.1:{port}", proc, name=who)
+                runs[who].append(agent_replay.run(f"http://127.0.0.1:{port}", args.replay))
+            finally:
+                common.stop_server(proc)
+            print(f"round {r + 1} {who}: {runs[who][-1]}", file=sys.stderr)
+    rows = [(name, common.median([x[key] for x in runs["ref"]]), common.median([x[key] for x in runs["ours"]]), target)
+            for name, key, target in (("prompt tokens evaluated", "evaluated", "<= 1.00"), ("wall s", "wall", "<= 0.80"),
+                                      ("median TTFT turns>=2 s", "ttft", "<= 0.80"))]
+    common.print_ratio_table(rows, higher_is_better=False)
+    print(f"load average after: {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":

@@ -97,7 +97,7 @@ def serve(
     reasoning_format: ReasoningFormatOpt = FORMAT_DEEPSEEK,
     reasoning_budget: ReasoningBudgetOpt = UNLIMITED,
     cache_ram: CacheRamOpt = DEFAULT_CACHE_RAM_MIB,
-    cache_idle_slots: CacheIdleSlotsOpt = False,
+    cache_idle_slots: CacheIdleSlotsOpt = True,
     cache_disk: CacheDiskOpt = None,
     cache_disk_max: CacheDiskMaxOpt = DEFAULT_DISK_MAX,
     cache_disk_min_tokens: CacheDiskMinTokensOpt = DEFAULT_DISK_MIN_TOKENS,

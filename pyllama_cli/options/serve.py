@@ -49,11 +49,13 @@ KvUnifiedOpt = Annotated[bool, typer.Option(
     rich_help_panel=SERVER_PANEL)]
 CACHE_PANEL = "Prompt cache"
 CacheRamOpt = Annotated[int, typer.Option(
-    "--cache-ram", min=-1, help="Host memory (MiB) for slot states kept across requests: a prompt that starts "
+    "-cram", "--cache-ram", min=-1, help="Host memory (MiB) for slot states kept across requests: a prompt that starts "
     "like a cached one evaluates only the rest (0 = off, -1 = no limit; router mode: shared by all models).",
     rich_help_panel=CACHE_PANEL)]
 CacheIdleSlotsOpt = Annotated[bool, typer.Option(
-    "--cache-idle-slots", help="Also keep a slot's state in the cache as soon as its request ends.",
+    "--cache-idle-slots/--no-cache-idle-slots", help="With --kv-unified: when a request starts, save the idle "
+    "slots to the cache and clear them, freeing their cells (without it an idle slot is read in place, and saved "
+    "when its cells are cut).",
     rich_help_panel=CACHE_PANEL)]
 CacheDiskOpt = Annotated[Path | None, typer.Option(
     "--cache-disk", help="Folder for a disk tier of the prompt cache: states survive a restart and a model's "

@@ -285,12 +285,24 @@ class ParallelEngine(Engine):
                                             -s.requests_served, -s.id))
             try:
                 self._start(slot, stream, prompt)
+                self._free_idle_slots()
             except Exception as exc:  # noqa: BLE001 - one bad request must not stop the others
                 self._release(slot)
                 stream.put(Event(error=exc, done=True))
                 self._stats.jobs_failed += 1
         self._queue.extendleft(reversed(held))
         self._stats.queue_depth = len(self._queue)
+
+    def _free_idle_slots(self) -> None:
+        """--cache-idle-slots with --kv-unified (llama-server's rule): once a request starts, idle slots
+        go to the prompt cache and give their cells to the busy ones."""
+        if self.prompt_cache is None or not (self.kv_unified and self.cache_settings.idle_slots):  # type: ignore[union-attr]
+            return
+        for slot in self.slots:
+            if slot.state == IDLE and slot.cached:
+                self.prompt_cache.save(self._ctx, slot)
+                self._ctx.remove_tokens(slot.id, 0, -1)
+                slot.cached = []
 
     def _runs_with(self, candidate: Slot) -> int:
         """How many runs of consecutive busy slots there would be with `candidate` busy too: each run
@@ -472,8 +484,6 @@ class ParallelEngine(Engine):
             self._stats.add_generation(stats)
             slot.requests_served += 1
             self._release(slot)
-        if self.prompt_cache is not None and self.cache_settings.idle_slots:  # type: ignore[union-attr]
-            self.prompt_cache.save(self._ctx, slot)
         # Released first, so a client that sees the end of its stream also sees its slot idle.
         if stream is not None:
             self._post(stream, Event(done=True, stats=stats))

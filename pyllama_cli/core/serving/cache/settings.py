@@ -16,7 +16,7 @@ class CacheSettings:
     """How much host memory and disk the prompt cache may hold."""
 
     ram_mib: int = DEFAULT_CACHE_RAM_MIB  # 0: off; -1: no limit
-    idle_slots: bool = False  # also save a slot's state when its request ends
+    idle_slots: bool = True  # with a unified KV cache: save and clear idle slots when a request starts
     disk_dir: Path | None = None  # None: no disk tier
     disk_max_bytes: int = 10 * 1024 ** 3
     disk_min_tokens: int = DEFAULT_DISK_MIN_TOKENS  # shorter prefixes stay in RAM only
