@@ -8,7 +8,7 @@ and p50 time to the first text delta. Target: pyllama >= 1.0x llama-server.
     python benchmarks/bench_agents.py [--llama-cpp-bin DIR] [-m MODEL.gguf] [-t THREADS] [--repeat 3] [--ref-cache-ram N]
     python benchmarks/bench_agents.py --replay distinct|shared [-t 1] [--repeat 2] [--ref-cache-ram N]
 
---replay runs agent_replay.py's workload instead (an agent's turns over 4 conversations, -c 32768
+--replay runs _agent_replay.py's workload instead (an agent's turns over 4 conversations, -c 32768
 -np 2), one server at a time (each started afresh, in alternating order), and reports prompt tokens
 evaluated, wall time and the median time to first token of turns >= 2. Targets on `distinct`:
 wall and TTFT <= 0.8x llama-server's, tokens evaluated <= llama-server's.
@@ -102,7 +102,7 @@ def main() -> None:
     parser.add_argument("--ref-cache-ram", type=int, default=None, metavar="MIB",
                         help="llama-server's --cache-ram (default: its own, 8192)")
     parser.add_argument("--replay", choices=("distinct", "shared"), default=None,
-                        help="replay an agent's turns (agent_replay.py) instead of the streaming load")
+                        help="replay an agent's turns (_agent_replay.py) instead of the streaming load")
     parser.add_argument("--ours-args", default="", help="extra pyllama serve flags (e.g. '--cache-ram 0')")
     args = parser.parse_args()
     ref_extra = [] if args.ref_cache_ram is None else ["--cache-ram", str(args.ref_cache_ram)]
@@ -148,7 +148,7 @@ def main() -> None:
 
 
 def replay_main(args: Any, ref_extra: list[str]) -> None:
-    import agent_replay
+    import _agent_replay as agent_replay
 
     bin_dir = common.llama_cpp_bin(args.llama_cpp_bin)
     model = args.model or common.bench_model("Q4_0")

@@ -404,6 +404,11 @@ complete -c pyllama -n '__pyllama_using serve' -l sleep-idle-seconds -d 'Unload 
 complete -c pyllama -n '__pyllama_using serve' -l models-preset -d 'INI file of per-model settings: [MODEL_ID] or [*] sections of flag = value (c, np, chat-template, alias, temp, ...).' -x -a '(__pyllama_values file)'
 complete -c pyllama -n '__pyllama_using serve' -l reasoning-format -d 'Thinking between the template\'s markers (<think>...</think>): \'deepseek\' puts it in reasoning_content, thinking blocks and reasoning items; \'none\' leaves it in the answer\'s text.' -x
 complete -c pyllama -n '__pyllama_using serve' -l reasoning-budget -d 'Thinking tokens before the think block is closed and the answer follows: -1 = unlimited, 0 = none.' -x
+complete -c pyllama -n '__pyllama_using serve' -o cram -l cache-ram -d 'Host memory (MiB) for slot states kept across requests: a prompt that starts like a cached one evaluates only the rest (0 = off, -1 = no limit; router mode: shared by all models).' -x
+complete -c pyllama -n '__pyllama_using serve' -l cache-idle-slots -l no-cache-idle-slots -d 'With --kv-unified: when a request starts, save the idle slots to the cache and clear them, freeing their cells (without it an idle slot is read in place, and saved when its cells are cut).'
+complete -c pyllama -n '__pyllama_using serve' -l cache-disk -d 'Folder for a disk tier of the prompt cache: states survive a restart and a model\'s unload (off unless given).' -x -a '(__pyllama_values dir)'
+complete -c pyllama -n '__pyllama_using serve' -l cache-disk-max -d 'Largest size of the --cache-disk folder (bytes, or with K/M/G); the least recently used entries go first.' -x
+complete -c pyllama -n '__pyllama_using serve' -l cache-disk-min-tokens -d 'Shortest prefix (tokens) written to --cache-disk.' -x
 complete -c pyllama -n '__pyllama_using serve' -l shutdown-grace -d 'Seconds running requests get to finish after SIGTERM/Ctrl-C; then streams end with a server_shutdown error event and waiting requests get 503.' -x
 complete -c pyllama -n '__pyllama_using serve' -l max-header-size -d 'Largest total size of a request\'s header fields in bytes (larger gets 431).' -x
 complete -c pyllama -n '__pyllama_using serve' -l max-headers -d 'Most header fields in one request (more gets 431).' -x

@@ -100,7 +100,7 @@ def test_a_prompt_that_is_all_cached_still_evaluates_its_last_token(on: Server) 
 def test_answers_with_the_cache_equal_answers_without_it_over_random_interleavings(api: str, on: Server,
                                                                                     off: Server) -> None:
     # 6 conversations over 2 slots; scripts/prompt_cache_equality.py runs 50 interleavings.
-    for seed in (1, 2):
+    for seed in (1,):
         cached, fresh = replay_sync(on.url, api, seed), replay_sync(off.url, api, seed)
         assert cached["answers"] == fresh["answers"]
         assert cached["prompt"] == fresh["prompt"]
@@ -190,3 +190,29 @@ def test_a_damaged_or_renamed_entry_is_skipped_with_one_line(tiny_model: Path, d
     finally:
         srv.stop()
     assert srv.stderr.count(f"prompt cache: skipped {entry.name}: its checksum does not match") == 1
+
+
+def test_a_router_keeps_disk_entries_over_an_unload_and_never_shares_them_between_models(
+        tiny_model: Path, tmp_path: Path) -> None:
+    other = write_llama_gguf(tmp_path / "other.gguf", TINY.__class__(**{**TINY.__dict__, "seed": 7}))
+    srv = spawn_serve(tmp_path / "router.log", ["-m", str(tiny_model), "-m", str(other), "-c", N_CTX, "-np", "2",
+                                                "--cache-disk", str(tmp_path / "cache"), "--cache-disk-min-tokens", "16"])
+    system = {"role": "system", "content": _text(30, 25)}
+
+    def chat(model: str, *turns: str) -> dict:
+        body = {"model": model, "max_tokens": 2, "temperature": 0,
+                "messages": [system, *({"role": "user", "content": t} for t in turns)]}
+        response = httpx.post(f"{srv.url}/v1/chat/completions", json=body, timeout=60)
+        assert response.status_code == 200, response.text
+        return response.json()["usage"]
+
+    try:
+        first = chat("tiny", "hello")
+        assert httpx.post(f"{srv.url}/models/unload", json={"model": "tiny"}, timeout=30).json() == {"success": True}
+        assert chat("other", "hello")["prompt_tokens_details"]["cached_tokens"] == 0
+        again = chat("tiny", "hello", "and more")
+        assert first["prompt_tokens"] - 10 < again["prompt_tokens_details"]["cached_tokens"] < first["prompt_tokens"]
+        metrics = httpx.get(f"{srv.url}/metrics", timeout=10).text
+        assert 'pyllama_prompt_cache_requests_total{model="tiny",route="disk"} 1' in metrics
+    finally:
+        srv.stop()
