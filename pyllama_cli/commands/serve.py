@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +12,9 @@ from ..console import download_tqdm
 from ..core.model.resolve import ModelRequest, resolve_model
 from ..core.model.settings import LoadSettings
 from ..errors import UsageError
-from ..options.limits import limit_options
+from ..core.serving.cache.settings import CacheSettings
+from ..options.limits import limit_options, parse_size
+from ..options.prompt_cache import cache_options
 from ..options.load import ChatTemplateOpt, in_panel, model_options, own_option
 from ..options.sampling import SamplingOptions, sampling_options
 from ..options.speculative import SpeculativeOptions, speculative_options
@@ -24,11 +26,6 @@ from ..options.serve import (
     SERVER_PANEL,
     AliasOpt,
     ApiKeyOpt,
-    CacheDiskMaxOpt,
-    CacheDiskMinTokensOpt,
-    CacheDiskOpt,
-    CacheIdleSlotsOpt,
-    CacheRamOpt,
     CorsOriginOpt,
     EmbeddingsOpt,
     HfReposOpt,
@@ -49,7 +46,6 @@ from ..options.serve import (
     ReasoningFormatOpt,
 )
 from ..core.text.reasoning import FORMAT_DEEPSEEK, UNLIMITED
-from ..core.serving.cache.settings import DEFAULT_CACHE_RAM_MIB, DEFAULT_DISK_MAX, DEFAULT_DISK_MIN_TOKENS
 
 EXAMPLES = """\
 Examples:
@@ -63,13 +59,11 @@ Examples:
   curl http://127.0.0.1:8080/v1/chat/completions -d '{"messages": [{"role": "user", "content": "Hi"}]}'
 """
 
-_SIZE = re.compile(r"^\s*(\d+)\s*([kmg]?)(i?b)?\s*$", re.IGNORECASE)
-
-
 @model_options(load=True)
 @sampling_options()
 @speculative_options()
 @limit_options()
+@cache_options()
 def serve(
     ctx: typer.Context,
     model: ModelRequest,
@@ -77,6 +71,7 @@ def serve(
     sampling: SamplingOptions,
     speculative: SpeculativeOptions,
     limits: ServerLimits,
+    prompt_cache: CacheSettings,
     host: HostOpt = DEFAULT_HOST,
     port: PortOpt = DEFAULT_PORT,
     alias: AliasOpt = None,
@@ -96,11 +91,6 @@ def serve(
     models_preset: ModelsPresetOpt = None,
     reasoning_format: ReasoningFormatOpt = FORMAT_DEEPSEEK,
     reasoning_budget: ReasoningBudgetOpt = UNLIMITED,
-    cache_ram: CacheRamOpt = DEFAULT_CACHE_RAM_MIB,
-    cache_idle_slots: CacheIdleSlotsOpt = True,
-    cache_disk: CacheDiskOpt = None,
-    cache_disk_max: CacheDiskMaxOpt = DEFAULT_DISK_MAX,
-    cache_disk_min_tokens: CacheDiskMinTokensOpt = DEFAULT_DISK_MIN_TOKENS,
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API: chat, completions, embeddings.
 
@@ -115,7 +105,6 @@ def serve(
     """
     from ..core.generate.speculative import resolve_draft
     from ..server import run as server
-    from ..core.serving.cache.settings import CacheSettings
     from ..server.settings import ServerSettings
 
 
@@ -137,9 +126,7 @@ def serve(
         max_body_size=parse_size(max_body_size), chat_template=chat_template, webui=not no_webui,
         limits=limits, speculative=spec, slot_save_path=slot_save_path.resolve() if slot_save_path else None,
         reasoning_format=reasoning_format, reasoning_budget=reasoning_budget,
-        prompt_cache=CacheSettings(cache_ram, cache_idle_slots, cache_disk.resolve() if cache_disk else None,
-                                   parse_size(cache_disk_max, "--cache-disk-max"), cache_disk_min_tokens,
-                                   template=chat_template),
+        prompt_cache=replace(prompt_cache, template=chat_template),
     )
     if router:
         _serve_router(ctx, model, paths, repos, load, settings, host, port, embeddings=embeddings, alias=alias,
@@ -192,22 +179,11 @@ def _add_rpc_servers(load: LoadSettings) -> None:
 
 
 def _with_alias(settings: Any, alias: str) -> Any:
-    from dataclasses import replace
-
     return replace(settings, alias=alias)
 
 
 def _default_alias(path: Path) -> str:
     return path.stem
-
-
-def parse_size(text: str, flag: str = "--max-body-size") -> int:
-    """Bytes in '8388608', '8M', '8MiB', '512K'... (powers of 1024)."""
-    match = _SIZE.match(text)
-    if not match:
-        raise typer.BadParameter(f"{text!r} is not a size such as 8388608, 512K or 8MiB",
-                                 param_hint=f"'{flag}'")
-    return int(match.group(1)) * 1024 ** " kmg".index(match.group(2).lower() or " ")
 
 
 serve = own_option(own_option(serve, "model_path", ModelPathsOpt), "hf_repo", HfReposOpt)

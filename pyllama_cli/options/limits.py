@@ -6,6 +6,7 @@ which adds the flags below (defaults from ServerLimits, written once) and builds
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Annotated, Any
 
@@ -15,6 +16,7 @@ from ..server.settings import ServerLimits
 from .load import option_param, replace_params
 
 LIMITS_PANEL = "Server limits"
+_SIZE = re.compile(r"^\s*(\d+)\s*([kmg]?)(i?b)?\s*$", re.IGNORECASE)
 _D = ServerLimits()
 
 
@@ -57,3 +59,11 @@ def limit_options() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         return replace_params(fn, ("limits",), _LIMIT_PARAMS, build)
 
     return decorate
+
+
+def parse_size(text: str, flag: str = "--max-body-size") -> int:
+    """Bytes in '8388608', '8M', '8MiB', '512K'... (powers of 1024)."""
+    match = _SIZE.match(text)
+    if not match:
+        raise typer.BadParameter(f"{text!r} is not a size such as 8388608, 512K or 8MiB", param_hint=f"'{flag}'")
+    return int(match.group(1)) * 1024 ** " kmg".index(match.group(2).lower() or " ")

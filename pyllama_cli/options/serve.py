@@ -47,27 +47,6 @@ ParallelOpt = Annotated[int, typer.Option(
 KvUnifiedOpt = Annotated[bool, typer.Option(
     "--kv-unified", help="One KV cache for all slots: each may use the whole context while there is room.",
     rich_help_panel=SERVER_PANEL)]
-CACHE_PANEL = "Prompt cache"
-CacheRamOpt = Annotated[int, typer.Option(
-    "-cram", "--cache-ram", min=-1, help="Host memory (MiB) for slot states kept across requests: a prompt that starts "
-    "like a cached one evaluates only the rest (0 = off, -1 = no limit; router mode: shared by all models).",
-    rich_help_panel=CACHE_PANEL)]
-CacheIdleSlotsOpt = Annotated[bool, typer.Option(
-    "--cache-idle-slots/--no-cache-idle-slots", help="With --kv-unified: when a request starts, save the idle "
-    "slots to the cache and clear them, freeing their cells (without it an idle slot is read in place, and saved "
-    "when its cells are cut).",
-    rich_help_panel=CACHE_PANEL)]
-CacheDiskOpt = Annotated[Path | None, typer.Option(
-    "--cache-disk", help="Folder for a disk tier of the prompt cache: states survive a restart and a model's "
-    "unload (off unless given).", rich_help_panel=CACHE_PANEL, show_default=False, file_okay=False)]
-CacheDiskMaxOpt = Annotated[str, typer.Option(
-    "--cache-disk-max", help="Largest size of the --cache-disk folder (bytes, or with K/M/G); the least "
-    "recently used entries go first.", rich_help_panel=CACHE_PANEL)]
-CacheDiskMinTokensOpt = Annotated[int, typer.Option(
-    "--cache-disk-min-tokens", min=1, help="Shortest prefix (tokens) written to --cache-disk.",
-    rich_help_panel=CACHE_PANEL)]
-
-
 def _reasoning_format(value: str) -> str:
     from ..core.text.reasoning import REASONING_FORMATS
 

@@ -210,12 +210,9 @@ class ParallelEngine(Engine):
             session.close()
             raise
         self.summary = ModelSummary.of(self.path, session.model, self._ctx, n_ctx=self.n_ctx_slot, embeddings=False)
-        self._open_prompt_cache()
-
-    def _open_prompt_cache(self) -> None:
-        from .cache.prompt_cache import open_prompt_cache
-
         if self.cache_settings is not None and self.cache_settings.enabled:
+            from .cache.prompt_cache import open_prompt_cache
+
             self.prompt_cache = open_prompt_cache(self.cache_settings, self, self.session.model)
 
     def _open_speculation(self) -> None:
@@ -285,24 +282,14 @@ class ParallelEngine(Engine):
                                             -s.requests_served, -s.id))
             try:
                 self._start(slot, stream, prompt)
-                self._free_idle_slots()
+                if self.prompt_cache is not None:
+                    self.prompt_cache.free_idle_slots(self._ctx, self.slots)
             except Exception as exc:  # noqa: BLE001 - one bad request must not stop the others
                 self._release(slot)
                 stream.put(Event(error=exc, done=True))
                 self._stats.jobs_failed += 1
         self._queue.extendleft(reversed(held))
         self._stats.queue_depth = len(self._queue)
-
-    def _free_idle_slots(self) -> None:
-        """--cache-idle-slots with --kv-unified (llama-server's rule): once a request starts, idle slots
-        go to the prompt cache and give their cells to the busy ones."""
-        if self.prompt_cache is None or not (self.kv_unified and self.cache_settings.idle_slots):  # type: ignore[union-attr]
-            return
-        for slot in self.slots:
-            if slot.state == IDLE and slot.cached:
-                self.prompt_cache.save(self._ctx, slot)
-                self._ctx.remove_tokens(slot.id, 0, -1)
-                slot.cached = []
 
     def _runs_with(self, candidate: Slot) -> int:
         """How many runs of consecutive busy slots there would be with `candidate` busy too: each run
@@ -332,11 +319,9 @@ class ParallelEngine(Engine):
         job: GenerationJob = stream.job  # type: ignore[assignment]
         slot.sampler = Sampler(self.model, job.sampling)
         reuse = reusable_prefix(slot.cached, prompt) if job.cache_prompt else 0
-        if self.prompt_cache is not None and job.cache_prompt:
-            reuse, _ = self.prompt_cache.prepare(self._ctx, slot, self.slots, prompt, reuse)
+        if self.prompt_cache is not None:
+            reuse, _ = self.prompt_cache.prepare(self._ctx, slot, self.slots, prompt, reuse, job.cache_prompt)
         else:
-            if self.prompt_cache is not None:
-                self.prompt_cache.save(self._ctx, slot)
             self._ctx.remove_tokens(slot.id, reuse, -1)
         slot.cached = prompt[:reuse]
         slot.pending = prompt[reuse:]

@@ -65,9 +65,15 @@ class PromptCache:
                      if settings.disk_dir is not None else None)
         self.counters = CacheCounters()
 
-    def prepare(self, ctx: Any, slot: Any, slots: Sequence[Any], prompt: list[int], own: int) -> tuple[int, str]:
+    def prepare(self, ctx: Any, slot: Any, slots: Sequence[Any], prompt: list[int], own: int,
+                cache_prompt: bool = True) -> tuple[int, str]:
         """Make `slot`'s sequence hold the longest prefix of `prompt` found (its own keeps `own`); returns
-        how many prompt tokens it holds and the route that supplied them. slot.cached is the caller's."""
+        how many prompt tokens it holds and the route that supplied them. slot.cached is the caller's.
+        A request with cache_prompt false reuses nothing, but what the slot held is kept."""
+        if not cache_prompt:
+            self.save(ctx, slot)
+            ctx.remove_tokens(slot.id, 0, -1)
+            return 0, "none"
         tokens = as_tokens(prompt)
         best = self._best(slot, slots, tokens)
         if best is not None and best.n >= own + MIN_GAIN:
@@ -99,6 +105,18 @@ class PromptCache:
             self.ram.put(Entry(self.owner, tokens, data))  # type: ignore[union-attr]
         if to_disk:
             self.disk.save(tokens, data)  # type: ignore[union-attr]
+
+    def free_idle_slots(self, ctx: Any, slots: Sequence[Any]) -> None:
+        """--cache-idle-slots with --kv-unified (llama-server's rule): once a request starts, idle slots
+        go to the cache and give their cells to the busy ones. Without a unified cache an idle slot
+        keeps its own cells, and the `other_slot` route reads it in place."""
+        if not (self.kv_unified and self.settings.idle_slots):
+            return
+        for slot in slots:
+            if slot.state == "idle" and slot.cached:
+                self.save(ctx, slot)
+                ctx.remove_tokens(slot.id, 0, -1)
+                slot.cached = []
 
     def close(self, ctx: Any, slots: Sequence[Any]) -> None:
         """The engine unloads: its slots go to disk (RAM entries go with the engine)."""
