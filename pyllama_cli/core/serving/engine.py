@@ -110,8 +110,10 @@ class Engine(ABC):
                  dedupe_bos: bool = True) -> list[int]:
         """Token ids of `text`. With `dedupe_bos` (for prompts), a BOS that the vocab adds in front of
         a BOS the text writes is dropped; without it, the ids are llama.cpp's tokenizer's exactly."""
-        ids = [int(t) for t in self.model.tokenize(text.encode("utf-8"), add_special=add_special,
-                                                    parse_special=parse_special)]
+        # tolist(): Python ints in one C pass (a comprehension over numpy scalars took a third of
+        # a fully cached request's preparation on a 7k-token prompt)
+        ids: list[int] = self.model.tokenize(text.encode("utf-8"), add_special=add_special,
+                                             parse_special=parse_special).tolist()
         # A prompt that writes BOS itself, tokenized with add_special, would start with two.
         bos = self.model.bos
         if dedupe_bos and len(ids) >= 2 and ids[0] == ids[1] == bos:
