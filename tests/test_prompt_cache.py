@@ -216,3 +216,35 @@ def test_a_router_keeps_disk_entries_over_an_unload_and_never_shares_them_betwee
         assert 'pyllama_prompt_cache_requests_total{model="tiny",route="disk"} 1' in metrics
     finally:
         srv.stop()
+
+
+def test_after_a_restart_the_second_half_of_a_replay_evaluates_under_a_tenth_of_a_cold_start(
+        tiny_model: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "cache"
+    history = {c: [{"role": "system", "content": _text(40 + c, 25)}] for c in range(4)}  # about 370 tokens
+
+    def half(srv: Server, turns: range, keep: bool = True) -> int:
+        """Each conversation's turns in `turns`, round robin; the prompt tokens evaluated in all."""
+        evaluated = 0
+        for t in turns:
+            for c, messages in history.items():
+                asked = [*messages, {"role": "user", "content": f"turn {t}: what does line{40 + c} hold?"}]
+                body = {"messages": asked, "max_tokens": 4, "temperature": 0}
+                usage = (answer := httpx.post(f"{srv.url}/v1/chat/completions", json=body, timeout=60).json())["usage"]
+                evaluated += usage["prompt_tokens"] - usage["prompt_tokens_details"]["cached_tokens"]
+                if keep:
+                    messages[:] = [*asked, answer["choices"][0]["message"]]
+        return evaluated
+
+    for turns in (range(2), range(2, 4)):  # the first half, then the second after a restart
+        srv = _disk_server(tiny_model, folder, f"replay{turns[0]}")
+        try:
+            restarted = half(srv, turns, keep=turns[0] == 0)
+        finally:
+            srv.stop()
+    cold = _serve(tiny_model, tmp_path / "cold.log", "--cache-ram", "0")
+    try:
+        evaluated_cold = half(cold, range(2, 4), keep=False)
+    finally:
+        cold.stop()
+    assert restarted <= evaluated_cold // 10
