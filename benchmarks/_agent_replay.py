@@ -46,7 +46,8 @@ async def _turn(client: Any, url: str, messages: list[dict[str, str]]) -> tuple[
             "stream": True, "stream_options": {"include_usage": True}}
     start, first, text, evaluated = time.perf_counter(), 0.0, "", None
     async with client.stream("POST", url + "/v1/chat/completions", json=body, timeout=1200) as response:
-        response.raise_for_status()
+        if response.status_code != 200:
+            raise RuntimeError(f"{url}: {response.status_code} {(await response.aread())[:300]!r}")
         async for line in response.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue

@@ -30,6 +30,7 @@ import numpy as np
 
 from ...paths import atomic_write
 from .key import key_digest
+from .native import Buffer, host_buffer
 from .ram import shared_prefix
 
 MAGIC = b"PYLPCACH"
@@ -73,7 +74,7 @@ class DiskStore:
         with self._lock:
             return any(len(t) >= len(tokens) and shared_prefix(t, tokens) == len(tokens) for t in self._index.values())
 
-    def load(self, path: Path) -> tuple[np.ndarray, bytes] | None:
+    def load(self, path: Path) -> tuple[np.ndarray, Buffer] | None:
         """The entry's tokens and state, or None (logged, and forgotten) when it is not a sound entry of this key."""
         try:
             entry = _read(path, with_state=True)
@@ -91,7 +92,7 @@ class DiskStore:
 
     # ---- writes (a background thread)
 
-    def save(self, tokens: np.ndarray, state: bytes | bytearray) -> None:
+    def save(self, tokens: np.ndarray, state: Buffer) -> None:
         if len(tokens) >= self.min_tokens:
             self._writer.submit(self._write, tokens.copy(), state)
 
@@ -102,7 +103,7 @@ class DiskStore:
     def close(self) -> None:
         self._writer.shutdown(wait=True)
 
-    def _write(self, tokens: np.ndarray, state: bytes | bytearray) -> None:
+    def _write(self, tokens: np.ndarray, state: Buffer) -> None:
         name = f"{self.digest}-{hashlib.sha256(tokens.tobytes()).hexdigest()[:24]}{SUFFIX}"
         path = self.folder / name
         header = json.dumps({"key": self.key, "n_tokens": len(tokens), "n_bytes": len(state),
@@ -188,7 +189,7 @@ class DiskStore:
             return len(self._index)
 
 
-def _read(path: Path, *, with_state: bool) -> tuple[dict[str, Any], np.ndarray, bytes]:
+def _read(path: Path, *, with_state: bool) -> tuple[dict[str, Any], np.ndarray, Buffer]:
     """(header, tokens, state) of an entry file; ValueError when it is not one, or is damaged."""
     with open(path, "rb") as f:
         head = f.read(12)
@@ -208,7 +209,8 @@ def _read(path: Path, *, with_state: bool) -> tuple[dict[str, Any], np.ndarray, 
             if os.fstat(f.fileno()).st_size != 12 + n_header + 4 * n_tokens + n_bytes:
                 raise ValueError("it is cut short or too long")
             return header, tokens, b""
-        state = f.read(n_bytes + 1)
-    if len(state) != n_bytes or zlib.crc32(state, zlib.crc32(raw_tokens)) != header.get("crc32"):
+        state = host_buffer(n_bytes)
+        complete = f.readinto(state) == n_bytes and not f.read(1)
+    if not complete or zlib.crc32(state, zlib.crc32(raw_tokens)) != header.get("crc32"):
         raise ValueError("its checksum does not match: the file is damaged")
     return header, tokens, state

@@ -8,29 +8,43 @@
 from __future__ import annotations
 
 import ctypes
+import mmap
 from typing import Any
 
+Buffer = bytes | bytearray | mmap.mmap
 
-def read_sequence(ctx: Any, seq_id: int) -> bytes | bytearray:
+
+def host_buffer(size: int) -> mmap.mmap:
+    """`size` writable bytes in their own anonymous mapping: freed, they go back to the system at once.
+    (glibc's heap, which serves blocks under its mmap threshold, would keep the pages of evicted
+    entries interleaved with live ones, and the process would grow past --cache-ram.)"""
+    return mmap.mmap(-1, max(size, 1))
+
+
+def read_sequence(ctx: Any, seq_id: int) -> Buffer:
     """The cells of sequence `seq_id`, as llama.cpp serializes them (empty when it holds none)."""
     from ...model.native import lib
 
     size = int(lib.llama_state_seq_get_size(ctx.handle, seq_id))
     if size == 0:
         return b""
-    data = bytearray(size)  # written in place: one copy of what may be hundreds of MiB
-    written = int(lib.llama_state_seq_get_data(ctx.handle, (ctypes.c_uint8 * size).from_buffer(data), size, seq_id))
+    data = host_buffer(size)  # written in place: one copy of what may be hundreds of MiB
+    view = (ctypes.c_uint8 * size).from_buffer(data)
+    written = int(lib.llama_state_seq_get_data(ctx.handle, view, size, seq_id))
+    del view
     return data if written == size else data[:written]
 
 
-def write_sequence(ctx: Any, seq_id: int, data: bytes | bytearray) -> bool:
+def write_sequence(ctx: Any, seq_id: int, data: Buffer) -> bool:
     """Replace sequence `seq_id`'s cells with `data`; False (and the sequence empty) when llama.cpp refuses."""
     from ...model.native import lib
 
     ctx.remove_tokens(seq_id, 0, -1)
-    buffer = (ctypes.c_uint8 * len(data)).from_buffer(data) if isinstance(data, bytearray) \
-        else (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
-    if int(lib.llama_state_seq_set_data(ctx.handle, buffer, len(data), seq_id)) == 0:
+    buffer = (ctypes.c_uint8 * len(data)).from_buffer_copy(data) if isinstance(data, bytes) \
+        else (ctypes.c_uint8 * len(data)).from_buffer(data)
+    ok = int(lib.llama_state_seq_set_data(ctx.handle, buffer, len(data), seq_id)) != 0
+    del buffer
+    if not ok:
         ctx.remove_tokens(seq_id, 0, -1)
         return False
     return True

@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -33,7 +34,7 @@ def shared_prefix(a: np.ndarray, b: np.ndarray) -> int:
 class Entry:
     owner: str
     tokens: np.ndarray  # int32
-    data: bytes | bytearray  # llama_state_seq_get_data's bytes
+    data: Any  # llama_state_seq_get_data's bytes (native.Buffer)
 
     @property
     def size(self) -> int:
