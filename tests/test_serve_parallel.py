@@ -144,6 +144,19 @@ def _batch_seq_ids(eng: ParallelEngine) -> list[int]:
     return [raw.seq_id[i][0] for i in range(raw.n_tokens)]
 
 
+def test_a_short_prompt_rest_is_evaluated_whole_beside_a_long_one(engine: ParallelEngine) -> None:
+    # An agent's later turn (a few new tokens after a cached prefix) must not wait behind another
+    # conversation's long first prompt: the shortest rest gets its room first, the batch keeps slot order.
+    long, short = engine.slots[0], engine.slots[2]
+    long.state, long.cached, long.pending = PREFILL, [], [1] + [300] * 2099
+    short.state, short.cached, short.pending = PREFILL, [], [1, 400, 401, 402, 403]
+    assert engine._build_batch()
+    n_batch = engine._ctx.n_batch
+    assert _batch_seq_ids(engine) == [0] * (n_batch - 5) + [2] * 5
+    assert (len(short.pending), len(long.pending)) == (0, 2100 - (n_batch - 5))
+    assert short.batch_index == n_batch - 1 and long.batch_index == -1
+
+
 def test_a_step_batch_lists_the_slots_in_sequence_order(engine: ParallelEngine) -> None:
     # Slots 0, 1 and 3 generate while a new request fills slot 2: llama.cpp passes one run of
     # consecutive increasing sequence ids at a time, so slot 2's tokens must sit between 1 and 3.

@@ -38,7 +38,7 @@ from .cache.settings import CacheSettings
 from .engine import BROKEN, CLOSED, READY, Engine
 from .jobs import EmbeddingJob, EngineStats, Event, GenerationJob, JobStream, ModelSummary
 from .post_sampling import post_sampling_prob
-from .slots import GENERATING, IDLE, PREFILL, PaddingTrial, Slot, plan_drafts
+from .slots import GENERATING, IDLE, PREFILL, PaddingTrial, Slot, plan_drafts, plan_prefill
 # How long a step may wait for a request that reached the server but is not submitted yet.
 ARRIVAL_WAIT_S = 0.003
 
@@ -62,8 +62,7 @@ class ParallelEngine(Engine):
                  speculative: SpeculativeSettings | None = None, prompt_cache: CacheSettings | None = None,
                  **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.speculative = speculative
-        self.cache_settings = prompt_cache
+        self.speculative, self.cache_settings = speculative, prompt_cache
         self.prompt_cache: Any = None  # cache.prompt_cache.PromptCache once loaded, when enabled
         self._speculation: Any = None
         if n_slots < 1:
@@ -345,7 +344,7 @@ class ParallelEngine(Engine):
 
     def _build_batch(self) -> bool:
         """Fill the batch in slot order: a generating slot's last token, a prefilling slot's next prompt
-        chunk (what room the generating slots leave of n_batch), and maybe a throwaway token (_pad_candidate).
+        chunk (room left of n_batch, shortest rest first: plan_prefill), maybe a throwaway token (_pad_candidate).
 
         The order is what makes a step one pass over the model. With a KV cache per sequence,
         llama.cpp cuts a batch into ubatches of consecutive, increasing sequence ids, each a full
@@ -360,6 +359,7 @@ class ParallelEngine(Engine):
         self._timing_padding = candidate is not None and self._padding.decision is None
         pad_slot = candidate if candidate is not None and self._padding.choose() else None
         self._pad = None
+        chunks = plan_prefill(self.slots, room)
         for slot in self.slots:
             slot.batch_index, slot.in_batch = -1, False
             if slot is pad_slot:
@@ -370,9 +370,9 @@ class ParallelEngine(Engine):
                 for token in [slot.last_token, *slot.drafts]:
                     batch.add(token, len(slot.cached), (slot.id,), True)
                     slot.cached.append(token)
-            elif slot.state == PREFILL and room > 0:
-                chunk, slot.pending = slot.pending[:room], slot.pending[room:]
-                room -= len(chunk)
+            elif slot.state == PREFILL and chunks.get(slot.id, 0) > 0:
+                n = chunks[slot.id]
+                chunk, slot.pending = slot.pending[:n], slot.pending[n:]
                 slot.in_batch = True
                 for k, token in enumerate(chunk):
                     last = not slot.pending and k == len(chunk) - 1

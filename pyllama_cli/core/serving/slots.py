@@ -99,6 +99,18 @@ def plan_drafts(slots: list[Slot], spec: Any, n_ctx: int, room: int) -> int:
     return used
 
 
+def plan_prefill(slots: list[Slot], room: int) -> dict[int, int]:
+    """How many prompt tokens each prefilling slot evaluates this step, within `room`: the shortest
+    rest first. An agent's later turn (a few dozen new tokens after a cached prefix) then gets its
+    first token in the next step instead of waiting behind another conversation's long first prompt,
+    which loses only those few tokens of room (llama-server fills the room in slot order)."""
+    chunks: dict[int, int] = {}
+    for slot in sorted((s for s in slots if s.state == PREFILL), key=lambda s: (len(s.pending), s.id)):
+        chunks[slot.id] = min(len(slot.pending), max(room, 0))
+        room -= chunks[slot.id]
+    return chunks
+
+
 class PaddingTrial:
     """Whether a step of three tokens should get a fourth, throwaway one: decided by timing both.
 
