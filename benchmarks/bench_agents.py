@@ -27,7 +27,9 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import _common as common
@@ -161,10 +163,15 @@ def replay_main(args: Any, ref_extra: list[str]) -> None:
           f"{os.getloadavg()[0]:.2f}", file=sys.stderr)
     for r in range(args.repeat):
         for who in common.turn_order(r, tuple(cmds)):
-            proc = subprocess.Popen(cmds[who], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            log = Path(tempfile.gettempdir()) / f"bench_agents_replay_{who}.log"
+            with open(log, "wb") as sink:
+                proc = subprocess.Popen(cmds[who], stdout=subprocess.DEVNULL, stderr=sink)
             try:
-                common.wait_healthy(f"http://127.0.0.1:{port}", proc, name=who)
+                common.wait_healthy(f"http://127.0.0.1:{port}", proc, name=who, see=f"; see {log}")
                 runs[who].append(agent_replay.run(f"http://127.0.0.1:{port}", args.replay))
+            except Exception:
+                print(f"{who} failed; its log: {log}", file=sys.stderr)
+                raise
             finally:
                 common.stop_server(proc)
             print(f"round {r + 1} {who}: {runs[who][-1]}", file=sys.stderr)
