@@ -13,6 +13,7 @@ import pytest
 
 from tests.cache_replay import APIS, replay_sync
 from tests.fixtures.make_gguf import TINY, write_llama_gguf
+from tests.helpers import run_cli
 from tests.test_serve import Server, spawn_serve
 
 N_CTX = "2048"  # 1024 tokens per slot
@@ -248,3 +249,12 @@ def test_after_a_restart_the_second_half_of_a_replay_evaluates_under_a_tenth_of_
     finally:
         cold.stop()
     assert restarted <= evaluated_cold // 10
+
+
+def test_a_cache_folder_that_cannot_be_made_is_one_error_line(tiny_model: Path, tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    result = run_cli("serve", "-m", str(tiny_model), "--cache-disk", str(tmp_path / "file" / "cache"))
+    assert result.exit_code == 1 and result.stdout == ""
+    assert result.stderr.splitlines() == [
+        f"Error: --cache-disk {tmp_path / 'file' / 'cache'}: cannot use it as the prompt cache folder (Not a directory)",
+        "Hint: name a folder you can write, or drop --cache-disk"]

@@ -7,6 +7,7 @@ builds the object.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
@@ -15,6 +16,7 @@ import typer
 
 from ..core.serving.cache.settings import (DEFAULT_CACHE_RAM_MIB, DEFAULT_DISK_MAX, DEFAULT_DISK_MIN_TOKENS,
                                            CacheSettings)
+from ..errors import UsageError
 from .limits import parse_size
 from .load import option_param, replace_params
 
@@ -47,13 +49,32 @@ _CACHE_PARAMS = [
 ]
 
 
+def _cache_folder(path: Path | None) -> Path | None:
+    """--cache-disk's folder, created when missing (a cache is the server's own to keep).
+
+    Raises:
+        UsageError: it cannot be created or written.
+    """
+    if path is None:
+        return None
+    folder = path.expanduser().resolve()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise PermissionError("not writable")
+    except OSError as exc:
+        raise UsageError(f"--cache-disk {path}: cannot use it as the prompt cache folder ({exc.strerror or exc})",
+                         hint="name a folder you can write, or drop --cache-disk") from None
+    return folder
+
+
 def cache_options() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Give a command the prompt cache flags; it declares a `prompt_cache: CacheSettings` parameter."""
 
     def build(kwargs: dict[str, Any]) -> None:
-        disk = kwargs.pop("cache_disk")
+        disk = _cache_folder(kwargs.pop("cache_disk"))
         kwargs["prompt_cache"] = CacheSettings(
-            kwargs.pop("cache_ram"), kwargs.pop("cache_idle_slots"), disk.resolve() if disk else None,
+            kwargs.pop("cache_ram"), kwargs.pop("cache_idle_slots"), disk,
             parse_size(kwargs.pop("cache_disk_max"), "--cache-disk-max"), kwargs.pop("cache_disk_min_tokens"))
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
