@@ -83,8 +83,8 @@ class PromptCache:
                 return self._count(best.route, n)
             self.counters.failed_restores += 1
             own = 0  # the slot's sequence is empty now
-        elif own < len(slot.cached):
-            self.save(ctx, slot)
+        elif len(slot.cached) - own >= MIN_SAVE_TOKENS:  # a few cut tokens (a re-tokenized answer's
+            self.save(ctx, slot)                        # tail) cost less to evaluate again than a copy
         ctx.remove_tokens(slot.id, own, -1)
         return self._count("slot" if own > 0 else "none", own)
 
