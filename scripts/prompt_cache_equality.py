@@ -5,8 +5,11 @@
 Replays tests/cache_replay.py's 6 conversations over 2 slots at temperature 0 in N seeded orders, on
 the chat, Messages and Responses routes, against `pyllama serve` with the cache (the default
 --cache-ram) and with --cache-ram 0, on the tiny test model; prints the share of identical replays
-per route, and exits 1 below 100%. With --llama-server, the same for llama-server (its default
---cache-ram against --cache-ram 0), to put the two shares side by side.
+per route. With --llama-server, the same for llama-server (its default --cache-ram against
+--cache-ram 0), side by side. A replay can differ where a prompt is evaluated in another split (a
+restored prefix and its rest): llama.cpp's CPU kernels round differently and flip near-ties of the
+random test model. Exits 1 when pyllama's share on a route is below llama-server's (without
+--llama-server: below 100%).
 """
 
 from __future__ import annotations
@@ -81,11 +84,13 @@ def main() -> None:
             ref_off = _llama_server(args.llama_server, model, ports[1], "--cache-ram", "0")
             try:
                 print("llama-server, cache on vs --cache-ram 0:")
-                _shares(f"http://127.0.0.1:{ports[0]}", f"http://127.0.0.1:{ports[1]}", args.interleavings)
+                ref = _shares(f"http://127.0.0.1:{ports[0]}", f"http://127.0.0.1:{ports[1]}", args.interleavings)
             finally:
                 ref_on.terminate()
                 ref_off.terminate()
-    sys.exit(0 if all(share == 1.0 for share in ours.values()) else 1)
+        else:
+            ref = {api: 1.0 for api in APIS}
+    sys.exit(0 if all(ours[api] >= ref[api] for api in APIS) else 1)
 
 
 if __name__ == "__main__":
