@@ -40,7 +40,8 @@ def _request(api: str, system: str, turns: list[dict[str, str]], max_tokens: int
     if api == "messages":
         return "/v1/messages", {"model": "m", "system": system, "messages": turns, "max_tokens": max_tokens,
                                 "temperature": 0}
-    return "/v1/responses", {"model": "m", "instructions": system, "input": turns,
+    items = [{"type": "message", **turn} for turn in turns]  # llama-server wants each item's type
+    return "/v1/responses", {"model": "m", "instructions": system, "input": items,
                              "max_output_tokens": max_tokens, "temperature": 0}
 
 
