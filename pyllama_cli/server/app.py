@@ -24,6 +24,7 @@ from ..core.serving.jobs import EmbeddingJob
 from ..errors import InputError
 from . import openai_answers
 from .anthropic import routes as anthropic
+from .ollama import routes as ollama
 from .openai_responses import routes as openai_responses
 from .http.auth import ApiKeyMiddleware
 from .errors import ERROR_TYPES, APIError, install_error_handlers, loading_error
@@ -131,6 +132,7 @@ def _add_routes(app: FastAPI, models: ModelSet) -> None:
     _add_utility_routes(app, models)
     anthropic.add_routes(app, models, _generation, _prepare)
     openai_responses.add_routes(app, models, _generation, _prepare)
+    ollama.add_routes(app, models)
 
 
 def _add_openai_routes(app: FastAPI, models: ModelSet) -> None:

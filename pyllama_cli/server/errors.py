@@ -27,6 +27,8 @@ SHUTDOWN_ERROR = "server_shutdown"  # the error type of a request the server cut
 RETRY_AFTER_S = 5  # what a cut request's 503 tells the client to wait before trying again
 # Routes of Anthropic's Messages API answer errors in Anthropic's shape (its clients read no other).
 ANTHROPIC_PATHS = ("/v1/messages",)
+# Routes of ollama's API answer errors as ollama does: `{"error": "message"}`.
+OLLAMA_PATHS = ("/api/",)
 ANTHROPIC_TYPES = {
     400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
     405: "invalid_request_error", 413: "request_too_large", 429: "rate_limit_error", 500: "api_error",
@@ -62,8 +64,9 @@ class APIError(Exception):
         return {"type": "error", "error": {"type": kind, "message": self.message}}
 
     def response(self, headers: dict[str, str] | None = None, path: str = "") -> JSONResponse:
-        """The answer, in Anthropic's shape on its routes' `path`s and OpenAI's elsewhere."""
-        body = self.anthropic_body() if path.startswith(ANTHROPIC_PATHS) else self.body()
+        """The answer, in Anthropic's or ollama's shape on their routes' `path`s and OpenAI's elsewhere."""
+        body = self.anthropic_body() if path.startswith(ANTHROPIC_PATHS) else \
+            {"error": self.message} if path.startswith(OLLAMA_PATHS) else self.body()
         return JSONResponse(body, status_code=self.status, headers={**self.headers, **(headers or {})})
 
 
