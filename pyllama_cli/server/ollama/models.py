@@ -29,7 +29,7 @@ from ...errors import PyllamaError
 from ..errors import APIError
 from ..models import ModelSet, ServedModel
 from .answers import MEDIA_TYPE, dumps
-from .names import Names, hf_spec, not_found
+from .names import Names, hf_card, hf_spec, not_found
 from .schemas import CopyRequest, ModelRequest, PullRequest
 
 FOREVER = timedelta(days=365 * 292)  # what ollama reports as the expiry of a model that never unloads
@@ -78,7 +78,7 @@ def add_model_routes(app: FastAPI, models: ModelSet, names: Names) -> None:
         if spec is None:
             raise APIError(400, f"only copies and hf.co/user/repo:QUANT models can be deleted here, not {name!r}; "
                            "`pyllama rm` removes other models")
-        card = names.card(name)
+        card = hf_card(spec, models.cards())
         if card is not None and card["status"]["value"] in ("loaded", "loading"):
             raise APIError(400, f"the model {name!r} is loaded: unload it first (keep_alive 0)")
         await run_in_threadpool(_remove, name, spec)
@@ -211,7 +211,7 @@ def _capabilities(head: GGUFFile, template: str, embeddings: bool) -> list[str]:
     found = ["completion"]
     if "tools" in template:
         found.append("tools")
-    if any(m.end in template for m in KNOWN_MARKERS):
+    if any(m.start in template or m.end in template for m in KNOWN_MARKERS):
         found.append("thinking")
     if all(head.get(f"tokenizer.ggml.fim_{kind}_token_id") is not None for kind in ("pre", "suf", "mid")):
         found.append("insert")
@@ -262,12 +262,12 @@ def _pull(spec: str, report: Any) -> None:
 
     try:
         report({"status": "pulling manifest"})
-        names, _ = remote_model_files(spec)
+        remote_model_files(spec)  # an absent repo or quant fails here, before any progress
         repo, _ = parse_hf_spec(spec)
-        resolved = resolve_model(HubRequest(hf_repo=spec), tqdm_class=_progress_class(report, repo))
+        resolve_model(HubRequest(hf_repo=spec), tqdm_class=_progress_class(report, repo))
         report({"status": "verifying sha256 digest"})
         report({"status": "writing manifest"})
-        report({"status": "success", "digest": f"sha256:{digest(resolved.path)}", "files": len(names)})
+        report({"status": "success"})
     except Exception as exc:  # noqa: BLE001 - the stream is under way: the error goes in it, as ollama's does
         report({"error": getattr(exc, "message", None) or str(exc)})
     finally:

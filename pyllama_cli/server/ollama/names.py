@@ -71,11 +71,12 @@ class Names:
                 return card
         spec = hf_spec(name)
         if spec is not None:
-            return _hf_card(spec, cards)
+            return hf_card(spec, cards)
         return cards[0] if len(cards) == 1 else None
 
 
-def _hf_card(spec: str, cards: list[dict[str, Any]]) -> dict[str, Any] | None:
+def hf_card(spec: str, cards: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The card of the model whose file `-hf spec` names in the Hugging Face cache, if one is served."""
     repo, _, quant = spec.partition(":")
     folder = "models--" + repo.replace("/", "--")
     in_repo = [c for c in cards if folder.lower() in str(c.get("path", "")).lower()]
