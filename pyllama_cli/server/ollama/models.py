@@ -94,6 +94,7 @@ def add_model_routes(app: FastAPI, models: ModelSet, names: Names) -> None:
         if spec is None:
             names.model_id(name)  # a model served already needs no pull; anything else cannot be pulled
             return _pulled(body.stream, [{"status": "success"}])
+        _check_spec(spec)
         events = _pull_events(name, spec)
         if body.stream:
             return StreamingResponse(events, media_type=MEDIA_TYPE)
@@ -103,6 +104,15 @@ def add_model_routes(app: FastAPI, models: ModelSet, names: Names) -> None:
         if "error" in last:
             raise APIError(400, last["error"])
         return last
+
+
+def _check_spec(spec: str) -> None:
+    from ...core.model.resolve import parse_hf_spec
+
+    try:
+        parse_hf_spec(spec)
+    except PyllamaError as exc:
+        raise APIError(400, f"{exc.message}: name a Hugging Face GGUF as hf.co/user/repo:QUANT") from None
 
 
 def _card(names: Names, name: str) -> dict[str, Any]:

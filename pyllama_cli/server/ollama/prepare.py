@@ -11,18 +11,26 @@ logged with -v.
 from __future__ import annotations
 
 import logging
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
+
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
 
 from ...core.serving.engine import Engine
 from ...core.text.reasoning import EFFORT_BUDGETS
 from ...errors import InputError
-from ..errors import APIError
+from ..errors import APIError, to_api_error
 from ..prepare import PreparedChat, chat_request, plan_reasoning, prepare_chat, prepare_completion, render_prompt
 from ..schemas import CompletionRequest
 from ..settings import ServerSettings
 from .schemas import ChatRequest, GenerateRequest, Message
 
+# the chat request's fields that ollama's request names otherwise
+OLLAMA_NAMES = {"n_predict": "options.num_predict", "response_format": "format", "tool_choice": "tool_choice"}
 log = logging.getLogger("uvicorn.error")  # shown with -v (serve's log level is info then)
 
 # options with the same meaning and name as a chat request's field
@@ -49,7 +57,8 @@ def prepare_ollama_chat(engine: Engine, settings: ServerSettings, req: ChatReque
         fields["tool_choice"] = choice
     if req.think is not None:
         fields["chat_template_kwargs"] = {"enable_thinking": bool(req.think)}
-    prepared = prepare_chat(engine, settings, chat_request(fields), _think_budget(req.think), agent=True)
+    with _option_names():
+        prepared = prepare_chat(engine, settings, chat_request(fields), _think_budget(req.think), agent=True)
     return replace(prepared, job=_with_mirostat(prepared.job, req.options))
 
 
@@ -74,11 +83,12 @@ def prepare_generate(engine: Engine, settings: ServerSettings, req: GenerateRequ
         raise APIError(400, "prompt: the prompt has no tokens")
     fields = _option_fields(req.options, req.format)
     fields["prompt"] = ids
-    try:
-        completion = CompletionRequest.model_validate(fields)
-    except Exception as exc:  # noqa: BLE001 - pydantic's error, named as a 400
-        raise chat_error(exc) from None
-    [job] = prepare_completion(engine, settings, completion)
+    with _option_names():
+        try:
+            completion = CompletionRequest.model_validate(fields)
+        except ValidationError as exc:
+            raise to_api_error(RequestValidationError(exc.errors())) from None
+        [job] = prepare_completion(engine, settings, completion)
     job = _with_mirostat(job, req.options)
     thinking, budget = (None, None)
     if opens_prompt:
@@ -87,15 +97,18 @@ def prepare_generate(engine: Engine, settings: ServerSettings, req: GenerateRequ
     return PreparedChat(job, None, False, thinking=thinking)
 
 
-def chat_error(exc: BaseException) -> APIError:
-    from fastapi.exceptions import RequestValidationError
-    from pydantic import ValidationError
-
-    from ..errors import to_api_error
-
-    if isinstance(exc, ValidationError):
-        return to_api_error(RequestValidationError(exc.errors()))
-    return to_api_error(exc)
+@contextmanager
+def _option_names() -> Iterator[None]:
+    """Errors about the fields that `options` and `format` became, named as the client wrote them."""
+    try:
+        yield
+    except APIError as exc:
+        field = re.split(r"[.\[]", exc.param or exc.message.split(":")[0])[0]
+        ours = OLLAMA_NAMES.get(field, f"options.{field}" if field in SAMPLING_OPTIONS else None)
+        if ours is None:
+            raise
+        exc.message = exc.message.replace(field, ours, 1) if exc.message.find(field) >= 0 else exc.message
+        raise
 
 
 def _generate_text(engine: Engine, settings: ServerSettings, req: GenerateRequest) -> tuple[str, bool]:
