@@ -35,7 +35,8 @@ log = logging.getLogger("uvicorn.error")  # shown with -v (serve's log level is 
 
 # options with the same meaning and name as a chat request's field
 SAMPLING_OPTIONS = ("temperature", "top_k", "top_p", "min_p", "typical_p", "repeat_penalty", "repeat_last_n",
-                    "presence_penalty", "frequency_penalty", "seed", "stop")
+                    "presence_penalty", "frequency_penalty", "seed", "stop",
+                    "ignore_eos")  # a pyllama extension, as on the OpenAI routes (benchmarks use it)
 # options that choose a mirostat sampler: ollama's name -> SamplingSettings' field
 MIROSTAT_OPTIONS = {"mirostat": "mirostat", "mirostat_tau": "mirostat_ent", "mirostat_eta": "mirostat_lr"}
 # options a running server cannot change per request (they are load settings) or has no sampler for
