@@ -17,7 +17,7 @@ import ollama
 import pytest
 
 from tests.fixtures.fake_hf import FakeHub
-from tests.fixtures.make_gguf import TINY, write_llama_gguf
+from tests.fixtures.make_gguf import TINY, TINY_FIM, write_llama_gguf
 from tests.fixtures.think_templates import OPENS_THINK
 from tests.test_serve import Server, _start, spawn_serve
 
@@ -283,21 +283,23 @@ def hub(tiny_model: Path) -> Iterator[FakeHub]:
 
 
 @pytest.fixture(scope="module")
-def puller(tiny_model: Path, hub: FakeHub, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = _start(tiny_model, tmp_path_factory.mktemp("serve-ollama-pull") / "stderr.log",
+def puller(models_dir: Path, hub: FakeHub, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A verbose server of a model with fill-in-the-middle tokens, whose Hub is the fake one."""
+    model = write_llama_gguf(models_dir / "ollama-fim.gguf", TINY_FIM)
+    srv = _start(model, tmp_path_factory.mktemp("serve-ollama-pull") / "stderr.log", "-v",
                  env={"HF_ENDPOINT": hub.url})
     yield srv
     srv.stop()
 
 
-def test_pull_from_the_hub_streams_progress_then_delete_removes_it(puller: Server) -> None:
+def test_pull_from_the_hub_streams_progress_then_delete_removes_it(puller: Server, tiny_model: Path) -> None:
     client = ollama.Client(host=puller.url, timeout=60)
     progress = list(client.pull("hf.co/org/tiny-GGUF:Q8_0", stream=True))
     statuses = [p.status for p in progress]
     assert statuses[0] == "pulling manifest" and statuses[-1] == "success"
     pulling = [p for p in progress if p.status.startswith("pulling ") and p.digest]
     assert [p.completed for p in pulling] == sorted(p.completed for p in pulling)
-    assert pulling and pulling[-1].completed == pulling[-1].total == os.path.getsize(server_model(puller))
+    assert pulling and pulling[-1].completed == pulling[-1].total == os.path.getsize(tiny_model)
     cache = puller.log.parent / "home" / "hf" / "hub" / "models--org--tiny-GGUF"
     assert [p.name for p in cache.glob("snapshots/*/*.gguf")] == ["tiny-Q8_0.gguf"]
     assert client.pull("hf.co/org/tiny-GGUF:Q8_0").status == "success"  # cached: nothing to fetch again
@@ -317,6 +319,23 @@ def test_copy_adds_a_name_that_lists_and_answers(puller: Server) -> None:
     assert "my-copy:latest" in [m.model for m in client.list().models]
     client.delete("my-copy:latest")
     assert "my-copy:latest" not in [m.model for m in client.list().models]
+
+
+def test_suffix_fills_the_middle_as_infill_does(puller: Server) -> None:
+    client = ollama.Client(host=puller.url, timeout=60)
+    middle = client.generate(model="m", prompt="def add(a, b):", suffix="    return c", options=GREEDY)
+    infill = httpx.post(f"{puller.url}/infill", timeout=60, json={
+        "input_prefix": "def add(a, b):", "input_suffix": "    return c", "temperature": 0, "n_predict": 8}).json()
+    assert middle.response == infill["content"] and middle.eval_count == 8
+    assert "insert" in client.show("m").capabilities
+
+
+def test_options_a_server_cannot_honour_are_ignored_and_logged_with_v(puller: Server) -> None:
+    answer = ollama.Client(host=puller.url, timeout=60).chat(
+        model="m", messages=HI, options={**GREEDY, "num_ctx": 99, "num_thread": 3, "mirostat": 2})
+    assert answer.done and answer.eval_count == 8
+    assert "options.num_ctx is ignored" in puller.stderr and "options.num_thread is ignored" in puller.stderr
+    assert "options.mirostat is ignored" not in puller.stderr  # mirostat is honoured
 
 
 # ---------------------------------------------------------------- router mode
