@@ -129,7 +129,7 @@ def api_answer(server: Server, messages: list[dict], **fields: Any) -> dict:
 
 
 def test_page_is_small_has_a_strict_csp_and_paints_fast(browser: Any, server: Server) -> None:
-    page = httpx.get(server.url + "/")
+    page = httpx.get(server.url + "/", headers={"Accept": "text/html"})  # what a browser sends
     assert page.status_code == 200 and page.headers["content-type"] == "text/html; charset=utf-8"
     csp = page.headers["content-security-policy"]
     assert "script-src 'self';" in csp and "style-src 'self';" in csp and "default-src 'none';" in csp
@@ -452,7 +452,8 @@ def test_with_an_api_key_the_page_loads_and_asks_for_the_key(browser: Any, tiny_
 def test_no_webui_leaves_only_the_api(tiny_model: Path, tmp_path: Path) -> None:
     srv = _start(tiny_model, tmp_path / "stderr.log", "--no-webui")
     try:
-        assert httpx.get(srv.url + "/").status_code == 404
+        page = httpx.get(srv.url + "/", headers={"Accept": "text/html"})
+        assert page.status_code == 200 and page.text == "Ollama is running"  # ollama's answer, not the page
         assert httpx.get(srv.url + "/webui/app.js").status_code == 404
         assert httpx.post(srv.url + "/render", json={"text": "hi"}).status_code == 404
         assert httpx.get(srv.url + "/v1/models").json()["data"][0]["id"] == "tiny"
