@@ -172,6 +172,9 @@ def test_think_true_answers_thinking_apart_from_content(thinker: Server) -> None
     assert answer.message.content == openai["content"]
     assert "<think>" not in answer.message.content and "</think>" not in answer.message.content
     assert _client(thinker).show("m").capabilities == ["completion", "thinking"]
+    chunks = list(_client(thinker).chat(model="m", messages=HI, think=True, options=GREEDY, stream=True))
+    assert "".join(c.message.thinking or "" for c in chunks) == answer.message.thinking
+    assert "".join(c.message.content for c in chunks) == answer.message.content
 
 
 @pytest.fixture(scope="module")
@@ -342,19 +345,25 @@ def test_options_a_server_cannot_honour_are_ignored_and_logged_with_v(puller: Se
 
 
 @pytest.fixture(scope="module")
-def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def router(hub: FakeHub, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """alpha and beta from a folder, and tiny-Q8_0 of org/tiny-GGUF from the Hugging Face cache."""
+    from huggingface_hub import hf_hub_download
+
     folder = tmp_path_factory.mktemp("ollama-router-models")
     write_llama_gguf(folder / "alpha.gguf", TINY)
     write_llama_gguf(folder / "beta.gguf", replace(TINY, seed=1))
+    hf_home = tmp_path_factory.mktemp("ollama-router-hf")
+    hf_hub_download("org/tiny-GGUF", "tiny-Q8_0.gguf", endpoint=hub.url, cache_dir=hf_home / "hub")
     srv = spawn_serve(tmp_path_factory.mktemp("ollama-router") / "stderr.log",
-                      ["--models-dir", str(folder), "-c", "512", "--sleep-idle-seconds", "300"])
+                      ["--models-dir", str(folder), "--models-cache", "-c", "512", "--sleep-idle-seconds", "300"],
+                      env={"HF_HOME": str(hf_home)})
     yield srv
     srv.stop()
 
 
 def test_router_answers_two_models_by_name_and_ps_shows_expiry(router: Server) -> None:
     client = ollama.Client(host=router.url, timeout=60)
-    assert sorted(m.model for m in client.list().models) == ["alpha", "beta"]
+    assert sorted(m.model for m in client.list().models) == ["alpha", "beta", "tiny-Q8_0"]
     a = client.chat(model="alpha:latest", messages=HI, options=GREEDY)
     b = client.chat(model="beta", messages=HI, options=GREEDY)
     assert (a.model, b.model) == ("alpha", "beta") and a.message.content != b.message.content
@@ -367,6 +376,16 @@ def test_router_answers_two_models_by_name_and_ps_shows_expiry(router: Server) -
     with pytest.raises(ollama.ResponseError) as caught:
         client.chat(model="gamma", messages=HI)
     assert caught.value.status_code == 404 and caught.value.error == 'model "gamma" not found, try pulling it first'
+
+
+def test_router_maps_hf_co_names_onto_the_cached_gguf(router: Server) -> None:
+    client = ollama.Client(host=router.url, timeout=60)
+    for name in ("hf.co/org/tiny-GGUF:Q8_0", "hf.co/org/tiny-GGUF:q8_0", "hf.co/org/tiny-GGUF"):
+        assert client.generate(model=name, prompt="hi", options=GREEDY, keep_alive=0).model == "tiny-Q8_0"
+    assert client.show("hf.co/org/tiny-GGUF:Q8_0").details.quantization_level == "F32"  # the bytes are tiny's
+    with pytest.raises(ollama.ResponseError) as caught:
+        client.show("hf.co/org/tiny-GGUF:Q4_K_M")
+    assert caught.value.status_code == 404
 
 
 def test_router_keep_alive_0_unloads_after_the_request(router: Server) -> None:
