@@ -106,6 +106,8 @@ def test_chat_stream_joins_into_the_whole_answer_and_ends_with_the_counts(server
 def test_chat_with_a_format_schema_answers_json_that_validates(server: Server) -> None:
     answer = _client(server).chat(model="m", messages=HI, format=ANSWER, options={"num_predict": 60, "seed": 3})
     jsonschema.validate(json.loads(answer.message.content), ANSWER)
+    loose = _client(server).chat(model="m", messages=HI, format="json", options={"num_predict": 60, "seed": 3})
+    assert isinstance(json.loads(loose.message.content), dict)
 
 
 def test_chat_with_a_forced_tool_answers_tool_calls(server: Server) -> None:
