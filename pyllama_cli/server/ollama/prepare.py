@@ -30,7 +30,7 @@ from ..settings import ServerSettings
 from .schemas import ChatRequest, GenerateRequest, Message
 
 # the chat request's fields that ollama's request names otherwise
-OLLAMA_NAMES = {"n_predict": "options.num_predict", "response_format": "format", "tool_choice": "tool_choice"}
+OLLAMA_NAMES = {"n_predict": "options.num_predict", "response_format": "format"}
 log = logging.getLogger("uvicorn.error")  # shown with -v (serve's log level is info then)
 
 # options with the same meaning and name as a chat request's field
@@ -108,7 +108,7 @@ def _option_names() -> Iterator[None]:
         ours = OLLAMA_NAMES.get(field, f"options.{field}" if field in SAMPLING_OPTIONS else None)
         if ours is None:
             raise
-        exc.message = exc.message.replace(field, ours, 1) if exc.message.find(field) >= 0 else exc.message
+        exc.message = exc.message.replace(field, ours, 1)
         raise
 
 
