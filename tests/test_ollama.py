@@ -318,6 +318,33 @@ def test_pull_from_the_hub_streams_progress_then_delete_removes_it(puller: Serve
     assert "Q2_K" in caught.value.error
 
 
+def test_a_pull_cut_by_a_killed_server_resumes_where_it_stopped(tiny_model: Path, hub: FakeHub,
+                                                                tmp_path: Path) -> None:
+    hub.range_headers.clear()
+    hub.stall_after = 3 * 2**20  # hold the download after 3 MiB of tiny's 6.5
+    first = _start(tiny_model, tmp_path / "first.log", env={"HF_ENDPOINT": hub.url})
+    try:
+        with httpx.stream("POST", f"{first.url}/api/pull", json={"model": "hf.co/org/tiny-GGUF:F32"},
+                          timeout=60) as response:
+            for line in response.iter_lines():
+                if json.loads(line).get("completed", 0) >= 2 * 2**20:
+                    break
+    finally:
+        first.proc.kill()
+        first.proc.wait(timeout=10)
+        hub.stall_after = None
+    second = _start(tiny_model, tmp_path / "second.log", env={"HF_ENDPOINT": hub.url})  # the same HF cache
+    try:
+        progress = list(ollama.Client(host=second.url, timeout=60).pull("hf.co/org/tiny-GGUF:F32", stream=True))
+    finally:
+        second.stop()
+    [kept] = [int(h.removeprefix("bytes=").rstrip("-")) for h in hub.range_headers]
+    assert kept >= 2 * 2**20
+    sizes = [(p.completed, p.total) for p in progress if p.digest]
+    assert sizes[0] == (kept, os.path.getsize(tiny_model)) and sizes[-1][0] == sizes[-1][1]
+    assert progress[-1].status == "success"
+
+
 def test_copy_adds_a_name_that_lists_and_answers(puller: Server) -> None:
     client = ollama.Client(host=puller.url, timeout=60)
     client.copy("tiny", "my-copy:latest")
