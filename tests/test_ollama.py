@@ -137,6 +137,9 @@ def test_generate_streamed_and_whole_agree_and_equal_the_openai_route(server: Se
     assert "".join(c.response for c in chunks) == whole.response and chunks[-1].done
     assert chunks[-1].context == whole.context
     assert whole.response == _openai_chat(server, HI)["choices"][0]["message"]["content"]
+    brief = client.generate(model="m", prompt="hi", system="Be brief.", options=GREEDY)
+    system = [{"role": "system", "content": "Be brief."}, *HI]
+    assert brief.response == _openai_chat(server, system)["choices"][0]["message"]["content"] != whole.response
 
 
 def test_context_continues_as_one_longer_request_would(server: Server) -> None:
