@@ -1,4 +1,4 @@
-"""Turn an OpenAI request into engine jobs: the prompt's tokens, sampling, constraints and token budget.
+"""Turn an OpenAI request into engine jobs: the prompt's tokens, and the rest by job_rules.py's rules.
 
 Everything a request can get wrong is found here, before any response starts, so that it is
 answered with a 400 naming the field rather than a broken stream.
@@ -6,20 +6,16 @@ answered with a 400 naming the field rather than a broken stream.
 
 from __future__ import annotations
 
-import json
-import math
-import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
-from ..core.serving.engine import Engine
-from ..core.serving.jobs import GenerationJob
-from ..core.generate.sampling import SamplingSettings
-from ..core.constrain.tools import ToolPlan, ToolsError, plan_tools, render_with_tools
-from ..core.text.reasoning import (
+from ...core.constrain.tools import ToolPlan, ToolsError, plan_tools, render_with_tools
+from ...core.serving.engine import Engine
+from ...core.serving.jobs import GenerationJob
+from ...core.text.reasoning import (
     EFFORT_BUDGETS,
     FORMAT_NONE,
     UNLIMITED,
@@ -28,14 +24,12 @@ from ..core.text.reasoning import (
     opens_reasoning,
     template_markers,
 )
-from ..errors import ContextOverflow, InputError
-from .errors import APIError, to_api_error
-from .llama.chat import ChatExtras, chat_shape, extras_of
-from .schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, GenerationFields
-from .settings import ServerSettings
-
-SEED_MODULUS = 2**32 - 1  # llama.cpp's seeds are 32-bit; 0xFFFFFFFF itself means "random"
-
+from ...errors import InputError
+from .. import job_rules as rules
+from ..errors import APIError, to_api_error
+from ..settings import ServerSettings
+from .extras import ChatExtras, chat_shape, extras_of
+from .schemas import ChatCompletionRequest, ChatMessage, CompletionRequest
 
 @dataclass(frozen=True)
 class PreparedChat:
@@ -58,14 +52,14 @@ def prepare_chat(engine: Engine, settings: ServerSettings, req: ChatCompletionRe
     prompt = render_prompt(engine, settings, shape.messages, plan, add_generation_prompt=shape.add_generation_prompt,
                            template_kwargs=req.chat_template_kwargs) + shape.prefill
     ids = engine.tokenize(prompt, add_special=True, parse_special=True)
-    grammar = _grammar(req, settings, plan)
-    requested = _requested_tokens(req, req.max_completion_tokens)
+    grammar = rules.grammar(req, settings, plan)
+    requested = rules.requested_tokens(req, req.max_completion_tokens)
     if think_budget is None and req.reasoning_effort:
         think_budget = EFFORT_BUDGETS[req.reasoning_effort]
     thinking, budget_spec = plan_reasoning(engine, settings, prompt, think_budget, grammar)
     job = GenerationJob(
-        prompt=tuple(ids), sampling=_sampling(req, settings, grammar, engine),
-        max_tokens=_budget(requested, len(ids), engine, settings, "messages"), stop=_stops(req.stop, settings),
+        prompt=tuple(ids), sampling=rules.sampling(req, settings, grammar, engine),
+        max_tokens=rules.budget(requested, len(ids), engine, settings, "messages"), stop=rules.stops(req.stop, settings),
         n_probs=(req.top_logprobs or 0) if req.logprobs else -1, id_slot=req.id_slot, cache_prompt=req.cache_prompt,
         progress=req.return_progress, think_budget=budget_spec,
     )
@@ -103,14 +97,14 @@ def prepare_completion(engine: Engine, settings: ServerSettings, req: Completion
     """One job per prompt (a list of strings, or of token lists, is a batch)."""
     _check_n(req.n)
     _check_legacy_fields(req)
-    grammar = _grammar(req, settings, None)
-    sampling = _sampling(req, settings, grammar, engine)
-    stop = _stops(req.stop, settings)
-    requested = _requested_tokens(req)
+    grammar = rules.grammar(req, settings, None)
+    sampling = rules.sampling(req, settings, grammar, engine)
+    stop = rules.stops(req.stop, settings)
+    requested = rules.requested_tokens(req)
     jobs = []
     for ids in prompt_tokens(engine, req.prompt, "prompt"):
         jobs.append(GenerationJob(prompt=tuple(ids), sampling=sampling,
-                                  max_tokens=_budget(requested, len(ids), engine, settings, "prompt"), stop=stop,
+                                  max_tokens=rules.budget(requested, len(ids), engine, settings, "prompt"), stop=stop,
                                   n_probs=req.logprobs if req.logprobs is not None else -1))
     return jobs
 
@@ -206,159 +200,3 @@ def plan_request_tools(tools: list[Any] | None, tool_choice: Any, parallel: bool
         raise APIError(400, exc.message, param="tools", code="invalid_value") from None
     except InputError as exc:
         raise APIError(400, exc.message, param="tool_choice", code="invalid_value") from None
-
-
-def _requested_tokens(req: GenerationFields, max_completion_tokens: int | None = None) -> int | None:
-    """The token budget the request names, if any; -1 is llama-server's "the rest of the context".
-
-    n_predict, llama-server's own field, wins over OpenAI's as it does there.
-    """
-    if req.n_predict == 0:
-        raise APIError(400, "n_predict must be -1 (the rest of the context) or at least 1 (got 0)",
-                       param="n_predict", code="invalid_value")
-    for value in (req.n_predict, max_completion_tokens, req.max_tokens):
-        if value is not None:
-            return value
-    return None
-
-
-def _budget(requested: int | None, n_prompt: int, engine: Engine, settings: ServerSettings, param: str) -> int:
-    """Tokens to generate: as asked, else the server's -n, else the rest of the context; never past it."""
-    try:
-        engine.check_fits(n_prompt)
-    except ContextOverflow as exc:
-        raise APIError(400, exc.message, param=param, code="context_length_exceeded",
-                       error_type="exceed_context_size_error",  # llama-server's type, which its clients test for
-                       extra={"n_prompt_tokens": n_prompt, "n_ctx": engine.n_ctx}) from None
-    room = engine.n_ctx - n_prompt
-    if requested is None:
-        requested = settings.n_predict
-    return room if requested < 0 else min(requested, room)
-
-
-def _stops(stop: str | list[str] | None, settings: ServerSettings) -> tuple[str, ...]:
-    given = [stop] if isinstance(stop, str) else list(stop or ())
-    return tuple(s for s in (*given, *settings.stop) if s)
-
-
-# ---------------------------------------------------------------- sampling and constraints
-
-
-def _sampling(req: GenerationFields, settings: ServerSettings, grammar: str | None, engine: Engine) -> SamplingSettings:
-    fields = ("temperature", "top_p", "top_k", "min_p", "typical_p", "presence_penalty", "frequency_penalty",
-              "repeat_penalty", "repeat_last_n", "ignore_eos")
-    changes: dict[str, Any] = {name: getattr(req, name) for name in fields if getattr(req, name) is not None}
-    if req.seed is not None:
-        changes["seed"] = req.seed % SEED_MODULUS if req.seed >= 0 else -1
-    bias = _logit_bias(req.logit_bias, engine)
-    if bias:
-        changes["logit_bias"] = settings.sampling.logit_bias + bias
-    return replace(settings.sampling, grammar=grammar, **changes)
-
-
-def _logit_bias(value: dict[str, Any] | list[list[Any]] | None, engine: Engine) -> tuple[tuple[int, float], ...]:
-    """OpenAI's {"id": bias} or llama-server's [[id, bias]]; a bias of false bans the token.
-
-    In the pairs, as in llama-server, a text in place of an id biases each of its tokens. An object's
-    keys must be ids: OpenAI's clients send nothing else, so a key that is none is a mistake.
-    """
-    if isinstance(value, dict):
-        pairs = [(_key_id(key), bias) for key, bias in value.items()]
-    else:
-        pairs = [tuple(p) for p in value or ()]
-    out = []
-    for pair in pairs:
-        if len(pair) != 2:
-            raise APIError(400, "logit_bias entries must be [token_id, bias] pairs", param="logit_bias",
-                           code="invalid_value")
-        token, bias = pair
-        if bias is True:
-            continue
-        bias = _bias_value(token, bias)
-        out.extend((t, bias) for t in _biased_tokens(token, engine))
-    return tuple(out)
-
-
-def _bias_value(token: Any, bias: Any) -> float:
-    # The [[id, bias]] form is not checked by pydantic, so NaN and infinities arrive here; false is the ban.
-    if bias is False:
-        return -math.inf
-    if isinstance(bias, bool) or not isinstance(bias, (int, float)):
-        raise APIError(400, f"logit_bias: the bias of token {token} is not a number", param="logit_bias",
-                       code="invalid_value")
-    if not math.isfinite(bias):
-        raise APIError(400, f"logit_bias: the bias of token {token} must be a finite number or false "
-                            f"(got {json.dumps(bias)})",
-                       param="logit_bias", code="invalid_value")
-    return float(bias)
-
-
-def _key_id(key: str) -> int:
-    if not re.fullmatch(r"-?[0-9]+", key):  # int() would also read " 1", "1_2" and non-ASCII digits
-        raise APIError(400, f"logit_bias: {json.dumps(key)} is not a token id", param="logit_bias",
-                       code="invalid_value")
-    return int(key)
-
-
-def _biased_tokens(token: Any, engine: Engine) -> list[int]:
-    """The ids `token` names: an id, or the tokens of a text."""
-    if isinstance(token, str) and token:
-        return engine.tokenize(token, add_special=False, parse_special=False)
-    if isinstance(token, bool) or not isinstance(token, int):  # 1.5 or true would be read as token 1
-        raise APIError(400, f"logit_bias: {json.dumps(token)} is not a token id", param="logit_bias",
-                       code="invalid_value")
-    try:
-        engine.check_token_ids([token], "logit_bias token")
-    except InputError as exc:
-        raise APIError(400, exc.message, param="logit_bias", code="invalid_value") from None
-    return [token]
-
-
-def _grammar(req: GenerationFields, settings: ServerSettings, plan: ToolPlan | None) -> str | None:
-    """The GBNF the output must follow: the request's grammar, JSON schema or forced tool call."""
-    from ..core.constrain.grammar import check_grammar, schema_to_grammar
-
-    schema, schema_param = _json_schema(req)
-    # llama-server reads an empty grammar as none, so clients written for it send "grammar": "" to mean none.
-    grammar_text = req.grammar or None
-    if grammar_text is not None and schema is not None:
-        raise APIError(400, "give either grammar or a JSON schema (response_format, json_schema), not both",
-                       param="grammar", code="invalid_value")
-    if plan is not None and plan.forced and (grammar_text is not None or schema is not None):
-        raise APIError(400, "a forced tool call cannot be combined with grammar or response_format",
-                       param="tool_choice", code="invalid_value")
-    try:
-        if grammar_text is not None:
-            check_grammar(grammar_text, "grammar")
-            return grammar_text
-        if schema is not None:
-            grammar = schema_to_grammar(json.dumps(schema), schema_param)
-            check_grammar(grammar, schema_param)  # limits llama.cpp's parser needs (nesting depth)
-            return grammar
-    except InputError as exc:
-        param = "grammar" if grammar_text is not None else schema_param
-        raise APIError(400, exc.message, param=param, code="invalid_grammar") from None
-    if plan is not None and plan.forced:
-        from ..core.constrain.tools import call_grammar
-
-        try:
-            return call_grammar(plan)
-        except InputError as exc:
-            raise APIError(400, exc.message, param="tools", code="invalid_value") from None
-    return settings.sampling.grammar if plan is None else None
-
-
-def _json_schema(req: GenerationFields) -> tuple[Any, str]:
-    """The JSON schema a request constrains its output to, if any, and the field it came from."""
-    fmt = req.response_format
-    if fmt is not None and fmt.type == "json_schema":
-        if fmt.json_schema is None and fmt.schema_ is None:  # OpenAI requires the object (its schema is optional)
-            raise APIError(400, "response_format of type json_schema needs a json_schema object",
-                           param="response_format.json_schema", code="invalid_value")
-        schema = fmt.json_schema.schema_ if fmt.json_schema is not None else fmt.schema_
-        return (schema if schema is not None else {"type": "object"}), "response_format.json_schema.schema"
-    if fmt is not None and fmt.type == "json_object":
-        return (fmt.schema_ if fmt.schema_ is not None else {"type": "object"}), "response_format"
-    if req.json_schema is not None:
-        return req.json_schema, "json_schema"
-    return None, ""

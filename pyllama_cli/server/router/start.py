@@ -57,7 +57,7 @@ def find_models(paths: list[str], repos: list[str], folders: list[Path], cache: 
     from ...core.store.catalog import cached_models, model_stem, models_in_dir
     from ...core.model.resolve import resolve_model
     from ...errors import ModelNotFound
-    from ..models import file_size
+    from ..model_set import file_size
 
     found = []
     for text in paths:
@@ -119,7 +119,7 @@ def _server_settings(model_id: str, settings: ServerSettings, values: dict[str, 
 
 def _preset_models(presets: Presets, ids: set[str]) -> list[Found]:
     """Models that a preset section brings with `model = PATH` (a served id's section only sets it up)."""
-    from ..models import file_size
+    from ..model_set import file_size
 
     added = []
     for name, section in presets.models.items():
