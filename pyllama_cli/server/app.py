@@ -35,8 +35,8 @@ from .responses_api import routes as responses_api
 from .settings import ServerSettings
 from .webui import routes as webui
 
-# Every API family, in the order its routes are added; each is `add_routes(app, models)` (the web
-# page only unless --no-webui).
+# Every API family, in the order its routes are added, each by its `add_routes(app, models)`; the web
+# page's too, unless --no-webui.
 API_FAMILIES = (openai, anthropic, responses_api, llama_server)
 
 

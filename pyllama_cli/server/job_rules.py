@@ -27,6 +27,9 @@ from .settings import ServerSettings
 SEED_MODULUS = 2**32 - 1  # llama.cpp's seeds are 32-bit; 0xFFFFFFFF itself means "random"
 
 
+# ---------------------------------------------------------------- the fields
+
+
 class Lenient(BaseModel):
     # allow_inf_nan: Python's JSON parser reads NaN and Infinity, which no sampling field may hold.
     model_config = ConfigDict(extra="ignore", populate_by_name=True, allow_inf_nan=False)
@@ -90,6 +93,8 @@ class GenerationFields(Lenient):
             raise ValueError(exc.message) from None
 
 
+# ---------------------------------------------------------------- token budget, stops, slot
+
 
 def requested_tokens(req: GenerationFields, max_completion_tokens: int | None = None) -> int | None:
     """The token budget the request names, if any; -1 is llama-server's "the rest of the context".
@@ -120,6 +125,7 @@ def budget(requested: int | None, n_prompt: int, engine: Engine, settings: Serve
 
 
 def stops(stop: str | list[str] | None, settings: ServerSettings) -> tuple[str, ...]:
+    """The request's stop strings, then the server's (--reverse-prompt); empty ones dropped."""
     given = [stop] if isinstance(stop, str) else list(stop or ())
     return tuple(s for s in (*given, *settings.stop) if s)
 
@@ -136,6 +142,7 @@ def check_slot(engine: Engine, id_slot: int) -> None:
 
 
 def sampling(req: GenerationFields, settings: ServerSettings, grammar: str | None, engine: Engine) -> SamplingSettings:
+    """The server's sampling with what the request sets (seed, logit_bias included) and `grammar`."""
     fields = ("temperature", "top_p", "top_k", "min_p", "typical_p", "presence_penalty", "frequency_penalty",
               "repeat_penalty", "repeat_last_n", "ignore_eos")
     changes: dict[str, Any] = {name: getattr(req, name) for name in fields if getattr(req, name) is not None}
