@@ -292,6 +292,18 @@ def test_no_server_package_imports_another_s_private_names() -> None:
     assert found == []
 
 
+def test_only_app_py_imports_the_api_families() -> None:
+    # The spine (server's top-level modules, http/, router/) is what every family stands on, so it
+    # knows none of them: app.py alone adds them, and a new family changes nothing else.
+    graph = import_graph().module_graph()
+    families = {f"pyllama_cli.server.{p.name}" for p in _api_families()}
+    spine = [m for m in graph if m.startswith("pyllama_cli.server") and m != "pyllama_cli.server.app"
+             and not any(m == f or m.startswith(f + ".") for f in families)]
+    reaching = [f"{m} -> {t}" for m in sorted(spine) for t in sorted(graph[m])
+                if any(t == f or t.startswith(f + ".") for f in families)]
+    assert reaching == []
+
+
 def test_every_api_family_is_added_by_add_routes_app_models() -> None:
     # One way in for every API (the coming ones too): create_app calls family.add_routes(app, models).
     families = _api_families()

@@ -178,7 +178,7 @@ def uvicorn_config(app: Any, limits: Any, *, verbose: bool) -> Any:
     import uvicorn
 
     from .http.limits import guarded_protocol
-    from .llama_server.header_case import with_header_case
+    from .http.header_case import with_header_case
 
     return uvicorn.Config(app, log_level="info" if verbose else "warning", access_log=verbose, log_config=log_config(),
                           http=with_header_case(guarded_protocol(limits)), timeout_keep_alive=limits.keep_alive_timeout,
