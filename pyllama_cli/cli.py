@@ -102,7 +102,7 @@ def _stdout_reader_gone() -> bool:
 def _show_version(value: bool) -> None:
     # An eager option's callback runs while the options are parsed, before click asks for a command.
     if value:
-        from . import __version__
+        from .version import __version__
 
         typer.echo(f"pyllama {__version__}")
         raise typer.Exit()

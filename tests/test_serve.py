@@ -182,7 +182,7 @@ def test_health_is_503_while_the_model_loads(tiny_model: Path) -> None:
     from pyllama_cli.core.serving.scheduler import ParallelEngine
     from pyllama_cli.core.model.settings import LoadSettings
     from pyllama_cli.server.app import create_app
-    from pyllama_cli.server.models import OneModel
+    from pyllama_cli.server.model_set import OneModel
     from pyllama_cli.server.settings import ServerSettings
 
     # Without the lifespan (no `with`), the engine never starts loading: the state while loading.
@@ -693,7 +693,7 @@ def test_a_taken_port_is_a_one_line_error(tiny_model: Path) -> None:
 
 @pytest.mark.parametrize("text", ["hi", 'quote " backslash \\ newline \n', "é 😀 \u2028 \x00", ""])
 def test_token_chunks_from_the_template_are_the_bytes_of_the_full_encoding(text: str) -> None:
-    from pyllama_cli.server import responses as r
+    from pyllama_cli.server.openai import bodies as r
     from pyllama_cli.server.sse import TextEvents, event
 
     header = r.Header.new("cmpl", "m")
@@ -713,11 +713,11 @@ def test_token_chunks_from_the_template_are_the_bytes_of_the_full_encoding(text:
 def test_small_requests_are_prepared_on_the_event_loop_large_ones_in_the_pool(headers: list, inline: bool) -> None:
     from starlette.requests import Request
 
-    from pyllama_cli.server.app import _prepare
+    from pyllama_cli.server.spine import off_loop
 
     async def prepared_on_the_loop_thread() -> bool:
         request = Request({"type": "http", "method": "POST", "headers": headers})
-        return await _prepare(request, threading.current_thread) is threading.current_thread()
+        return await off_loop(request, threading.current_thread) is threading.current_thread()
 
     assert asyncio.run(prepared_on_the_loop_thread()) is inline
 
@@ -867,7 +867,7 @@ def _in_process(model: Path, template: str | None) -> Iterator[Any]:
     from pyllama_cli.core.model.settings import LoadSettings
     from pyllama_cli.core.serving.scheduler import ParallelEngine
     from pyllama_cli.server.app import create_app
-    from pyllama_cli.server.models import OneModel
+    from pyllama_cli.server.model_set import OneModel
     from pyllama_cli.server.settings import ServerSettings
 
     engine = ParallelEngine(model, LoadSettings(n_ctx=512, n_threads=1))
@@ -896,9 +896,9 @@ def test_tokenize_gives_llama_cpp_s_tokens_without_dropping_a_bos(server: Server
     (b"\xed\xa0\x80", "\ufffd\ufffd\ufffd"),
 ])
 def test_pieces_are_shaped_as_llama_server_shapes_them(piece: bytes, shaped: object) -> None:
-    from pyllama_cli.server.app import _piece
+    from pyllama_cli.server.llama_server.tokens import piece_text
 
-    assert _piece(piece) == shaped
+    assert piece_text(piece) == shaped
 
 
 @pytest.mark.parametrize(("model", "template", "prompts"), [

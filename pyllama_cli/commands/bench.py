@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from ..console import bench_progress, download_tqdm, out, stdout_is_tty
+from ..console import bench_progress, download_tqdm, print_table, stdout_is_tty
 from ..core.bench import spec as defaults
 from ..core.model.resolve import ModelRequest, resolve_model
 from ..errors import Interrupted, UsageError
@@ -188,9 +188,9 @@ def _finish_output(printer: Any, results: list[Any], speedups: list[float | None
     if printer:
         printer.footer()
     elif results:
-        from ..core.bench.output import rich_table
+        from ..core.bench.output import md_table
 
-        out().print(rich_table(results, speedups, cols, build))
+        print_table(*md_table(results, speedups, cols, build))
 
 
 def _write(text: str) -> None:

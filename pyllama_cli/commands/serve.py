@@ -9,11 +9,11 @@ from typing import Any
 import typer
 
 from ..console import download_tqdm
-from ..core.model.resolve import ModelRequest, resolve_model
+from ..core.model.resolve import ModelRequests, resolve_model
 from ..core.model.settings import LoadSettings
 from ..errors import UsageError
 from ..options.limits import limit_options
-from ..options.load import ChatTemplateOpt, in_panel, model_options, own_option
+from ..options.load import ChatTemplateOpt, in_panel, model_options
 from ..options.sampling import SamplingOptions, sampling_options
 from ..options.speculative import SpeculativeOptions, speculative_options
 from ..server.settings import ServerLimits
@@ -26,11 +26,9 @@ from ..options.serve import (
     ApiKeyOpt,
     CorsOriginOpt,
     EmbeddingsOpt,
-    HfReposOpt,
     HostOpt,
     KvUnifiedOpt,
     MaxBodySizeOpt,
-    ModelPathsOpt,
     ModelsCacheOpt,
     ModelsDirOpt,
     ModelsMaxOpt,
@@ -60,13 +58,13 @@ Examples:
 _SIZE = re.compile(r"^\s*(\d+)\s*([kmg]?)(i?b)?\s*$", re.IGNORECASE)
 
 
-@model_options(load=True)
+@model_options(load=True, several=True)
 @sampling_options()
 @speculative_options()
 @limit_options()
 def serve(
     ctx: typer.Context,
-    model: ModelRequest,
+    model: ModelRequests,
     load: LoadSettings,
     sampling: SamplingOptions,
     speculative: SpeculativeOptions,
@@ -115,9 +113,7 @@ def serve(
         raise UsageError("--spec-type and -md speed up generation; an --embeddings server generates nothing",
                          hint="drop --spec-type/-md, or serve a generating model without --embeddings")
     spec = resolve_draft(speculative.settings, speculative.draft, download_tqdm())
-    paths: list[str] = list(model.model or [])  # -m and -hf are repeatable here: lists
-    repos: list[str] = list(model.hf_repo or [])
-    router = (len(paths) + len(repos) != 1 or bool(models_dir) or models_cache or models_preset is not None
+    router = (model.count != 1 or bool(models_dir) or models_cache or models_preset is not None
               or sleep_idle_seconds >= 0)  # a model that unloads when idle and loads again on demand
     settings = ServerSettings(
         alias=alias or "", sampling=sampling.settings, n_predict=sampling.n_predict,
@@ -127,21 +123,18 @@ def serve(
         reasoning_format=reasoning_format, reasoning_budget=reasoning_budget,
     )
     if router:
-        _serve_router(ctx, model, paths, repos, load, settings, host, port, embeddings=embeddings, alias=alias,
+        _serve_router(ctx, model, load, settings, host, port, embeddings=embeddings, alias=alias,
                       models_dir=models_dir or [], models_cache=models_cache, models_max=models_max,
                       idle=sleep_idle_seconds, preset=models_preset, parallel=parallel, kv_unified=kv_unified)
         return
-    one = ModelRequest(model=paths[0] if paths else None, hf_repo=repos[0] if repos else None,
-                       hf_file=model.hf_file, hf_token=model.hf_token, offline=model.offline)
-    resolved = resolve_model(one, tqdm_class=download_tqdm())
+    resolved = resolve_model(model.first(), tqdm_class=download_tqdm())
     _add_rpc_servers(load)
     settings = _with_alias(settings, alias or _default_alias(resolved.path))
     socks = server.listen_for(host, port, settings)
     server.serve(socks, resolved.path, load, settings, embeddings=embeddings, parallel=parallel, kv_unified=kv_unified)
 
 
-def _serve_router(ctx: typer.Context, model: ModelRequest, paths: list[str], repos: list[str], load: LoadSettings,
-                  settings: Any, host: str, port: int, *, embeddings: bool, alias: str | None, models_dir: list[Path],
+def _serve_router(ctx: typer.Context, model: ModelRequests, load: LoadSettings, settings: Any, host: str, port: int, *, embeddings: bool, alias: str | None, models_dir: list[Path],
                   models_cache: bool, models_max: int, idle: float, preset: Path | None, parallel: int,
                   kv_unified: bool) -> None:
     from ..server import run as server
@@ -154,10 +147,9 @@ def _serve_router(ctx: typer.Context, model: ModelRequest, paths: list[str], rep
                          hint="give one model, or set aliases with `alias = NAME` in --models-preset")
     if load.rpc and models_max != 1:  # two models decoding on one RPC server at once hang in ggml's RPC client
         raise UsageError("--rpc in router mode runs one model at a time", hint="add --models-max 1")
-    if len(repos) > 1 and model.hf_file:
+    if len(model.hf_repos) > 1 and model.hf_file:
         raise UsageError("-hff picks a file of one -hf repo, and there are several", hint="use -hf user/repo:QUANT")
-    found = find_models(paths, repos, models_dir, models_cache or not (paths or repos or models_dir), model,
-                        tqdm_class=download_tqdm())
+    found = find_models(model, models_dir, models_cache or not (model.count or models_dir), tqdm_class=download_tqdm())
     given = frozenset(name for name in ctx.params
                       if (source := ctx.get_parameter_source(name)) is not None
                       and source.name in ("COMMANDLINE", "ENVIRONMENT"))
@@ -194,5 +186,3 @@ def parse_size(text: str) -> int:
                                  param_hint="'--max-body-size'")
     return int(match.group(1)) * 1024 ** " kmg".index(match.group(2).lower() or " ")
 
-
-serve = own_option(own_option(serve, "model_path", ModelPathsOpt), "hf_repo", HfReposOpt)

@@ -37,7 +37,7 @@ from ..core.generate.sampling import (
 )
 from ..core.model.settings import INT32_MAX, UINT32_MAX
 from ..errors import UsageError
-from .load import check_fits, option_param, replace_params
+from .load import check_fits, option_param, with_flags
 
 SAMPLING_PANEL = "Sampling"
 CONSTRAINT_PANEL = "Output constraints"
@@ -232,6 +232,6 @@ def sampling_options() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         kwargs["sampling"] = sampling_options_from(kwargs)
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
-        return replace_params(fn, ("sampling",), _SAMPLING_PARAMS, build)
+        return with_flags(fn, ("sampling",), _SAMPLING_PARAMS, build)
 
     return decorate

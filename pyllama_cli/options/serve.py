@@ -8,15 +8,12 @@ from typing import Annotated
 import typer
 
 from ..core.serving.pool import DEFAULT_MODELS_MAX
-from .load import HfRepoOpt, ModelPathOpt, repeatable
 
 SERVER_PANEL = "Server"
 ROUTER_PANEL = "Router mode (many models)"
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
 
-ModelPathsOpt = repeatable(ModelPathOpt, " Repeat for router mode: one server, many models.")
-HfReposOpt = repeatable(HfRepoOpt, " Repeatable (router mode).")
 HostOpt = Annotated[str, typer.Option("--host", help="Address to listen on (several: comma-separated, as "
                                       "127.0.0.1,::1).", rich_help_panel=SERVER_PANEL)]
 PortOpt = Annotated[int, typer.Option(

@@ -13,6 +13,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
 from ..core.text.chat_template import TemplateError
@@ -38,6 +39,26 @@ _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Tags pydantic puts in an error location for the member of a union that failed.
 _UNION_TAGS = {"str", "int", "float", "bool", "dict", "list", "none", "tuple"}
 
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(BaseModel):
+    """The error body, for the OpenAPI schema (`OPENAPI_ERRORS`); `APIError.body()` builds it."""
+
+    error: ErrorDetail
+
+
+# What a route's `responses=` documents: the statuses a request can get wrong or meet while the model loads.
+OPENAPI_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorResponse, "description": kind} for status, kind in ERROR_TYPES.items()
+    if status in (400, 401, 404, 413, 503)
+}
 
 class APIError(Exception):
     """An error to answer with: HTTP status, message, and the OpenAI `param`/`code` fields."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from ...errors import PyllamaError
 from .spec import (
@@ -274,19 +273,24 @@ def md_cells(r: BenchResult, cols: Sequence[str], build: BuildInfo, speedup: flo
     return [special[c] if c in special else values[c] for c in cols]
 
 
-def rich_table(results: Sequence[BenchResult], speedups: Sequence[float | None], cols: Sequence[str],
-               build: BuildInfo) -> Any:
-    """The Markdown format's table as a rich Table, for `-o md` on a terminal (failed rows in red)."""
-    from rich import box
-    from rich.table import Table
+@dataclass(frozen=True)
+class TableColumn:
+    """One column of the Markdown format's table as a terminal shows it (console.print_table draws it)."""
 
-    table = Table(box=box.SIMPLE_HEAVY, caption=f"build: {build.build_commit} ({build.build_number})")
-    for col in cols:
-        table.add_column(md_heading(col), justify="right" if md_width(col) > 0 else "left",
-                         style="accent" if col == "t/s" else None, no_wrap=col not in ("model", "t/s", "ttft"))
-    for result, gain in zip(results, speedups):
-        table.add_row(*md_cells(result, cols, build, gain), style="error" if result.error else None)
-    return table
+    heading: str
+    right: bool  # right-aligned (numbers)
+    wrap: bool
+    accent: bool  # the column to read first (t/s)
+
+
+def md_table(results: Sequence[BenchResult], speedups: Sequence[float | None], cols: Sequence[str],
+             build: BuildInfo) -> tuple[list[TableColumn], list[tuple[list[str], bool]], str]:
+    """The Markdown format's table for `-o md` on a terminal: its columns, its rows (cells, and whether
+    the test failed), and its caption."""
+    columns = [TableColumn(md_heading(col), md_width(col) > 0, col in ("model", "t/s", "ttft"), col == "t/s")
+               for col in cols]
+    rows = [(md_cells(result, cols, build, gain), bool(result.error)) for result, gain in zip(results, speedups)]
+    return columns, rows, f"build: {build.build_commit} ({build.build_number})"
 
 
 def check_failures(results: Sequence[BenchResult]) -> None:

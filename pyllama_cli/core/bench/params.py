@@ -80,7 +80,7 @@ def make_spec(flags: Mapping[str, Any]) -> Any:
 def _placement(flags: Mapping[str, Any]) -> dict[str, tuple]:
     """--rpc, and -dev and -ts as llama-bench reads them: configurations separated by commas, the items
     of one by / (`-dev RPC0/RPC1,RPC1 -ts 3/1,1/1` makes four)."""
-    from ...options.devices import parse_devices, parse_rpc, parse_tensor_split
+    from ..model.settings import parse_devices, parse_rpc, parse_tensor_split
 
     def configs(value: list[str] | None, parse: Any) -> tuple:
         raw = [part for item in value or [] for part in item.split(",") if part.strip()]

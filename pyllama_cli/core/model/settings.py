@@ -6,8 +6,11 @@ Kept free of llama_cpp imports so that commands can declare options without load
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
+
+from ...errors import UsageError
 
 DEFAULT_N_CTX = 0  # 0 = the model's trained context length
 DEFAULT_N_BATCH = 2048
@@ -64,3 +67,39 @@ def default_threads() -> int:
         except OSError:
             cores.add(str(cpu))
     return max(1, len(cores))
+
+
+# ---------------------------------------------------------------- --rpc, -dev, -ts as llama.cpp reads them
+
+_SPLIT = re.compile(r"[,/]+")
+
+
+def parse_rpc(value: str | None) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    from .rpc import parse_endpoints
+
+    return parse_endpoints(value)
+
+
+def parse_devices(value: str | None) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    names = tuple(name.strip() for name in value.split(",") if name.strip())
+    if not names:
+        raise UsageError("-dev names no device", hint="--list-devices shows them")
+    if "none" in names and len(names) > 1:
+        raise UsageError("-dev none cannot be combined with devices")
+    return names
+
+
+def parse_tensor_split(value: str | None) -> tuple[float, ...]:
+    if value is None:
+        return ()
+    try:
+        shares = tuple(float(part) for part in _SPLIT.split(value.strip()) if part)
+    except ValueError:
+        raise UsageError(f"-ts {value!r} is not a list of numbers", hint="e.g. -ts 3,1") from None
+    if not shares or any(share < 0 for share in shares) or sum(shares) <= 0:
+        raise UsageError(f"-ts {value!r} needs non-negative shares, not all 0", hint="e.g. -ts 3,1")
+    return shares

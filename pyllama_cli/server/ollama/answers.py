@@ -19,10 +19,10 @@ from starlette.requests import Request
 
 from ...core.serving.engine import Engine
 from ...core.serving.jobs import JobStream
-from .. import responses as r
+from ..openai import bodies as r
 from ..errors import to_api_error
-from ..openai_answers import CALLS, REASONING, TEXT, Running, collect_all, streamed_parts, whole_parts
-from ..prepare import PreparedChat
+from ..openai.answers import CALLS, REASONING, TEXT, Running, collect_all, streamed_parts, whole_parts
+from ..openai.prepare import PreparedChat
 from ..sse import EventStream
 
 MEDIA_TYPE = "application/x-ndjson"

@@ -27,7 +27,7 @@ from ...core.gguf.reader import GGUFFile, read_gguf
 from ...core.text.reasoning import KNOWN_MARKERS
 from ...errors import PyllamaError
 from ..errors import APIError
-from ..models import ModelSet, ServedModel
+from ..model_set import ModelSet, ServedModel
 from .answers import MEDIA_TYPE, dumps
 from .names import Names, hf_card, hf_spec, not_found
 from .schemas import CopyRequest, ModelRequest, PullRequest

@@ -13,7 +13,7 @@ from typing import Any
 
 from ...core.store.catalog import quant_in_name
 from ..errors import APIError
-from ..models import ModelSet, ServedModel
+from ..model_set import ModelSet, ServedModel
 
 HF_PREFIXES = ("hf.co/", "huggingface.co/")
 PREFERRED_QUANT = "Q4_K_M"  # what -hf picks when the name has no quant

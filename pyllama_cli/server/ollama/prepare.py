@@ -24,8 +24,8 @@ from ...core.serving.engine import Engine
 from ...core.text.reasoning import EFFORT_BUDGETS
 from ...errors import InputError
 from ..errors import APIError, to_api_error
-from ..prepare import PreparedChat, chat_request, plan_reasoning, prepare_chat, prepare_completion, render_prompt
-from ..schemas import CompletionRequest
+from ..openai.prepare import PreparedChat, chat_request, plan_reasoning, prepare_chat, prepare_completion, render_prompt
+from ..openai.schemas import CompletionRequest
 from ..settings import ServerSettings
 from .schemas import ChatRequest, GenerateRequest, Message
 

@@ -18,7 +18,7 @@ from starlette.concurrency import run_in_threadpool
 from ...core.serving.engine import BROKEN, Engine
 from ...core.serving.jobs import EmbeddingJob
 from ..errors import APIError, loading_error
-from ..models import ModelSet
+from ..model_set import ModelSet
 from . import answers
 from .answers import CHAT, GENERATE, Clock
 from .models import add_model_routes

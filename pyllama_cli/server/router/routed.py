@@ -17,7 +17,7 @@ from ...core.serving.pool import FAILED, LOADED, EnginePool, PoolModel
 from ..cards import model_card
 from ..errors import APIError
 from ..http.leases import hold
-from ..models import ModelSet, ServedModel
+from ..model_set import ModelSet, ServedModel
 from ..settings import ServerSettings
 
 

@@ -1,7 +1,7 @@
-"""llama-server's native routes: /completion (and /completions), /infill, /slots, /props, token counting.
+"""llama-server's native routes: /completion (and /completions), /infill, /slots, /props, and (tokens.py)
+the routes between text and tokens.
 
-`add_routes(app)` adds them to the app that create_app builds; they find their model through the
-app's ModelSet, as the OpenAI routes do.
+A request names its model in its body's `model`, else in `?model=` (routes with no body).
 """
 
 from __future__ import annotations
@@ -14,48 +14,49 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from ... import __version__
 from ...core.serving.engine import Engine
 from ...errors import InputError
+from .. import spine
 from ..errors import APIError, body_error
-from ..models import ServedModel
+from ..model_set import ModelSet
 from ..settings import ServerSettings
 from .answers import native_body, native_stream
 from .prepare import prepare_infill, prepare_native
-from .schemas import InfillRequest, NativeCompletionRequest, SlotFileRequest, TokenCountRequest
+from .schemas import InfillRequest, NativeCompletionRequest, SlotFileRequest
+from .tokens import add_token_routes
 
 # A saved slot's file name: no folders, no parent references, nothing a shell or a path reads specially.
 _SLOT_FILE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
-def add_routes(app: FastAPI) -> None:
-    models = app.state.models
-
+def add_routes(app: FastAPI, models: ModelSet) -> None:
     @app.post("/completion", tags=["llama-server"])
     @app.post("/completions", include_in_schema=False)
     async def completion(body: NativeCompletionRequest, request: Request) -> Any:
         """Continue a prompt (a string, token ids, both mixed, or a list of prompts) in llama-server's shape."""
-        return await _generate(await models.named(request, body.model), body, request, prepare_native)
+        return await spine.generate(models.named(request, body.model), request, body, prepare_native,
+                                    native_stream, native_body)
 
     @app.post("/infill", tags=["llama-server"])
     async def infill(body: InfillRequest, request: Request) -> Any:
         """Fill in the middle between `input_prefix` and `input_suffix` (models with FIM tokens)."""
-        return await _generate(await models.named(request, body.model), body, request, prepare_infill)
+        return await spine.generate(models.named(request, body.model), request, body, prepare_infill,
+                                    native_stream, native_body)
 
     @app.get("/slots", tags=["llama-server"])
     async def slots(request: Request) -> Any:
         """Each slot: its context, whether it is processing, and its token counts."""
-        engine = _ready(await models.named(request))
+        engine = spine.generating((await models.named(request)).engine)
         return [_slot_view(slot, engine) for slot in engine.slot_states()]
 
     @app.post("/slots/{id_slot}", tags=["llama-server"])
     async def slot_action(id_slot: int, request: Request) -> Any:
         """?action=save|restore with {"filename"} (under --slot-save-path), or ?action=erase."""
         model = await models.named(request)
-        engine = _ready(model)
+        engine = spine.generating(model.engine)
         action = request.query_params.get("action", "")
         body = await _json_body(request) if action in ("save", "restore") else {}
         return await _slot_file(engine, model.settings, id_slot, action, body)
@@ -64,7 +65,7 @@ def add_routes(app: FastAPI) -> None:
     async def props(request: Request) -> Any:
         """Server properties: slots, per-slot context, default sampling, model path, chat template."""
         model = await models.named(request)
-        engine, settings = _ready(model), model.settings
+        engine, settings = spine.generating(model.engine), model.settings
         template = await run_in_threadpool(engine.chat_template_text, settings.chat_template)
         return {"default_generation_settings": {"n_ctx": engine.n_ctx, "params": default_params(settings)},
                 "total_slots": len(engine.slot_states()), "model_alias": model.id, "model_path": str(engine.path),
@@ -72,17 +73,7 @@ def add_routes(app: FastAPI) -> None:
                 "bos_token": _piece(engine, engine.model.bos), "eos_token": _piece(engine, engine.model.eos),
                 "build_info": f"pyllama {__version__}"}
 
-    @app.post("/chat/completions/input_tokens", tags=["llama-server"])
-    @app.post("/v1/chat/completions/input_tokens", include_in_schema=False)
-    async def input_tokens(body: TokenCountRequest, request: Request) -> Any:
-        """How many tokens the prompt of `messages` takes."""
-        from ..prepare import message_dicts, render_prompt
-
-        model = await models.named(request)
-        engine = _ready(model)
-        messages = message_dicts(body.messages)
-        prompt = await run_in_threadpool(render_prompt, model.engine, model.settings, messages, None)
-        return {"input_tokens": len(engine.tokenize(prompt)), "object": "response.input_tokens"}
+    add_token_routes(app, models)
 
 
 async def _json_body(request: Request) -> Any:
@@ -91,22 +82,6 @@ async def _json_body(request: Request) -> Any:
         return await request.json()
     except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise body_error(exc) from None
-
-
-def _ready(model: ServedModel) -> Engine:
-    from ..app import _generation
-
-    return _generation(model.engine)
-
-
-async def _generate(model: ServedModel, body: Any, request: Request, prepare: Callable[..., Any]) -> Any:
-    engine = model.engine
-    with engine.arriving():
-        _ready(model)
-        prepared = prepare(engine, model.settings, body)
-        if body.stream:
-            return native_stream(engine, prepared, model.id)
-        return JSONResponse(await native_body(engine, prepared, model.id, request))
 
 
 def _slot_view(state: dict[str, Any], engine: Engine) -> dict[str, Any]:

@@ -6,47 +6,52 @@ can continue the conversation with `previous_response_id`.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import Response
 
 from ...core.serving.engine import Engine
-from ..models import ModelSet
-from ..openai_answers import Parts
+from .. import spine
+from ..model_set import ModelSet
+from ..openai.answers import Parts
+from ..openai.prepare import PreparedChat
 from . import answers
 from .prepare import prepare_response
 from .schemas import ResponsesRequest
 from .store import ResponseStore
 
-Check = Callable[[Engine], Engine]
-Prepare = Callable[..., Awaitable[Any]]
+Prepared = tuple[PreparedChat, list[dict[str, Any]]]  # the job, and the conversation it answers
 
 
-def add_routes(app: FastAPI, models: ModelSet, check: Check, prepare: Prepare) -> None:
-    """Add the routes; `check` refuses an engine that cannot generate now, `prepare` runs a preparation
-    inline or in the thread pool (app.py's choices, shared with the chat routes)."""
+def add_routes(app: FastAPI, models: ModelSet) -> None:
+    """Add the routes, with the app's store of responses (`app.state.responses`)."""
     store = app.state.responses = ResponseStore()
 
     @app.post("/v1/responses", tags=["OpenAI"])
     @app.post("/responses", include_in_schema=False)
     async def create_response(body: ResponsesRequest, request: Request) -> Any:
         """Answer `input` (continuing `previous_response_id`); `stream: true` sends the Responses events."""
-        served = await models.get(body.model)
-        engine = served.engine
-        with engine.arriving():
-            check(engine)
-            prepared, conversation = await prepare(request, prepare_response, engine, served.settings, body, store)
-            shape = answers.ResponseShape(body, served.id)
 
-            def finished(response: dict[str, Any], parts: Parts) -> None:
+        def finished(conversation: list[dict[str, Any]]) -> answers.Finished:
+            def keep(response: dict[str, Any], parts: Parts) -> None:
                 if body.store is not False:
                     store.put(response, [*conversation, _assistant(parts)])
 
-            if body.stream:
-                return answers.response_stream(engine, prepared, shape, finished)
-            return JSONResponse(await answers.response_body(engine, prepared, shape, request, finished))
+            return keep
+
+        def stream(engine: Engine, prepared: Prepared, model: str) -> Response:
+            chat, conversation = prepared
+            return answers.response_stream(engine, chat, answers.ResponseShape(body, model), finished(conversation))
+
+        async def whole(engine: Engine, prepared: Prepared, model: str, request: Request) -> dict[str, Any]:
+            chat, conversation = prepared
+            return await answers.response_body(engine, chat, answers.ResponseShape(body, model), request,
+                                               finished(conversation))
+
+        return await spine.generate(models.get(body.model), request, body, partial(prepare_response, store=store),
+                                    stream, whole)
 
     @app.get("/v1/responses/{response_id}", tags=["OpenAI"])
     async def get_response(response_id: str) -> Any:

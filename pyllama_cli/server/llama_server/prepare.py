@@ -1,7 +1,7 @@
 """llama-server's native requests into engine jobs: its prompt forms, infill layout and per-request choices.
 
-The sampling, grammar, stop and budget rules are the OpenAI routes' own (server/prepare.py), so a
-field means the same on every route; what differs is how the prompt is given and which of
+The sampling, grammar, stop and budget rules are every API's (server/job_rules.py), so a field
+means the same on every route; what differs is how the prompt is given and which of
 llama-server's switches (id_slot, cache_prompt, n_probs...) the job carries.
 """
 
@@ -16,9 +16,8 @@ from ...core.serving.engine import Engine
 from ...core.serving.jobs import GenerationJob
 from ...errors import InputError
 from ..errors import APIError
-from ..prepare import _budget, _grammar, _requested_tokens, _sampling, _stops
+from .. import job_rules as rules
 from ..settings import ServerSettings
-from .chat import check_slot
 from .schemas import InfillRequest, NativeCompletionRequest, NativeFields
 
 PROMPT_STRING = "prompt_string"  # llama-server's key for the text of a prompt given as an object
@@ -39,21 +38,21 @@ def prepare_native(engine: Engine, settings: ServerSettings, req: NativeCompleti
 
 
 def prepare_infill(engine: Engine, settings: ServerSettings, req: InfillRequest) -> NativeJobs:
-    requested = _requested_tokens(req)
+    requested = rules.requested_tokens(req)
     return _jobs(engine, settings, req, [infill_tokens(engine, req, settings.n_predict if requested is None
                                                        else requested)])
 
 
 def _jobs(engine: Engine, settings: ServerSettings, req: NativeFields, prompts: list[list[int]]) -> NativeJobs:
-    check_slot(engine, req.id_slot)
-    sampling = only_samplers(_sampling(_bias_as_pairs(req), settings, _grammar(req, settings, None), engine),
+    rules.check_slot(engine, req.id_slot)
+    sampling = only_samplers(rules.sampling(_bias_as_pairs(req), settings, rules.grammar(req, settings, None), engine),
                              req.samplers)
-    requested = _requested_tokens(req)
+    requested = rules.requested_tokens(req)
     if requested is None or requested < 0:
         requested = settings.n_predict
-    stop = _stops(req.stop, settings)
+    stop = rules.stops(req.stop, settings)
     jobs = [GenerationJob(prompt=tuple(ids), sampling=sampling, stop=stop,
-                          max_tokens=_budget(requested, len(ids), engine, settings, "prompt"),
+                          max_tokens=rules.budget(requested, len(ids), engine, settings, "prompt"),
                           n_probs=req.n_probs if req.n_probs > 0 else -1, id_slot=req.id_slot,
                           cache_prompt=req.cache_prompt, progress=req.return_progress,
                           post_sampling=req.post_sampling_probs)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import BaseModel, Field
 
-from ..schemas import ChatMessage, GenerationFields, _Lenient
+from ..job_rules import GenerationFields, Lenient
+from ..openai.schemas import ChatMessage, NamedToolChoice, Tool
 
 
 class NativeFields(GenerationFields):
@@ -29,7 +30,7 @@ class NativeCompletionRequest(NativeFields):
     prompt: Any = Field(description="A string, token ids, a mix of both, or a list of prompts.")
 
 
-class ExtraChunk(_Lenient):
+class ExtraChunk(Lenient):
     text: str
     filename: str = "tmp"
 
@@ -41,9 +42,46 @@ class InfillRequest(NativeFields):
     prompt: str | list[Any] = ""
 
 
-class SlotFileRequest(_Lenient):
+class SlotFileRequest(Lenient):
     filename: str = Field(min_length=1)
 
 
-class TokenCountRequest(_Lenient):
+class TokenCountRequest(Lenient):
     messages: list[ChatMessage] = Field(min_length=1)
+
+
+class TokenizeRequest(Lenient):
+    content: str
+    add_special: bool = False
+    parse_special: bool = True
+    with_pieces: bool = False
+
+
+class DetokenizeRequest(Lenient):
+    tokens: list[int]
+
+
+class ApplyTemplateRequest(Lenient):
+    messages: list[ChatMessage] = Field(min_length=1)
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+
+
+# ---------------------------------------------------------------- responses (documentation)
+
+
+class TokenPiece(BaseModel):
+    id: int
+    piece: str | list[int] = Field(description="The text, or its bytes when they are not valid UTF-8.")
+
+
+class TokenizeResponse(BaseModel):
+    tokens: list[int] | list[TokenPiece]
+
+
+class DetokenizeResponse(BaseModel):
+    content: str
+
+
+class ApplyTemplateResponse(BaseModel):
+    prompt: str

@@ -1,45 +1,37 @@
 """Request and response bodies of the OpenAI-compatible API (pydantic; they also make the /docs schema).
 
 Requests ignore unknown fields, since OpenAI clients send fields this server has no use for.
-Responses are built as plain dicts in responses.py; the models here document their shape.
+Responses are built as plain dicts in bodies.py; the models here document their shape.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 
-from ..core.model.settings import INT32_MAX
-from ..core.serving.pool import parse_keep_alive
-from ..errors import InputError
-
-
-class _Lenient(BaseModel):
-    # allow_inf_nan: Python's JSON parser reads NaN and Infinity, which no sampling field may hold.
-    model_config = ConfigDict(extra="ignore", populate_by_name=True, allow_inf_nan=False)
-
+from ..job_rules import GenerationFields, Lenient
 
 # ---------------------------------------------------------------- requests: pieces
 
 
-class ContentPart(_Lenient):
+class ContentPart(Lenient):
     type: str = "text"
     text: str | None = None
 
 
-class FunctionCall(_Lenient):
+class FunctionCall(Lenient):
     name: str
     arguments: str | dict[str, Any] = "{}"
 
 
-class ToolCall(_Lenient):
+class ToolCall(Lenient):
     id: str | None = None
     type: Literal["function"] = "function"
     function: FunctionCall
 
 
-class ChatMessage(_Lenient):
+class ChatMessage(Lenient):
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
@@ -48,85 +40,27 @@ class ChatMessage(_Lenient):
     reasoning_content: str | None = None  # an earlier answer's thinking, for templates that show it
 
 
-class FunctionDefinition(_Lenient):
+class FunctionDefinition(Lenient):
     name: str = Field(min_length=1, max_length=64)
     description: str | None = None
     parameters: dict[str, Any] | None = None
 
 
-class Tool(_Lenient):
+class Tool(Lenient):
     type: Literal["function"] = "function"
     function: FunctionDefinition
 
 
-class NamedFunction(_Lenient):
+class NamedFunction(Lenient):
     name: str
 
 
-class NamedToolChoice(_Lenient):
+class NamedToolChoice(Lenient):
     type: Literal["function"] = "function"
     function: NamedFunction
 
 
-class JsonSchemaSpec(_Lenient):
-    name: str | None = None
-    description: str | None = None
-    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
-    strict: bool | None = None
-
-
-class ResponseFormat(_Lenient):
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: JsonSchemaSpec | None = None
-    # llama-server also takes a schema next to "type": "json_object".
-    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
-
-
-class StreamOptions(_Lenient):
-    include_usage: bool = False
-
-
 # ---------------------------------------------------------------- requests
-
-
-class GenerationFields(_Lenient):
-    """Fields shared by /v1/chat/completions and /v1/completions (OpenAI's plus llama-server's)."""
-
-    model: str | None = Field(default=None, description="The served model's id (see /v1/models).")
-    max_tokens: int | None = Field(default=None, ge=1, description="Default: the rest of the context.")
-    n_predict: int | None = Field(default=None, ge=-1, description="llama-server's max_tokens (it wins over "
-                                  "max_tokens, as there); -1: the rest of the context.")
-    temperature: float | None = Field(default=None, ge=0)
-    top_p: float | None = Field(default=None, ge=0, le=1)
-    top_k: int | None = Field(default=None, ge=0, le=INT32_MAX)
-    min_p: float | None = Field(default=None, ge=0, le=1)
-    typical_p: float | None = Field(default=None, ge=0, le=1)
-    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
-    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
-    repeat_penalty: float | None = Field(default=None, ge=0)
-    repeat_last_n: int | None = Field(default=None, ge=-1, le=INT32_MAX)
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    logit_bias: dict[str, float | bool] | list[list[Any]] | None = Field(
-        default=None, description="Token id -> bias added to its logit; false bans the token.")
-    n: int | None = Field(default=1, description="Only 1 is supported.")
-    stream: bool | None = False
-    stream_options: StreamOptions | None = None
-    response_format: ResponseFormat | None = None
-    grammar: str | None = Field(default=None, description="A GBNF grammar the output must match.")
-    json_schema: dict[str, Any] | None = Field(default=None, description="llama-server's schema constraint.")
-    ignore_eos: bool | None = None
-    keep_alive: float | str | None = Field(
-        default=None, description="ollama's: how long the model stays loaded after this request, in seconds or "
-        "as 5m, 1h; 0 = unload now, -1 = keep (router mode).")
-
-    @field_validator("keep_alive")
-    @classmethod
-    def _duration(cls, value: float | str | None) -> float | None:
-        try:
-            return parse_keep_alive(value)
-        except InputError as exc:
-            raise ValueError(exc.message) from None
 
 
 class ChatCompletionRequest(GenerationFields):
@@ -139,7 +73,7 @@ class ChatCompletionRequest(GenerationFields):
     # Declared so that a value of the wrong type is refused. Not enforced: an answer carries the calls the
     # model writes (the forced-call grammar writes one).
     parallel_tool_calls: bool | None = None
-    # llama-server's (and vLLM's) extras: see server/llama/chat.py.
+    # llama-server's (and vLLM's) extras: see extras.py.
     n: int | None = Field(default=1, ge=1, le=16, description="Choices to generate (up to 16).")
     add_generation_prompt: bool | None = None
     continue_final_message: bool | None = Field(default=None, description="Continue the last (assistant) message.")
@@ -164,27 +98,10 @@ class CompletionRequest(GenerationFields):
     best_of: int | None = Field(default=None, description="Only 1 is supported.")
 
 
-class EmbeddingRequest(_Lenient):
+class EmbeddingRequest(Lenient):
     input: str | list[str] | list[int] | list[list[int]]
     model: str | None = None
     encoding_format: Literal["float", "base64"] = "float"
-
-
-class TokenizeRequest(_Lenient):
-    content: str
-    add_special: bool = False
-    parse_special: bool = True
-    with_pieces: bool = False
-
-
-class DetokenizeRequest(_Lenient):
-    tokens: list[int]
-
-
-class ApplyTemplateRequest(_Lenient):
-    messages: list[ChatMessage] = Field(min_length=1)
-    tools: list[Tool] | None = None
-    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
 
 
 # ---------------------------------------------------------------- responses (documentation)
@@ -289,10 +206,6 @@ class EmbeddingList(BaseModel):
     usage: EmbeddingUsage
 
 
-class ModelLoadRequest(_Lenient):
-    model: str = Field(description="A model id (see /v1/models).")
-
-
 class ModelStatus(BaseModel):
     value: Literal["loaded", "loading", "unloaded", "failed"]
     failed: bool | None = None
@@ -325,35 +238,3 @@ class ModelCard(BaseModel):
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
-
-
-class TokenPiece(BaseModel):
-    id: int
-    piece: str | list[int] = Field(description="The text, or its bytes when they are not valid UTF-8.")
-
-
-class TokenizeResponse(BaseModel):
-    tokens: list[int] | list[TokenPiece]
-
-
-class DetokenizeResponse(BaseModel):
-    content: str
-
-
-class ApplyTemplateResponse(BaseModel):
-    prompt: str
-
-
-class HealthResponse(BaseModel):
-    status: Literal["ok"]
-
-
-class ErrorDetail(BaseModel):
-    message: str
-    type: str
-    param: str | None
-    code: str | None
-
-
-class ErrorResponse(BaseModel):
-    error: ErrorDetail

@@ -13,13 +13,14 @@ from typing import Any
 
 from starlette.requests import Request
 
-from ..core.serving.engine import Engine
-from ..core.serving.jobs import Event, GenerationJob, JobStream
-from ..core.constrain.tools import ToolPlan, may_be_call, parse_tool_calls
-from . import responses as r
-from .llama import chat as llama_chat
+from ...core.constrain.tools import ToolPlan, may_be_call, parse_tool_calls
+from ...core.serving.engine import Engine
+from ...core.serving.jobs import Event, GenerationJob, JobStream
+from ..sse import DONE, EventStream, TextEvents, error_event, event
+from ..timings import timings
+from . import bodies as r
+from . import extras
 from .prepare import PreparedChat
-from .sse import DONE, EventStream, TextEvents, error_event, event
 
 DISCONNECT_POLL_S = 0.25
 
@@ -77,9 +78,9 @@ async def _watch_disconnect(request: Request, running: Running | _Together) -> N
 
 async def chat_body(engine: Engine, prep: PreparedChat, model: str, request: Request) -> dict[str, Any]:
     header = r.Header.new("chatcmpl", model)
-    answers = await collect_together(engine, llama_chat.choice_jobs(prep.job, prep.extras.n), request)
+    answers = await collect_together(engine, extras.choice_jobs(prep.job, prep.extras.n), request)
     bodies = [_chat_choice(header, answer, prep) for answer in answers]
-    return llama_chat.whole_body(bodies, answers, prep.extras)
+    return extras.whole_body(bodies, answers, prep.extras)
 
 
 def _chat_choice(header: r.Header, answer: r.Answer, prep: PreparedChat) -> dict[str, Any]:
@@ -113,7 +114,7 @@ class _Together:
 
 def chat_stream(engine: Engine, prep: PreparedChat, model: str, include_usage: bool) -> EventStream:
     if prep.extras.n > 1:
-        return llama_chat.choices_stream(engine, prep, r.Header.new("chatcmpl", model), include_usage)
+        return extras.choices_stream(engine, prep, r.Header.new("chatcmpl", model), include_usage)
     running = Running()
     stream = running.start(engine, prep.job)
     return EventStream(_chat_events(stream, prep, r.Header.new("chatcmpl", model), include_usage),
@@ -125,7 +126,7 @@ async def _chat_events(stream: JobStream, prep: PreparedChat, header: r.Header,
     answer = r.Answer()
     held = HeldForTools(prep.tools)
     split = SplitReasoning(prep)
-    timer = llama_chat.StreamTimer()
+    timer = extras.StreamTimer()
     try:
         yield event(r.chat_chunk(header, {"role": "assistant", "content": None}))
         content = TextEvents(r.chat_chunk(header, {"content": TextEvents.MARK}))
@@ -160,7 +161,7 @@ async def _chat_events(stream: JobStream, prep: PreparedChat, header: r.Header,
                      "timings": r.timings([answer])})
         if include_usage:
             yield event({**r.usage_chunk(header, "chat.completion.chunk", [answer]),
-                         "timings": llama_chat.timings(answer.stats)})
+                         "timings": timings(answer.stats)})
     except Exception as exc:  # noqa: BLE001 - the status line is gone; report in the stream, as OpenAI does
         yield error_event(exc)
     finally:

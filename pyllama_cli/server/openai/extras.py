@@ -20,11 +20,12 @@ from typing import Any
 
 from ...core.serving.engine import Engine
 from ...core.serving.jobs import Event, GenerationJob, JobStream
-from .. import responses as r
 from ..errors import APIError
-from ..responses import Answer, usage
+from ..job_rules import check_slot
 from ..sse import DONE, EventStream, error_event, event
-from .answers import timings
+from ..timings import timings
+from . import bodies as r
+from .bodies import Answer, usage
 
 
 @dataclass(frozen=True)
@@ -68,13 +69,6 @@ def chat_shape(engine: Engine, req: Any, messages: list[dict[str, Any]]) -> Chat
                            param="continue_final_message", code="invalid_value")
         return ChatShape(messages[:-1], True, last["content"])
     return ChatShape(messages, req.add_generation_prompt is not False, "")
-
-
-def check_slot(engine: Engine, id_slot: int) -> None:
-    n_slots = len(engine.slot_states())
-    if id_slot >= n_slots:
-        raise APIError(400, f"id_slot {id_slot} does not exist: this server has slots 0..{n_slots - 1}",
-                       param="id_slot", code="invalid_value")
 
 
 def extras_of(req: Any, prompt: str) -> ChatExtras:

@@ -7,8 +7,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import __version__
-from ..core.generate.decide import (
+from ... import __version__
+from ...core.generate.decide import (
     STOP_CONTEXT,
     STOP_EOS,
     STOP_GRAMMAR,
@@ -16,8 +16,8 @@ from ..core.generate.decide import (
     STOP_LENGTH,
     STOP_STOP,
 )
-from ..core.generate.stats import GenerationStats
-from ..core.serving.jobs import TokenProb
+from ...core.generate.stats import GenerationStats
+from ...core.serving.jobs import TokenProb
 
 FINGERPRINT = f"pyllama-{__version__}"
 FINISH_REASONS = {STOP_EOS: "stop", STOP_STOP: "stop", STOP_GRAMMAR: "stop", STOP_INTERRUPTED: "stop",

@@ -20,6 +20,7 @@ from ...core.generate.stats import GenerationStats
 from ...core.serving.engine import Engine
 from ...core.serving.jobs import GenerationJob, JobStream, TokenProb
 from ..sse import DONE, EventStream, error_event, event
+from ..timings import timings
 
 if TYPE_CHECKING:
     from .prepare import NativeJobs
@@ -168,17 +169,6 @@ def completion_body(engine: Engine, result: Result, prep: NativeJobs, model: str
     if job.n_probs > 0 and not stream:
         body["completion_probabilities"] = [prob_entry(p, req.post_sampling_probs) for p in result.probs]
     return body
-
-
-def timings(stats: GenerationStats) -> dict[str, Any]:
-    """llama-server's `timings`: prompt (evaluated tokens) and generation, counts, times and speeds."""
-    prompt_n, predicted_n = stats.n_evaluated, stats.n_generated
-    return {"cache_n": stats.n_cached, "prompt_n": prompt_n, "prompt_ms": stats.prompt_ms,
-            "prompt_per_token_ms": stats.prompt_ms / prompt_n if prompt_n else 0.0,
-            "prompt_per_second": 1000 * prompt_n / stats.prompt_ms if stats.prompt_ms > 0 else 0.0,
-            "predicted_n": predicted_n, "predicted_ms": stats.generation_ms,
-            "predicted_per_token_ms": stats.generation_ms / predicted_n if predicted_n else 0.0,
-            "predicted_per_second": 1000 * predicted_n / stats.generation_ms if stats.generation_ms > 0 else 0.0}
 
 
 def prob_entry(p: TokenProb, post_sampling: bool) -> dict[str, Any]:

@@ -2,5 +2,6 @@
 job), store (earlier responses for previous_response_id, bounded), answers (a response object or its
 SSE events), routes (`add_routes`).
 
-May import: the rest of `server`, `core`.
+May import: the spine (server's top-level modules), `openai`'s public names (the chat request and
+its answer's parts, which this API reshapes), `core`; never another family's private names.
 """

@@ -2,8 +2,8 @@
 
 `input` (text, or items: messages, function calls and their outputs), `instructions` and the stored
 conversation of `previous_response_id` become chat messages; function tools, tool_choice and
-text.format become the chat request's tools, tool_choice and response_format. prepare.py then renders,
-tokenizes and constrains them exactly as it does for /v1/chat/completions.
+text.format become the chat request's tools, tool_choice and response_format. openai/prepare.py then
+renders, tokenizes and constrains them exactly as it does for /v1/chat/completions.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 from ...core.serving.engine import Engine
 from ..errors import APIError
-from ..prepare import PreparedChat, chat_request, prepare_chat
+from ..openai.prepare import PreparedChat, chat_request, prepare_chat
 from ..settings import ServerSettings
 from .schemas import ResponsesRequest
 from .store import ResponseStore
