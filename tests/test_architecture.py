@@ -250,7 +250,7 @@ def test_the_import_graph_script_prints_server_s_parts_and_no_cycles() -> None:
                                                         ["cycles among server's parts: 0",
                                                          "cycles among pyllama_cli's modules: 0"])
     parts = {line.split()[0] for line in lines[1:-2]}
-    assert {"app", "spine", "job_rules", "openai/", "llama_server/", "anthropic/", "responses_api/", "webui/"} <= parts
+    assert {"app", "spine", "job_rules", "openai/", "llama_server/", "anthropic/", "responses_api/", "ollama/", "webui/"} <= parts
 
 
 def _api_families() -> list[Path]:
@@ -307,10 +307,19 @@ def test_only_app_py_imports_the_api_families() -> None:
 def test_every_api_family_is_added_by_add_routes_app_models() -> None:
     # One way in for every API (the coming ones too): create_app calls family.add_routes(app, models).
     families = _api_families()
-    assert {p.name for p in families} >= {"openai", "llama_server", "anthropic", "responses_api", "webui"}
+    assert {p.name for p in families} >= {"openai", "llama_server", "anthropic", "responses_api", "ollama", "webui"}
     signatures = {}
     for family in families:
         tree = ast.parse((family / "routes.py").read_text(encoding="utf-8"))
         [add] = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "add_routes"]
         signatures[family.name] = [(a.arg, ast.unparse(a.annotation) if a.annotation else None) for a in add.args.args]
     assert signatures == {name: [("app", "FastAPI"), ("models", "ModelSet")] for name in signatures}
+
+
+def test_every_api_family_but_the_page_is_in_api_families() -> None:
+    # A family's package alone adds no routes: create_app adds those API_FAMILIES lists (webui/ apart,
+    # as --no-webui leaves it out), so a family left out of it would be dead code that its tests miss.
+    from pyllama_cli.server.app import API_FAMILIES
+
+    listed = [family.__name__.split(".")[-2] for family in API_FAMILIES]
+    assert sorted(listed) == sorted(p.name for p in _api_families() if p.name != "webui")

@@ -204,6 +204,12 @@ def test_embed_gives_normalised_vectors_equal_to_the_openai_route(embedder: Serv
     assert legacy == pytest.approx(result.embeddings[0], abs=1e-6)
 
 
+def test_chat_on_an_embeddings_server_is_the_spine_s_400_in_ollamas_shape(embedder: Server) -> None:
+    answer = httpx.post(f"{embedder.url}/api/chat", json={"model": "m", "messages": HI}, timeout=60)
+    assert answer.status_code == 400
+    assert answer.json() == {"error": "this server was started with --embeddings: it serves /v1/embeddings only"}
+
+
 def test_embed_on_a_generation_server_is_a_400_in_ollamas_shape(server: Server) -> None:
     with pytest.raises(ollama.ResponseError) as caught:
         _client(server).embed(model="m", input="hi")

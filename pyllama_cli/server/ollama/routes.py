@@ -7,18 +7,19 @@ rules, body limit and CORS are the server's, as on every other route.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from ...core.serving.engine import BROKEN, Engine
+from ...core.serving.engine import Engine
 from ...core.serving.jobs import EmbeddingJob
-from ..errors import APIError, loading_error
-from ..model_set import ModelSet
+from .. import spine
+from ..errors import APIError
+from ..model_set import ModelSet, ServedModel
+from ..openai.prepare import PreparedChat
 from . import answers
 from .answers import CHAT, GENERATE, Clock
 from .models import add_model_routes
@@ -28,8 +29,6 @@ from .schemas import ChatRequest, EmbeddingsRequest, EmbedRequest, GenerateReque
 
 OLLAMA_VERSION = "0.12.6"  # the ollama release whose API this one follows (clients check for a minimum)
 RUNNING = "Ollama is running"
-INLINE_PREPARE_BYTES = 8192  # a body this small is prepared on the event loop (see app.py's reason)
-T = TypeVar("T")
 
 
 def add_routes(app: FastAPI, models: ModelSet) -> None:
@@ -55,42 +54,25 @@ def _add_generation_routes(app: FastAPI, models: ModelSet, names: Names) -> None
 
 
 async def _generate(models: ModelSet, names: Names, body: Any, request: Request, kind: str,
-                    prepare: Callable[..., Any], only_load: bool) -> Any:
+                    prepare: spine.Prepare[PreparedChat], only_load: bool) -> Response:
     clock = Clock()
-    served = await names.get(body.model, body.keep_alive)
-    clock.loaded()
     if only_load:  # ollama's way to load a model, or with keep_alive 0 to unload it (after this request)
+        served = await names.get(body.model, body.keep_alive)
         unloads = body.keep_alive == 0 and models.router
         return JSONResponse(answers.status_line(served.id, kind, "unload" if unloads else "load"))
-    engine = served.engine
-    with engine.arriving():
-        _generation(engine)
-        prepared = await _prepare(request, prepare, engine, served.settings, body)
-        if body.stream:
-            return answers.stream(engine, prepared, served.id, clock, kind)
-        return JSONResponse(await answers.whole_body(engine, prepared, served.id, request, clock, kind))
 
+    async def find() -> ServedModel:
+        served = await names.get(body.model, body.keep_alive)
+        clock.loaded()
+        return served
 
-def _ready(engine: Engine) -> Engine:
-    if engine.state == BROKEN:
-        message = getattr(engine.error, "message", str(engine.error))
-        raise APIError(503, f"the model can no longer run: {message}; restart the server")
-    if not engine.ready:
-        raise loading_error()
-    return engine
+    def stream(engine: Engine, prepared: PreparedChat, model: str) -> Response:
+        return answers.stream(engine, prepared, model, clock, kind)
 
+    async def whole(engine: Engine, prepared: PreparedChat, model: str, request: Request) -> dict[str, Any]:
+        return await answers.whole_body(engine, prepared, model, request, clock, kind)
 
-def _generation(engine: Engine) -> Engine:
-    if _ready(engine).embeddings:
-        raise APIError(400, "this server was started with --embeddings: it serves /api/embed only")
-    return engine
-
-
-async def _prepare(request: Request, prepare: Callable[..., T], *args: Any) -> T:
-    size = request.headers.get("content-length", "")
-    if size.isdigit() and int(size) <= INLINE_PREPARE_BYTES:
-        return prepare(*args)
-    return await run_in_threadpool(prepare, *args)
+    return await spine.generate(find(), request, body, prepare, stream, whole)
 
 
 def _add_embedding_routes(app: FastAPI, names: Names) -> None:
@@ -120,7 +102,7 @@ def _add_embedding_routes(app: FastAPI, names: Names) -> None:
 
 
 def _embedder(engine: Engine) -> Engine:
-    if not _ready(engine).embeddings:
+    if not spine.ready(engine).embeddings:
         raise APIError(400, "this server does not compute embeddings: start it with --embeddings")
     return engine
 
