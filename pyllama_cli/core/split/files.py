@@ -70,6 +70,7 @@ def plan_merge(first: Path, output: Path) -> MergePlan:
         raise UsageError(f"output file {output} already exists", hint="remove it or choose another name")
     require_folder(output, "merged model")
     parts = [head] + [_read_part(part_path(prefix, i, count), i, count, head) for i in range(1, count)]
+    _check_distinct(parts)
     tensors = [t for p in parts for t in p.tensors]
     expected = head.value(KEY_TENSORS)
     if isinstance(expected, int) and expected != len(tensors):
@@ -94,6 +95,17 @@ def _read_part(path: Path, index: int, count: int, head: Layout) -> Layout:
                          f"(split.no {part.value(KEY_NO)}, split.count {part.value(KEY_COUNT)})",
                          hint=f"expected part {index + 1} of {count}")
     return part
+
+
+def _check_distinct(parts: list[Layout]) -> None:
+    """A part cut from another split of the same model repeats a tensor of an earlier part."""
+    seen: set[str] = set()
+    for part in parts:
+        for t in part.tensors:
+            if t.name in seen:
+                raise InputError(f"split part {part.path} belongs to another split: tensor {t.name} is also in "
+                                 f"an earlier part", hint="merge the parts of one split only")
+            seen.add(t.name)
 
 
 def write_merged(plan: MergePlan) -> None:
