@@ -7,8 +7,8 @@ from typing import Annotated
 
 import typer
 
-from ..console import human_size, info
-from ..errors import UsageError
+from ...console import human_size, info
+from ...errors import UsageError
 
 EXAMPLES = """\
 Examples:
@@ -43,8 +43,8 @@ def gguf_split(
     Parts are named PREFIX-00001-of-0000N.gguf, llama.cpp loads a split model from its first part, and
     every file is written whole or not at all. Split prints the parts' paths, merge the merged file's.
     """
-    from ..core.split import files
-    from ..core.split.plan import DEFAULT_MAX_TENSORS, parse_size, plan_lines, plan_split
+    from ...core.split import files
+    from ...core.split.plan import DEFAULT_MAX_TENSORS, parse_size, plan_lines, plan_split
 
     if len(paths) != 2:
         raise UsageError(f"expected GGUF_IN and GGUF_OUT, got {len(paths)} path{'s' if len(paths) != 1 else ''}",

@@ -8,11 +8,11 @@ from typing import Annotated, Any
 
 import typer
 
-from ..console import count_progress, info, model_progress, warn
-from ..core.model.resolve import ModelRequest
-from ..core.model.settings import LoadSettings
-from ..errors import UsageError
-from ..options.load import LOAD_PANEL, model_options, own_option
+from ...console import count_progress, info, model_progress, warn
+from ...core.model.resolve import ModelRequest
+from ...core.model.settings import LoadSettings
+from ...errors import UsageError
+from ...options.load import LOAD_PANEL, model_options, own_option
 
 EXAMPLES = """\
 Examples:
@@ -65,8 +65,8 @@ def imatrix(
     PPL per chunk goes to stderr; Ctrl-C saves the chunks done so far. The matrix is written whole
     or not at all; stdout gets its path.
     """
-    from ..core.imatrix.run import ImatrixRequest, ImatrixRun
-    from ..core.paths import require_folder
+    from ...core.imatrix.run import ImatrixRequest, ImatrixRun
+    from ...core.paths import require_folder
 
     if output_format not in (None, "gguf", "dat"):
         raise UsageError(f"--output-format {output_format!r}: give gguf or dat")
@@ -98,8 +98,8 @@ def imatrix(
 
 
 def _collect(request: ModelRequest, load: LoadSettings, run: Any, file: Path) -> None:
-    from ..core.evaluate.perplexity import read_text
-    from ..core.model.session import open_model
+    from ...core.evaluate.perplexity import read_text
+    from ...core.model.session import open_model
 
     text = read_text(file)
     run.load_inputs()
@@ -136,8 +136,8 @@ def _eta(seconds: float, plan: Any) -> None:
 
 
 def _show_statistics(files: list[Path], n_ctx: int) -> None:
-    from ..core.imatrix import storage
-    from ..core.imatrix.statistics import table_lines
+    from ...core.imatrix import storage
+    from ...core.imatrix.statistics import table_lines
 
     if len(files) != 1:
         raise UsageError("--show-statistics needs exactly one --in-file matrix",
