@@ -278,3 +278,30 @@ def test_matrix_statistics_and_quants_identical_to_llama_imatrix(model_32k: Path
             digests.append(sha256(Path(f"q-{qtype}.gguf")))
             os.chdir("..")
         assert digests[0] == digests[1], qtype
+
+
+def test_ctrl_c_saves_the_chunks_done_and_exits_130(work: Path) -> None:
+    import signal
+    import sys
+    import time
+
+    from tests.helpers import REPO_ROOT
+
+    corpus = Path("corpus.txt").read_text() * 4
+    Path("long.txt").write_text(corpus)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pyllama_cli", "imatrix", "-m", str(work / "tiny.gguf"), "-f", str(work / "long.txt"),
+         "-c", "64", "-b", "64", "-o", str(work / "imatrix.gguf")],
+        cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    seen, deadline = b"", time.monotonic() + 60
+    while b"[2]" not in seen and time.monotonic() < deadline:
+        seen += os.read(proc.stderr.fileno(), 256)  # type: ignore[union-attr]
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    lines = (seen + err).decode().strip().splitlines()
+    assert proc.returncode == 130, lines
+    chunks = read_gguf(work / "imatrix.gguf").get("imatrix.chunk_count")
+    assert lines[-1] == f"imatrix interrupted; the {chunks} chunks collected so far are in {work}/imatrix.gguf"
+    assert chunks >= 2
+    assert tensors(work / "imatrix.gguf")["blk.0.attn_q.weight.counts"].tolist() == [64 * chunks]
+    assert out == b"" and sorted(os.listdir(work)) == ["corpus.txt", "imatrix.gguf", "long.txt", "tiny.gguf"]
