@@ -202,12 +202,12 @@ _pyllama_spec() {
             ;;
         "imatrix")
             subs=""
-            opts="-f= --file= -o= --output= --output-file= --chunks= --output-frequency= --save-frequency= \
-                --process-output --no-ppl --chunk= --from-chunk= --in-file= --output-format= \
-                --show-statistics -m= --model= -hf= --hf-repo= -hff= --hf-file= -hft= --hf-token= --offline \
-                -c= --ctx-size= -t= --threads= -ngl= --gpu-layers= --n-gpu-layers= -fa= --flash-attn= -b= \
-                --batch-size= -ub= --ubatch-size= --mlock --no-mmap -s= --seed= -v --verbose --log-file= \
-                --rpc= -dev= --device= -ts= --tensor-split= --list-devices -h --help"
+            opts="-f= --file= -o= --output= --output-file= --chunks= -ofreq= --output-frequency= \
+                --save-frequency= --process-output --ppl --no-ppl --chunk= --from-chunk= --in-file= \
+                --output-format= --show-statistics -m= --model= -hf= --hf-repo= -hff= --hf-file= -hft= \
+                --hf-token= --offline -c= --ctx-size= -t= --threads= -ngl= --gpu-layers= --n-gpu-layers= \
+                -fa= --flash-attn= -b= --batch-size= -ub= --ubatch-size= --mlock --no-mmap -s= --seed= -v \
+                --verbose --log-file= --rpc= -dev= --device= -ts= --tensor-split= --list-devices -h --help"
             ;;
         "info")
             subs=""

@@ -296,10 +296,10 @@ complete -c pyllama -n '__pyllama_using gguf-split' -s h -l help -d 'Show this m
 complete -c pyllama -n '__pyllama_using imatrix' -s f -l file -d 'Calibration text (read as bytes; one trailing newline is dropped).' -x -a '(__pyllama_values file)'
 complete -c pyllama -n '__pyllama_using imatrix' -s o -l output -l output-file -d 'The matrix file to write.' -x -a '(__pyllama_values file)'
 complete -c pyllama -n '__pyllama_using imatrix' -l chunks -d 'Process at most N chunks (-1 = all).' -x
-complete -c pyllama -n '__pyllama_using imatrix' -l output-frequency -d 'Save the matrix every N chunks.' -x
+complete -c pyllama -n '__pyllama_using imatrix' -o ofreq -l output-frequency -d 'Save the matrix every N chunks.' -x
 complete -c pyllama -n '__pyllama_using imatrix' -l save-frequency -d 'Also keep a copy every N chunks (OUTPUT.at_N; 0 = never).' -x
 complete -c pyllama -n '__pyllama_using imatrix' -l process-output -d 'Collect for output.weight too.'
-complete -c pyllama -n '__pyllama_using imatrix' -l no-ppl -d 'Do not compute the perplexity.'
+complete -c pyllama -n '__pyllama_using imatrix' -l ppl -l no-ppl -d 'Compute the perplexity.'
 complete -c pyllama -n '__pyllama_using imatrix' -l chunk -l from-chunk -d 'Start at chunk N (skip the first N).' -x
 complete -c pyllama -n '__pyllama_using imatrix' -l in-file -d 'A matrix to add to this one (repeatable): without -f, the files are only combined.' -x -a '(__pyllama_values file)'
 complete -c pyllama -n '__pyllama_using imatrix' -l output-format -d 'File format (default: gguf).' -x

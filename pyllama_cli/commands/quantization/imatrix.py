@@ -43,12 +43,12 @@ def imatrix(
     output: Annotated[Path, _flag("-o", "--output", "--output-file", help="The matrix file to write.")
                       ] = Path("imatrix.gguf"),
     chunks: Annotated[int, _flag("--chunks", min=-1, help="Process at most N chunks (-1 = all).")] = -1,
-    output_frequency: Annotated[int, _flag("--output-frequency", min=1,
+    output_frequency: Annotated[int, _flag("-ofreq", "--output-frequency", min=1,
                                            help="Save the matrix every N chunks.")] = 10,
     save_frequency: Annotated[int, _flag("--save-frequency", min=0,
                                          help="Also keep a copy every N chunks (OUTPUT.at_N; 0 = never).")] = 0,
     process_output: Annotated[bool, _flag("--process-output", help="Collect for output.weight too.")] = False,
-    no_ppl: Annotated[bool, _flag("--no-ppl", help="Do not compute the perplexity.")] = False,
+    ppl: Annotated[bool, _flag("--ppl/--no-ppl", help="Compute the perplexity.")] = True,
     skip_chunks: Annotated[int, _flag("--chunk", "--from-chunk", min=0, help="Start at chunk N (skip the first N).")
                            ] = 0,
     in_files: Annotated[list[Path] | None, _flag("--in-file", help="A matrix to add to this one (repeatable): "
@@ -83,7 +83,7 @@ def imatrix(
     request = ImatrixRequest(
         output=output, prompt_file=str(file) if file is not None else None, n_ctx=n_ctx, n_chunks=chunks,
         skip_chunks=skip_chunks, out_freq=output_frequency, save_freq=save_frequency,
-        process_output=process_output, compute_ppl=not no_ppl, legacy=output_format == "dat", in_files=files)
+        process_output=process_output, compute_ppl=ppl, legacy=output_format == "dat", in_files=files)
     run = ImatrixRun(request, load.n_batch)
     if file is None:
         if not files:
