@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import random
+import re
 import shutil
 import struct
 import subprocess
@@ -254,9 +255,14 @@ def test_matrix_statistics_and_quants_identical_to_llama_imatrix(model_32k: Path
     flags = ["-f", "corpus.txt", "--chunks", str(N_CHUNKS), "-c", str(N_CTX)]
     os.mkdir("ours")
     os.mkdir("theirs")
-    llama_imatrix("-m", "m.gguf", *flags, "-o", "theirs/imatrix.gguf")
-    collect("ours/imatrix.gguf", model="m.gguf")
+    theirs_run = llama_imatrix("-m", "m.gguf", *flags, "-o", "theirs/imatrix.gguf")
+    ours_run = run_cli("imatrix", "-m", "m.gguf", *flags, "-o", "ours/imatrix.gguf")
+    assert ours_run.exit_code == 0, ours_run.stderr
     assert sha256(Path("ours/imatrix.gguf")) == sha256(Path("theirs/imatrix.gguf"))
+    # The same PPL per chunk, to the 4 printed decimals.
+    chunk_ppl = re.compile(r"\[\d+\]\d+\.\d{4},")
+    assert chunk_ppl.findall(ours_run.stderr) == chunk_ppl.findall(theirs_run.stdout + theirs_run.stderr)
+    assert len(chunk_ppl.findall(ours_run.stderr)) == N_CHUNKS
     # --show-statistics, line for line (llama-imatrix prints the table on its log).
     theirs = llama_imatrix("--in-file", "theirs/imatrix.gguf", "--show-statistics")
     their_lines = (theirs.stdout + theirs.stderr).splitlines()
