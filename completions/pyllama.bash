@@ -131,8 +131,8 @@ _pyllama() {
 _pyllama_spec() {
     case $1 in
         "")
-            subs="bench chat complete completion detokenize info list perplexity ps pull quantize rm \
-                rpc-server serve stop tokenize"
+            subs="bench chat complete completion detokenize gguf-split imatrix info list perplexity ps pull \
+                quantize rm rpc-server serve stop tokenize"
             opts="--version -h --help"
             ;;
         "bench")
@@ -194,6 +194,20 @@ _pyllama_spec() {
             subs=""
             opts="--stdin -v --verbose -m= --model= -hf= --hf-repo= -hff= --hf-file= -hft= --hf-token= \
                 --offline -h --help"
+            ;;
+        "gguf-split")
+            subs=""
+            opts="--split --merge --split-max-tensors= --split-max-size= --no-tensor-first-split --dry-run \
+                -h --help"
+            ;;
+        "imatrix")
+            subs=""
+            opts="-f= --file= -o= --output= --output-file= --chunks= -ofreq= --output-frequency= \
+                --save-frequency= --process-output --ppl --no-ppl --chunk= --from-chunk= --in-file= \
+                --output-format= --show-statistics -m= --model= -hf= --hf-repo= -hff= --hf-file= -hft= \
+                --hf-token= --offline -c= --ctx-size= -t= --threads= -ngl= --gpu-layers= --n-gpu-layers= \
+                -fa= --flash-attn= -b= --batch-size= -ub= --ubatch-size= --mlock --no-mmap -s= --seed= -v \
+                --verbose --log-file= --rpc= -dev= --device= -ts= --tensor-split= --list-devices -h --help"
             ;;
         "info")
             subs=""
@@ -273,31 +287,33 @@ _pyllama_spec() {
 _pyllama_value() {
     case "$1|$2" in
         "bench|-m" | "bench|--model" | "chat|-m" | "chat|--model" | "complete|-m" | "complete|--model" | \
-        "detokenize|-m" | "detokenize|--model" | "info|-m" | "info|--model" | "perplexity|-m" | \
-        "perplexity|--model" | "quantize|-m" | "quantize|--model" | "serve|-m" | "serve|--model" | \
-        "tokenize|-m" | "tokenize|--model")
+        "detokenize|-m" | "detokenize|--model" | "imatrix|-m" | "imatrix|--model" | "info|-m" | \
+        "info|--model" | "perplexity|-m" | "perplexity|--model" | "quantize|-m" | "quantize|--model" | \
+        "serve|-m" | "serve|--model" | "tokenize|-m" | "tokenize|--model")
             _pyllama_values gguf ;;
         "bench|-hf" | "bench|--hf-repo" | "chat|-hf" | "chat|--hf-repo" | "complete|-hf" | \
-        "complete|--hf-repo" | "detokenize|-hf" | "detokenize|--hf-repo" | "info|-hf" | "info|--hf-repo" | \
-        "perplexity|-hf" | "perplexity|--hf-repo" | "pull|-hf" | "pull|--hf-repo" | "quantize|-hf" | \
-        "quantize|--hf-repo" | "serve|-hf" | "serve|--hf-repo" | "tokenize|-hf" | "tokenize|--hf-repo")
+        "complete|--hf-repo" | "detokenize|-hf" | "detokenize|--hf-repo" | "imatrix|-hf" | \
+        "imatrix|--hf-repo" | "info|-hf" | "info|--hf-repo" | "perplexity|-hf" | "perplexity|--hf-repo" | \
+        "pull|-hf" | "pull|--hf-repo" | "quantize|-hf" | "quantize|--hf-repo" | "serve|-hf" | \
+        "serve|--hf-repo" | "tokenize|-hf" | "tokenize|--hf-repo")
             _pyllama_values hf ;;
         "bench|-ctk" | "bench|--cache-type-k" | "bench|-ctv" | "bench|--cache-type-v")
             _pyllama_values none bf16 f16 iq4_nl q4_0 q4_1 q5_0 q5_1 q8_0 ;;
         "bench|-fa" | "bench|--flash-attn" | "chat|-fa" | "chat|--flash-attn" | "complete|-fa" | \
-        "complete|--flash-attn" | "perplexity|-fa" | "perplexity|--flash-attn" | "serve|-fa" | \
-        "serve|--flash-attn")
+        "complete|--flash-attn" | "imatrix|-fa" | "imatrix|--flash-attn" | "perplexity|-fa" | \
+        "perplexity|--flash-attn" | "serve|-fa" | "serve|--flash-attn")
             _pyllama_values none auto off on ;;
         "bench|-o" | "bench|--output")
             _pyllama_values none csv json jsonl md sql ;;
         "bench|--compare" | "bench|--plot" | "chat|-sysf" | "chat|--system-prompt-file" | \
         "chat|--grammar-file" | "chat|-jf" | "chat|--json-schema-file" | "chat|--log-file" | "complete|-f" | \
         "complete|--file" | "complete|--prompt-cache" | "complete|--grammar-file" | "complete|-jf" | \
-        "complete|--json-schema-file" | "complete|--log-file" | "perplexity|-f" | "perplexity|--file" | \
-        "perplexity|--kl-divergence-base" | "perplexity|--hellaswag" | "perplexity|--winogrande" | \
-        "perplexity|--log-file" | "quantize|--imatrix" | "quantize|--log-file" | "serve|--models-preset" | \
-        "serve|--grammar-file" | "serve|-jf" | "serve|--json-schema-file" | "serve|--log-file" | \
-        "tokenize|-f" | "tokenize|--file")
+        "complete|--json-schema-file" | "complete|--log-file" | "imatrix|-f" | "imatrix|--file" | \
+        "imatrix|-o" | "imatrix|--output" | "imatrix|--output-file" | "imatrix|--in-file" | \
+        "imatrix|--log-file" | "perplexity|-f" | "perplexity|--file" | "perplexity|--kl-divergence-base" | \
+        "perplexity|--hellaswag" | "perplexity|--winogrande" | "perplexity|--log-file" | \
+        "quantize|--imatrix" | "quantize|--log-file" | "serve|--models-preset" | "serve|--grammar-file" | \
+        "serve|-jf" | "serve|--json-schema-file" | "serve|--log-file" | "tokenize|-f" | "tokenize|--file")
             _pyllama_values file ;;
         "chat|--chat-template" | "complete|--chat-template" | "serve|--chat-template" | \
         "tokenize|--chat-template")

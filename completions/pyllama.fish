@@ -11,7 +11,7 @@ function __pyllama_path
     set -l path
     for token in $tokens
         string match -q -- '-*' $token; and continue
-        contains -- (string join ' ' -- $path $token) 'bench' 'chat' 'complete' 'completion' 'completion install' 'completion show' 'detokenize' 'info' 'list' 'perplexity' 'ps' 'pull' 'quantize' 'rm' 'rpc-server' 'serve' 'stop' 'tokenize'; or break
+        contains -- (string join ' ' -- $path $token) 'bench' 'chat' 'complete' 'completion' 'completion install' 'completion show' 'detokenize' 'gguf-split' 'imatrix' 'info' 'list' 'perplexity' 'ps' 'pull' 'quantize' 'rm' 'rpc-server' 'serve' 'stop' 'tokenize'; or break
         set path $path $token
     end
     string join ' ' -- $path
@@ -79,6 +79,8 @@ complete -c pyllama -n '__pyllama_using' -a 'chat' -d 'Chat with a model using i
 complete -c pyllama -n '__pyllama_using' -a 'complete' -d 'Complete a prompt and stream the generated text to stdout (only the text: `> out.txt`...'
 complete -c pyllama -n '__pyllama_using' -a 'completion' -d 'Shell completion for pyllama: install it, or print the script.'
 complete -c pyllama -n '__pyllama_using' -a 'detokenize' -d 'Print the text that token ids stand for: the inverse of `pyllama tokenize`.'
+complete -c pyllama -n '__pyllama_using' -a 'gguf-split' -d 'Split a GGUF model into parts, or merge the parts, as llama.cpp\'s llama-gguf-split does.'
+complete -c pyllama -n '__pyllama_using' -a 'imatrix' -d 'Compute an importance matrix over a text, as llama.cpp\'s llama-imatrix does (the same...'
 complete -c pyllama -n '__pyllama_using' -a 'info' -d 'Show what a GGUF model holds: architecture, size, quantization, vocab, template.'
 complete -c pyllama -n '__pyllama_using' -a 'list' -d 'List the GGUF models in the Hugging Face cache and in --models-dir folders (a split...'
 complete -c pyllama -n '__pyllama_using' -a 'perplexity' -d 'Score a model on a text as llama-perplexity does: same chunks, same PPL to every...'
@@ -280,6 +282,49 @@ complete -c pyllama -n '__pyllama_using detokenize' -o hff -l hf-file -d 'Exact 
 complete -c pyllama -n '__pyllama_using detokenize' -o hft -l hf-token -d 'Hugging Face token for gated or private repos (default: $HF_TOKEN).' -x
 complete -c pyllama -n '__pyllama_using detokenize' -l offline -d 'Resolve -hf from the local cache only, with no network call (also HF_HUB_OFFLINE=1).'
 complete -c pyllama -n '__pyllama_using detokenize' -s h -l help -d 'Show this message and exit.'
+
+# pyllama gguf-split
+complete -c pyllama -n '__pyllama_using gguf-split' -l split -d 'Split GGUF_IN into parts (the default).'
+complete -c pyllama -n '__pyllama_using gguf-split' -l merge -d 'Merge the parts that begin with GGUF_IN into one file.'
+complete -c pyllama -n '__pyllama_using gguf-split' -l split-max-tensors -d 'At most N tensors per part (default: 128).' -x
+complete -c pyllama -n '__pyllama_using gguf-split' -l split-max-size -d 'At most this much per part: megabytes (M, 10^6 bytes) or gigabytes (G, 10^9 bytes), e.g.' -x
+complete -c pyllama -n '__pyllama_using gguf-split' -l no-tensor-first-split -d 'Put no tensor in the first part (metadata only).'
+complete -c pyllama -n '__pyllama_using gguf-split' -l dry-run -d 'Print the plan (parts, tensors, sizes) and write nothing.'
+complete -c pyllama -n '__pyllama_using gguf-split' -s h -l help -d 'Show this message and exit.'
+
+# pyllama imatrix
+complete -c pyllama -n '__pyllama_using imatrix' -s f -l file -d 'Calibration text (read as bytes; one trailing newline is dropped).' -x -a '(__pyllama_values file)'
+complete -c pyllama -n '__pyllama_using imatrix' -s o -l output -l output-file -d 'The matrix file to write.' -x -a '(__pyllama_values file)'
+complete -c pyllama -n '__pyllama_using imatrix' -l chunks -d 'Process at most N chunks (-1 = all).' -x
+complete -c pyllama -n '__pyllama_using imatrix' -o ofreq -l output-frequency -d 'Save the matrix every N chunks.' -x
+complete -c pyllama -n '__pyllama_using imatrix' -l save-frequency -d 'Also keep a copy every N chunks (OUTPUT.at_N; 0 = never).' -x
+complete -c pyllama -n '__pyllama_using imatrix' -l process-output -d 'Collect for output.weight too.'
+complete -c pyllama -n '__pyllama_using imatrix' -l ppl -l no-ppl -d 'Compute the perplexity.'
+complete -c pyllama -n '__pyllama_using imatrix' -l chunk -l from-chunk -d 'Start at chunk N (skip the first N).' -x
+complete -c pyllama -n '__pyllama_using imatrix' -l in-file -d 'A matrix to add to this one (repeatable): without -f, the files are only combined.' -x -a '(__pyllama_values file)'
+complete -c pyllama -n '__pyllama_using imatrix' -l output-format -d 'File format (default: gguf).' -x
+complete -c pyllama -n '__pyllama_using imatrix' -l show-statistics -d 'Print the statistics of one --in-file matrix and exit.'
+complete -c pyllama -n '__pyllama_using imatrix' -s m -l model -d 'Local GGUF model file.' -x -a '(__pyllama_values gguf)'
+complete -c pyllama -n '__pyllama_using imatrix' -o hf -l hf-repo -d 'Hugging Face repo as user/repo[:quant] (default quant: Q4_K_M, else the first GGUF).' -x -a '(__pyllama_values hf)'
+complete -c pyllama -n '__pyllama_using imatrix' -o hff -l hf-file -d 'Exact GGUF file in the -hf repo (overrides the quant tag).' -x
+complete -c pyllama -n '__pyllama_using imatrix' -o hft -l hf-token -d 'Hugging Face token for gated or private repos (default: $HF_TOKEN).' -x
+complete -c pyllama -n '__pyllama_using imatrix' -l offline -d 'Resolve -hf from the local cache only, with no network call (also HF_HUB_OFFLINE=1).'
+complete -c pyllama -n '__pyllama_using imatrix' -s c -l ctx-size -d 'Tokens per chunk.' -x
+complete -c pyllama -n '__pyllama_using imatrix' -s t -l threads -d 'CPU threads (-1 = physical cores).' -x
+complete -c pyllama -n '__pyllama_using imatrix' -o ngl -l gpu-layers -l n-gpu-layers -d 'Layers to offload to the GPU (-1 = all).' -x
+complete -c pyllama -n '__pyllama_using imatrix' -o fa -l flash-attn -d 'Flash attention: auto, on or off.' -x -a '(__pyllama_values none auto off on)'
+complete -c pyllama -n '__pyllama_using imatrix' -s b -l batch-size -d 'Logical batch size (tokens per llama_decode).' -x
+complete -c pyllama -n '__pyllama_using imatrix' -o ub -l ubatch-size -d 'Physical batch size.' -x
+complete -c pyllama -n '__pyllama_using imatrix' -l mlock -d 'Keep the model in RAM (no swapping).'
+complete -c pyllama -n '__pyllama_using imatrix' -l no-mmap -d 'Read the model into memory instead of mapping it.'
+complete -c pyllama -n '__pyllama_using imatrix' -s s -l seed -d 'Random seed (-1 = random).' -x
+complete -c pyllama -n '__pyllama_using imatrix' -s v -l verbose -d 'Show llama.cpp\'s own log on stderr.'
+complete -c pyllama -n '__pyllama_using imatrix' -l log-file -d 'Append llama.cpp\'s log to this file.' -x -a '(__pyllama_values file)'
+complete -c pyllama -n '__pyllama_using imatrix' -l rpc -d 'RPC servers (`pyllama rpc-server` or llama.cpp\'s rpc-server) whose devices hold part of the model, comma-separated.' -x
+complete -c pyllama -n '__pyllama_using imatrix' -o dev -l device -d 'Devices to offload to, comma-separated (none = no offload; default: every GPU and RPC server).' -x
+complete -c pyllama -n '__pyllama_using imatrix' -o ts -l tensor-split -d 'Each device\'s share of the layers, e.g.' -x
+complete -c pyllama -n '__pyllama_using imatrix' -l list-devices -d 'Print the devices (local, and the --rpc servers\') with their memory and exit.'
+complete -c pyllama -n '__pyllama_using imatrix' -s h -l help -d 'Show this message and exit.'
 
 # pyllama info
 complete -c pyllama -n '__pyllama_using info' -l json -d 'Print JSON instead of text.'

@@ -25,6 +25,8 @@ COMMANDS = [
     ("tokenize", "tokenize", "tokenize"),
     ("detokenize", "tokenize", "detokenize"),
     ("quantize", "quantize", "quantize"),
+    ("imatrix", "quantization.imatrix", "imatrix"),
+    ("gguf-split", "quantization.gguf_split", "gguf_split"),
     ("info", "info", "info"),
     ("rpc-server", "rpc_server", "rpc_server"),
     ("list", "models", "list_models"),
@@ -47,7 +49,7 @@ def build_app(only: str | None = None) -> typer.Typer:
     application = typer.Typer(
         name="pyllama",
         help="llama.cpp's command-line tools in Python: chat, complete, serve, bench, perplexity, tokenize, "
-        "quantize, info, rpc-server; list, pull, rm, ps and stop manage local models.",
+        "quantize, imatrix, gguf-split, info, rpc-server; list, pull, rm, ps and stop manage local models.",
         no_args_is_help=True,
         add_completion=False,
         pretty_exceptions_enable=False,

@@ -219,3 +219,22 @@ def _already_loaded(names: list[Path]) -> ctypes.CDLL | None:
         except OSError:
             continue
     return None
+
+
+@functools.cache
+def ggml_base() -> ctypes.CDLL:
+    """libggml-base (already loaded by llama_cpp): tensor sizes, op names and backend buffers, for the
+    evaluation callback of `pyllama imatrix`."""
+    loaded = getattr(getattr(lib, "llama_cpp", None), "_lib", None)
+    lib_dir = Path(loaded._name).parent if loaded is not None else Path(lib.__file__).parent / "lib"
+    names = sorted(lib_dir.glob("libggml-base.*")) or sorted(lib_dir.glob("ggml-base.*"))
+    if not names:
+        raise PyllamaError(f"libggml-base not found in {lib_dir}", hint="reinstall llama-cpp-python")
+    base = _already_loaded(names) or ctypes.CDLL(str(names[0]))
+    vp, size = ctypes.c_void_p, ctypes.c_size_t
+    for name, args, res in (("ggml_op_name", [ctypes.c_int], ctypes.c_char_p), ("ggml_nbytes", [vp], size),
+                            ("ggml_backend_buffer_is_host", [vp], ctypes.c_bool),
+                            ("ggml_backend_tensor_get", [vp, vp, size, size], None)):
+        fn = getattr(base, name)
+        fn.argtypes, fn.restype = args, res
+    return base
