@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...errors import InputError, InvalidGGUF, UsageError
-from ..gguf.layout import TYPE_U16, Layout, RawTensor, kv_scalar, pad, read_layout, set_kv
+from ..gguf.layout import Layout, RawTensor, pad, read_layout
 from ..paths import atomic_write, require_folder
 from .plan import KEY_COUNT, KEY_NO, KEY_TENSORS, Part, part_path, part_prefix
 
@@ -76,8 +76,9 @@ def plan_merge(first: Path, output: Path) -> MergePlan:
     if isinstance(expected, int) and expected != len(tensors):
         raise InputError(f"the {count} parts of {prefix} hold {len(tensors)} tensors, not the {expected} "
                          f"their metadata announces", hint="one of the parts is from another split")
-    kvs = list(head.kvs)
-    set_kv(kvs, kv_scalar(KEY_COUNT, TYPE_U16, 0))  # as llama.cpp: merging the output again does nothing
+    # The split's own keys go, so the merge is the file that was split, byte for byte. (llama-gguf-split
+    # keeps them, with split.count 0; its merge is that file plus three keys.)
+    kvs = [kv for kv in head.kvs if kv.key not in (KEY_NO, KEY_COUNT, KEY_TENSORS)]
     return MergePlan(parts, Part(output, kvs, tensors))
 
 
