@@ -63,6 +63,9 @@ NoKvOffloadOpt = _sweep("-nkvo", "--no-kv-offload",
 MmapOpt = _sweep("-mmp", "--mmap",
                  help=f"Memory-map the model: 0 or 1 (sets the load mode). (default: {defaults.DEFAULT_LOAD_MODE[0]})")
 LoadModeOpt = _sweep("-lm", "--load-mode", help="Load mode: auto, none, mmap, mlock, mmap+mlock, dio.")
+CpuMasksOpt = _sweep("-C", "--cpu-mask", help="CPU affinity masks (hex) of the test's thread pool. (default: 0x0)")
+CpuStrictListOpt = _sweep("--cpu-strict", help="Strict CPU placement: 0 or 1. (default: 0)")
+PollListOpt = _sweep("--poll", help=f"Polling level, 0 to 100. (default: {defaults.DEFAULT_POLL[0]})")
 
 
 def bench(
@@ -85,6 +88,11 @@ def bench(
     no_kv_offload: NoKvOffloadOpt = None,
     mmap: MmapOpt = None,
     load_mode: LoadModeOpt = None,
+    cpu_mask: CpuMasksOpt = None,
+    cpu_strict: CpuStrictListOpt = None,
+    poll: PollListOpt = None,
+    prio: Annotated[int, typer.Option("--prio", min=-1, max=3, help="Process/thread priority: low (-1), normal (0), "
+                                      "medium (1), high (2), realtime (3).", rich_help_panel=RUN)] = 0,
     rpc: RpcOpt = None,
     device: BenchDeviceOpt = None,
     tensor_split: BenchTensorSplitOpt = None,
