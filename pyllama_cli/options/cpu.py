@@ -52,6 +52,15 @@ PollBatchOpt = Annotated[int | None, typer.Option(
     "--poll-batch", metavar="<0...100>", min=0, max=100, help="Polling level of the batch threads "
     "(default: same as --poll).", rich_help_panel=CPU_PANEL, show_default=False)]
 
+# bench's, as llama-bench's: a sweep each (values separated by commas), one pool per test.
+BenchCpuMaskOpt = Annotated[list[str] | None, typer.Option(
+    "-C", "--cpu-mask", metavar="LIST", help="CPU affinity masks (hex) of each test's thread pool. (default: 0x0)",
+    show_default=False)]
+BenchCpuStrictOpt = Annotated[list[str] | None, typer.Option(
+    "--cpu-strict", metavar="LIST", help="Strict CPU placement: 0 or 1. (default: 0)", show_default=False)]
+BenchPollOpt = Annotated[list[str] | None, typer.Option(
+    "--poll", metavar="LIST", help=f"Polling level, 0 to 100. (default: {DEFAULT_POLL})", show_default=False)]
+
 
 def cpu_params() -> list[inspect.Parameter]:
     """The CPU flags as keyword-only parameters, for `load.py`'s load flags."""

@@ -136,3 +136,15 @@ def model_requests(paths: list[str] | None, repos: list[str] | None, files: list
     requests += [(None, ModelRequest(hf_repo=r, hf_file=files[i] if i < len(files) else None, hf_token=token,
                                      offline=offline)) for i, r in enumerate(repos or [])]
     return requests or [(None, ModelRequest())]  # an empty request raises the shared "no model given" error
+
+
+def resolve_models(requests: list[tuple[str | None, ModelRequest]], tqdm_class: type | None) -> tuple[Any, ...]:
+    """The models to benchmark, each labelled as the user named it (else by its resolved path)."""
+    from ..model.resolve import resolve_model
+    from .spec import BenchModel
+
+    models = []
+    for label, request in requests:
+        resolved = resolve_model(request, tqdm_class=tqdm_class)
+        models.append(BenchModel(label or str(resolved.path), resolved.path))
+    return tuple(models)
