@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from pyllama_cli.core.model.threads import _typed, pool_functions, pool_params
 from pyllama_cli.errors import ThreadPoolError, UsageError
 from pyllama_cli.options.cpu import cpu_set
 from tests.helpers import run_cli
+from tests.test_bench import _llama_bench
 
 ONE_POOL_1 = "pyllama: thread pools attached: 1 pool of 1 thread"
 ONE_POOL_2 = "pyllama: thread pools attached: 1 pool of 2 threads"
@@ -156,3 +158,16 @@ def test_a_bad_cpu_flag_is_one_error_line_naming_it(tiny_model: Path, flags: tup
     assert result.exit_code != 0
     assert result.first_stderr_line == error
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.reference
+@pytest.mark.skipif(_llama_bench() is None, reason="set LLAMA_CPP_BIN to a folder with llama-bench")
+def test_bench_sweeps_the_pool_flags_as_llama_bench_does(tiny_model: Path) -> None:
+    args = ["-m", str(tiny_model), "-t", "1", "-r", "1", "-p", "8", "-n", "0", "-C", "0x1,0x3", "--cpu-strict", "0,1",
+            "--poll", "0,50", "--prio", "0", "-o", "json"]
+    theirs = json.loads(subprocess.run([str(_llama_bench()), *args], check=True, capture_output=True,
+                                       timeout=120).stdout)
+    ours = json.loads(run_cli("bench", *args).stdout)
+    keys = ("n_threads", "cpu_mask", "cpu_strict", "poll", "n_prompt")
+    assert [[row[k] for k in keys] for row in ours] == [[row[k] for k in keys] for row in theirs]
+    assert len(ours) == 8
