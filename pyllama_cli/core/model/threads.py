@@ -5,6 +5,11 @@ generation threads) and attach it with `llama_attach_threadpool`; a context with
 throw-away pool inside every graph computation. The pools also carry the placement flags: the CPU
 mask (-C/-Cr), the priority (--prio), polling (--poll) and strict placement (--cpu-strict).
 
+What a pool saves depends on the build. Without OpenMP the throw-away pool starts and joins its
+threads on every graph, which persistent pools avoid. With OpenMP (the default of Linux builds,
+pip's included) the worker threads are OpenMP's and persist anyway: the throw-away pool is two
+small allocations, the attached one carries the mask and priority, and --poll is not used.
+
 The functions come from the shipped libraries, not from the bindings: `llama_attach_threadpool`
 and `llama_detach_threadpool` are exported by libllama, `ggml_threadpool_new` and `_free` are
 found through the CPU backend's registry (as llama.cpp's common code finds them).
