@@ -140,9 +140,9 @@ _pyllama_spec() {
             opts="-m= --model= -hf= --hf-repo= -hff= --hf-file= -hft= --hf-token= --offline -p= --n-prompt= \
                 -n= --n-gen= -pg= -d= --n-depth= -b= --batch-size= -ub= --ubatch-size= -ctk= --cache-type-k= \
                 -ctv= --cache-type-v= -t= --threads= -ngl= --n-gpu-layers= -fa= --flash-attn= -nkvo= \
-                --no-kv-offload= -mmp= --mmap= -lm= --load-mode= --rpc= -dev= --device= -ts= --tensor-split= \
-                --list-devices -r= --repetitions= -o= --output= --progress --no-warmup --ttft --compare= \
-                --plot= -v --verbose -h --help"
+                --no-kv-offload= -mmp= --mmap= -lm= --load-mode= -C= --cpu-mask= --cpu-strict= --poll= \
+                --prio= --rpc= -dev= --device= -ts= --tensor-split= --list-devices -r= --repetitions= -o= \
+                --output= --progress --no-warmup --ttft --compare= --plot= -v --verbose -h --help"
             ;;
         "chat")
             subs=""
@@ -159,7 +159,9 @@ _pyllama_spec() {
                 -hft= --hf-token= --offline -c= --ctx-size= -t= --threads= -ngl= --gpu-layers= \
                 --n-gpu-layers= -fa= --flash-attn= -b= --batch-size= -ub= --ubatch-size= --mlock --no-mmap \
                 -s= --seed= -v --verbose --log-file= --rpc= -dev= --device= -ts= --tensor-split= \
-                --list-devices -h --help"
+                --list-devices -tb= --threads-batch= -C= --cpu-mask= -Cr= --cpu-range= --cpu-strict= --prio= \
+                --poll= -Cb= --cpu-mask-batch= -Crb= --cpu-range-batch= --cpu-strict-batch= --prio-batch= \
+                --poll-batch= -h --help"
             ;;
         "complete")
             subs=""
@@ -176,7 +178,9 @@ _pyllama_spec() {
                 -hft= --hf-token= --offline -c= --ctx-size= -t= --threads= -ngl= --gpu-layers= \
                 --n-gpu-layers= -fa= --flash-attn= -b= --batch-size= -ub= --ubatch-size= --mlock --no-mmap \
                 -s= --seed= -v --verbose --log-file= --rpc= -dev= --device= -ts= --tensor-split= \
-                --list-devices -h --help"
+                --list-devices -tb= --threads-batch= -C= --cpu-mask= -Cr= --cpu-range= --cpu-strict= --prio= \
+                --poll= -Cb= --cpu-mask-batch= -Crb= --cpu-range-batch= --cpu-strict-batch= --prio-batch= \
+                --poll-batch= -h --help"
             ;;
         "completion")
             subs="install show"
@@ -207,7 +211,10 @@ _pyllama_spec() {
                 --output-format= --show-statistics -m= --model= -hf= --hf-repo= -hff= --hf-file= -hft= \
                 --hf-token= --offline -c= --ctx-size= -t= --threads= -ngl= --gpu-layers= --n-gpu-layers= \
                 -fa= --flash-attn= -b= --batch-size= -ub= --ubatch-size= --mlock --no-mmap -s= --seed= -v \
-                --verbose --log-file= --rpc= -dev= --device= -ts= --tensor-split= --list-devices -h --help"
+                --verbose --log-file= --rpc= -dev= --device= -ts= --tensor-split= --list-devices -tb= \
+                --threads-batch= -C= --cpu-mask= -Cr= --cpu-range= --cpu-strict= --prio= --poll= -Cb= \
+                --cpu-mask-batch= -Crb= --cpu-range-batch= --cpu-strict-batch= --prio-batch= --poll-batch= \
+                -h --help"
             ;;
         "info")
             subs=""
@@ -225,7 +232,9 @@ _pyllama_spec() {
                 -hff= --hf-file= -hft= --hf-token= --offline -c= --ctx-size= -t= --threads= -ngl= \
                 --gpu-layers= --n-gpu-layers= -fa= --flash-attn= -b= --batch-size= -ub= --ubatch-size= \
                 --mlock --no-mmap -s= --seed= -v --verbose --log-file= --rpc= -dev= --device= -ts= \
-                --tensor-split= --list-devices -h --help"
+                --tensor-split= --list-devices -tb= --threads-batch= -C= --cpu-mask= -Cr= --cpu-range= \
+                --cpu-strict= --prio= --poll= -Cb= --cpu-mask-batch= -Crb= --cpu-range-batch= \
+                --cpu-strict-batch= --prio-batch= --poll-batch= -h --help"
             ;;
         "ps")
             subs=""
@@ -268,7 +277,9 @@ _pyllama_spec() {
                 -hft= --hf-token= --offline -c= --ctx-size= -t= --threads= -ngl= --gpu-layers= \
                 --n-gpu-layers= -fa= --flash-attn= -b= --batch-size= -ub= --ubatch-size= --mlock --no-mmap \
                 -s= --seed= -v --verbose --log-file= --rpc= -dev= --device= -ts= --tensor-split= \
-                --list-devices -h --help"
+                --list-devices -tb= --threads-batch= -C= --cpu-mask= -Cr= --cpu-range= --cpu-strict= --prio= \
+                --poll= -Cb= --cpu-mask-batch= -Crb= --cpu-range-batch= --cpu-strict-batch= --prio-batch= \
+                --poll-batch= -h --help"
             ;;
         "stop")
             subs=""

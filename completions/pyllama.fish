@@ -115,6 +115,10 @@ complete -c pyllama -n '__pyllama_using bench' -o fa -l flash-attn -d 'Flash att
 complete -c pyllama -n '__pyllama_using bench' -o nkvo -l no-kv-offload -d 'Keep the KV cache off the GPU: 0 or 1.' -x
 complete -c pyllama -n '__pyllama_using bench' -o mmp -l mmap -d 'Memory-map the model: 0 or 1 (sets the load mode).' -x
 complete -c pyllama -n '__pyllama_using bench' -o lm -l load-mode -d 'Load mode: auto, none, mmap, mlock, mmap+mlock, dio.' -x
+complete -c pyllama -n '__pyllama_using bench' -s C -l cpu-mask -d 'CPU affinity masks (hex) of each test\'s thread pool.' -x
+complete -c pyllama -n '__pyllama_using bench' -l cpu-strict -d 'Strict CPU placement: 0 or 1.' -x
+complete -c pyllama -n '__pyllama_using bench' -l poll -d 'Polling level, 0 to 100.' -x
+complete -c pyllama -n '__pyllama_using bench' -l prio -d 'Process/thread priority: low (-1), normal (0), medium (1), high (2), realtime (3).' -x
 complete -c pyllama -n '__pyllama_using bench' -l rpc -d 'RPC servers (`pyllama rpc-server` or llama.cpp\'s rpc-server) whose devices hold part of the model, comma-separated.' -x
 complete -c pyllama -n '__pyllama_using bench' -o dev -l device -d 'Devices to offload to: DEV/DEV...' -x
 complete -c pyllama -n '__pyllama_using bench' -o ts -l tensor-split -d 'Each device\'s share of the layers, e.g.' -x
@@ -191,6 +195,17 @@ complete -c pyllama -n '__pyllama_using chat' -l rpc -d 'RPC servers (`pyllama r
 complete -c pyllama -n '__pyllama_using chat' -o dev -l device -d 'Devices to offload to, comma-separated (none = no offload; default: every GPU and RPC server).' -x
 complete -c pyllama -n '__pyllama_using chat' -o ts -l tensor-split -d 'Each device\'s share of the layers, e.g.' -x
 complete -c pyllama -n '__pyllama_using chat' -l list-devices -d 'Print the devices (local, and the --rpc servers\') with their memory and exit.'
+complete -c pyllama -n '__pyllama_using chat' -o tb -l threads-batch -d 'CPU threads for batch and prompt processing (-1 = same as --threads).' -x
+complete -c pyllama -n '__pyllama_using chat' -s C -l cpu-mask -d 'CPU affinity mask: hex of any length, bit i = CPU i.' -x
+complete -c pyllama -n '__pyllama_using chat' -o Cr -l cpu-range -d 'Range of CPUs for affinity.' -x
+complete -c pyllama -n '__pyllama_using chat' -l cpu-strict -d 'Strict CPU placement: one CPU of the mask per thread.' -x
+complete -c pyllama -n '__pyllama_using chat' -l prio -d 'Process/thread priority: low (-1), normal (0), medium (1), high (2), realtime (3).' -x
+complete -c pyllama -n '__pyllama_using chat' -l poll -d 'Polling level while waiting for work (0 = no polling).' -x
+complete -c pyllama -n '__pyllama_using chat' -o Cb -l cpu-mask-batch -d 'CPU affinity mask of the batch threads.' -x
+complete -c pyllama -n '__pyllama_using chat' -o Crb -l cpu-range-batch -d 'Range of CPUs for the batch threads.' -x
+complete -c pyllama -n '__pyllama_using chat' -l cpu-strict-batch -d 'Strict CPU placement of the batch threads (default: same as --cpu-strict).' -x
+complete -c pyllama -n '__pyllama_using chat' -l prio-batch -d 'Priority of the batch threads: normal (0), medium (1), high (2), realtime (3) (default: same as --prio).' -x
+complete -c pyllama -n '__pyllama_using chat' -l poll-batch -d 'Polling level of the batch threads (default: same as --poll).' -x
 complete -c pyllama -n '__pyllama_using chat' -s h -l help -d 'Show this message and exit.'
 
 # pyllama complete
@@ -258,6 +273,17 @@ complete -c pyllama -n '__pyllama_using complete' -l rpc -d 'RPC servers (`pylla
 complete -c pyllama -n '__pyllama_using complete' -o dev -l device -d 'Devices to offload to, comma-separated (none = no offload; default: every GPU and RPC server).' -x
 complete -c pyllama -n '__pyllama_using complete' -o ts -l tensor-split -d 'Each device\'s share of the layers, e.g.' -x
 complete -c pyllama -n '__pyllama_using complete' -l list-devices -d 'Print the devices (local, and the --rpc servers\') with their memory and exit.'
+complete -c pyllama -n '__pyllama_using complete' -o tb -l threads-batch -d 'CPU threads for batch and prompt processing (-1 = same as --threads).' -x
+complete -c pyllama -n '__pyllama_using complete' -s C -l cpu-mask -d 'CPU affinity mask: hex of any length, bit i = CPU i.' -x
+complete -c pyllama -n '__pyllama_using complete' -o Cr -l cpu-range -d 'Range of CPUs for affinity.' -x
+complete -c pyllama -n '__pyllama_using complete' -l cpu-strict -d 'Strict CPU placement: one CPU of the mask per thread.' -x
+complete -c pyllama -n '__pyllama_using complete' -l prio -d 'Process/thread priority: low (-1), normal (0), medium (1), high (2), realtime (3).' -x
+complete -c pyllama -n '__pyllama_using complete' -l poll -d 'Polling level while waiting for work (0 = no polling).' -x
+complete -c pyllama -n '__pyllama_using complete' -o Cb -l cpu-mask-batch -d 'CPU affinity mask of the batch threads.' -x
+complete -c pyllama -n '__pyllama_using complete' -o Crb -l cpu-range-batch -d 'Range of CPUs for the batch threads.' -x
+complete -c pyllama -n '__pyllama_using complete' -l cpu-strict-batch -d 'Strict CPU placement of the batch threads (default: same as --cpu-strict).' -x
+complete -c pyllama -n '__pyllama_using complete' -l prio-batch -d 'Priority of the batch threads: normal (0), medium (1), high (2), realtime (3) (default: same as --prio).' -x
+complete -c pyllama -n '__pyllama_using complete' -l poll-batch -d 'Polling level of the batch threads (default: same as --poll).' -x
 complete -c pyllama -n '__pyllama_using complete' -s h -l help -d 'Show this message and exit.'
 
 # pyllama completion
@@ -324,6 +350,17 @@ complete -c pyllama -n '__pyllama_using imatrix' -l rpc -d 'RPC servers (`pyllam
 complete -c pyllama -n '__pyllama_using imatrix' -o dev -l device -d 'Devices to offload to, comma-separated (none = no offload; default: every GPU and RPC server).' -x
 complete -c pyllama -n '__pyllama_using imatrix' -o ts -l tensor-split -d 'Each device\'s share of the layers, e.g.' -x
 complete -c pyllama -n '__pyllama_using imatrix' -l list-devices -d 'Print the devices (local, and the --rpc servers\') with their memory and exit.'
+complete -c pyllama -n '__pyllama_using imatrix' -o tb -l threads-batch -d 'CPU threads for batch and prompt processing (-1 = same as --threads).' -x
+complete -c pyllama -n '__pyllama_using imatrix' -s C -l cpu-mask -d 'CPU affinity mask: hex of any length, bit i = CPU i.' -x
+complete -c pyllama -n '__pyllama_using imatrix' -o Cr -l cpu-range -d 'Range of CPUs for affinity.' -x
+complete -c pyllama -n '__pyllama_using imatrix' -l cpu-strict -d 'Strict CPU placement: one CPU of the mask per thread.' -x
+complete -c pyllama -n '__pyllama_using imatrix' -l prio -d 'Process/thread priority: low (-1), normal (0), medium (1), high (2), realtime (3).' -x
+complete -c pyllama -n '__pyllama_using imatrix' -l poll -d 'Polling level while waiting for work (0 = no polling).' -x
+complete -c pyllama -n '__pyllama_using imatrix' -o Cb -l cpu-mask-batch -d 'CPU affinity mask of the batch threads.' -x
+complete -c pyllama -n '__pyllama_using imatrix' -o Crb -l cpu-range-batch -d 'Range of CPUs for the batch threads.' -x
+complete -c pyllama -n '__pyllama_using imatrix' -l cpu-strict-batch -d 'Strict CPU placement of the batch threads (default: same as --cpu-strict).' -x
+complete -c pyllama -n '__pyllama_using imatrix' -l prio-batch -d 'Priority of the batch threads: normal (0), medium (1), high (2), realtime (3) (default: same as --prio).' -x
+complete -c pyllama -n '__pyllama_using imatrix' -l poll-batch -d 'Polling level of the batch threads (default: same as --poll).' -x
 complete -c pyllama -n '__pyllama_using imatrix' -s h -l help -d 'Show this message and exit.'
 
 # pyllama info
@@ -372,6 +409,17 @@ complete -c pyllama -n '__pyllama_using perplexity' -l rpc -d 'RPC servers (`pyl
 complete -c pyllama -n '__pyllama_using perplexity' -o dev -l device -d 'Devices to offload to, comma-separated (none = no offload; default: every GPU and RPC server).' -x
 complete -c pyllama -n '__pyllama_using perplexity' -o ts -l tensor-split -d 'Each device\'s share of the layers, e.g.' -x
 complete -c pyllama -n '__pyllama_using perplexity' -l list-devices -d 'Print the devices (local, and the --rpc servers\') with their memory and exit.'
+complete -c pyllama -n '__pyllama_using perplexity' -o tb -l threads-batch -d 'CPU threads for batch and prompt processing (-1 = same as --threads).' -x
+complete -c pyllama -n '__pyllama_using perplexity' -s C -l cpu-mask -d 'CPU affinity mask: hex of any length, bit i = CPU i.' -x
+complete -c pyllama -n '__pyllama_using perplexity' -o Cr -l cpu-range -d 'Range of CPUs for affinity.' -x
+complete -c pyllama -n '__pyllama_using perplexity' -l cpu-strict -d 'Strict CPU placement: one CPU of the mask per thread.' -x
+complete -c pyllama -n '__pyllama_using perplexity' -l prio -d 'Process/thread priority: low (-1), normal (0), medium (1), high (2), realtime (3).' -x
+complete -c pyllama -n '__pyllama_using perplexity' -l poll -d 'Polling level while waiting for work (0 = no polling).' -x
+complete -c pyllama -n '__pyllama_using perplexity' -o Cb -l cpu-mask-batch -d 'CPU affinity mask of the batch threads.' -x
+complete -c pyllama -n '__pyllama_using perplexity' -o Crb -l cpu-range-batch -d 'Range of CPUs for the batch threads.' -x
+complete -c pyllama -n '__pyllama_using perplexity' -l cpu-strict-batch -d 'Strict CPU placement of the batch threads (default: same as --cpu-strict).' -x
+complete -c pyllama -n '__pyllama_using perplexity' -l prio-batch -d 'Priority of the batch threads: normal (0), medium (1), high (2), realtime (3) (default: same as --prio).' -x
+complete -c pyllama -n '__pyllama_using perplexity' -l poll-batch -d 'Polling level of the batch threads (default: same as --poll).' -x
 complete -c pyllama -n '__pyllama_using perplexity' -s h -l help -d 'Show this message and exit.'
 
 # pyllama ps
@@ -509,6 +557,17 @@ complete -c pyllama -n '__pyllama_using serve' -l rpc -d 'RPC servers (`pyllama 
 complete -c pyllama -n '__pyllama_using serve' -o dev -l device -d 'Devices to offload to, comma-separated (none = no offload; default: every GPU and RPC server).' -x
 complete -c pyllama -n '__pyllama_using serve' -o ts -l tensor-split -d 'Each device\'s share of the layers, e.g.' -x
 complete -c pyllama -n '__pyllama_using serve' -l list-devices -d 'Print the devices (local, and the --rpc servers\') with their memory and exit.'
+complete -c pyllama -n '__pyllama_using serve' -o tb -l threads-batch -d 'CPU threads for batch and prompt processing (-1 = same as --threads).' -x
+complete -c pyllama -n '__pyllama_using serve' -s C -l cpu-mask -d 'CPU affinity mask: hex of any length, bit i = CPU i.' -x
+complete -c pyllama -n '__pyllama_using serve' -o Cr -l cpu-range -d 'Range of CPUs for affinity.' -x
+complete -c pyllama -n '__pyllama_using serve' -l cpu-strict -d 'Strict CPU placement: one CPU of the mask per thread.' -x
+complete -c pyllama -n '__pyllama_using serve' -l prio -d 'Process/thread priority: low (-1), normal (0), medium (1), high (2), realtime (3).' -x
+complete -c pyllama -n '__pyllama_using serve' -l poll -d 'Polling level while waiting for work (0 = no polling).' -x
+complete -c pyllama -n '__pyllama_using serve' -o Cb -l cpu-mask-batch -d 'CPU affinity mask of the batch threads.' -x
+complete -c pyllama -n '__pyllama_using serve' -o Crb -l cpu-range-batch -d 'Range of CPUs for the batch threads.' -x
+complete -c pyllama -n '__pyllama_using serve' -l cpu-strict-batch -d 'Strict CPU placement of the batch threads (default: same as --cpu-strict).' -x
+complete -c pyllama -n '__pyllama_using serve' -l prio-batch -d 'Priority of the batch threads: normal (0), medium (1), high (2), realtime (3) (default: same as --prio).' -x
+complete -c pyllama -n '__pyllama_using serve' -l poll-batch -d 'Polling level of the batch threads (default: same as --poll).' -x
 complete -c pyllama -n '__pyllama_using serve' -s h -l help -d 'Show this message and exit.'
 
 # pyllama stop

@@ -6,6 +6,8 @@
   command: `in_panel` (its own help panel), `repeatable` (given several times), and
   `model_options(own=...)` (its own meaning, as perplexity's -c).
 - `devices`: `--rpc`, `-dev/--device`, `-ts/--tensor-split`, `--list-devices` (part of the load flags).
+- `cpu`: `-tb`, `-C/-Cr`, `--prio`, `--poll`, `--cpu-strict` and their batch variants (part of the load
+  flags): how the context's thread pools run.
 - `sampling`: sampling and output-constraint flags of complete, chat and serve.
 - `speculative`: speculative decoding flags of complete, chat and serve (`--spec-type`, `-md`, ...).
 - `limits`: serve's HTTP limits and shutdown grace (builds `server.settings.ServerLimits`).

@@ -30,6 +30,7 @@ from ..core.model.settings import (
     LoadSettings,
 )
 from ..errors import UsageError
+from .cpu import cpu_params, cpu_settings
 from .devices import (
     DeviceOpt,
     ListDevicesOpt,
@@ -151,6 +152,7 @@ _LOAD_PARAMS = [
     option_param("device", DeviceOpt, None),
     option_param("tensor_split", TensorSplitOpt, None),
     option_param("list_devices", ListDevicesOpt, False),
+    *cpu_params(),  # -tb, -C/-Cr, --prio, --poll, --cpu-strict and their batch variants (options/cpu.py)
 ]
 
 
@@ -187,6 +189,7 @@ def load_settings(kwargs: dict[str, Any]) -> LoadSettings:
         flash_attn=flash, n_batch=kwargs.pop("batch_size"), n_ubatch=kwargs.pop("ubatch_size"),
         mlock=kwargs.pop("mlock"), mmap=not kwargs.pop("no_mmap"), seed=kwargs.pop("seed"),
         verbose=kwargs.pop("verbose"), log_file=kwargs.pop("log_file"),
+        **cpu_settings(kwargs),
     )
 
 

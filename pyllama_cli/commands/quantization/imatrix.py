@@ -12,7 +12,7 @@ from ...console import count_progress, info, model_progress, warn
 from ...core.model.resolve import ModelRequest
 from ...core.model.settings import LoadSettings
 from ...errors import UsageError
-from ...options.load import LOAD_PANEL, model_options, own_option
+from ...options.load import LOAD_PANEL, model_options
 
 EXAMPLES = """\
 Examples:
@@ -33,7 +33,7 @@ def _flag(*names: str, help: str, **kw: Any) -> Any:
     return typer.Option(*names, help=help, rich_help_panel=PANEL, **kw)
 
 
-@model_options(load=True)
+@model_options(load=True, own={"ctx_size": ChunkCtxOpt})  # -c: tokens per chunk, not the context size
 def imatrix(
     cli: typer.Context,
     model: ModelRequest,
@@ -148,4 +148,3 @@ def _show_statistics(files: list[Path], n_ctx: int) -> None:
         typer.echo(line)
 
 
-imatrix = own_option(imatrix, "ctx_size", ChunkCtxOpt)

@@ -14,12 +14,15 @@ from dataclasses import dataclass
 from ...errors import PyllamaError
 from .spec import (
     DEFAULT_CACHE_TYPE,
+    DEFAULT_CPU_MASK,
+    DEFAULT_CPU_STRICT,
     DEFAULT_FLASH_ATTN,
     DEFAULT_LOAD_MODE,
     DEFAULT_N_BATCH,
     DEFAULT_N_GPU_LAYERS,
     DEFAULT_N_UBATCH,
     DEFAULT_NO_KV_OFFLOAD,
+    DEFAULT_POLL,
     FLASH_ATTN_TYPES,
     BenchResult,
     BenchSpec,
@@ -83,8 +86,8 @@ def field_values(r: BenchResult, build: BuildInfo) -> dict[str, str]:
         "build_commit": build.build_commit, "build_number": str(build.build_number), "cpu_info": build.cpu_info,
         "gpu_info": build.gpu_info, "backends": build.backends, "model_filename": i.model.label,
         "model_type": r.model_type, "model_size": str(r.model_size), "model_n_params": str(r.model_n_params),
-        "n_batch": str(i.n_batch), "n_ubatch": str(i.n_ubatch), "n_threads": str(i.n_threads), "cpu_mask": "0x0",
-        "cpu_strict": "0", "poll": "50", "type_k": i.type_k, "type_v": i.type_v,
+        "n_batch": str(i.n_batch), "n_ubatch": str(i.n_ubatch), "n_threads": str(i.n_threads), "cpu_mask": i.cpu_mask,
+        "cpu_strict": str(int(i.cpu_strict)), "poll": str(i.poll), "type_k": i.type_k, "type_v": i.type_v,
         "n_gpu_layers": str(i.n_gpu_layers), "n_cpu_moe": "0", "split_mode": "layer", "main_gpu": "0",
         "no_kv_offload": str(int(i.no_kv_offload)), "flash_attn": str(FLASH_ATTN_TYPES[i.flash_attn]),
         "devices": "/".join(i.devices) or "auto", "tensor_split": tensor_split_text(i.tensor_split),
@@ -232,6 +235,8 @@ def md_columns(spec: BenchSpec, backend: str, extras: Extras, default_threads: i
         cols.append("n_gpu_layers")
     varying = {
         "n_threads": cpu or tuple(spec.n_threads) != (default_threads,),
+        "cpu_mask": tuple(spec.cpu_mask) != DEFAULT_CPU_MASK, "cpu_strict": tuple(spec.cpu_strict) != DEFAULT_CPU_STRICT,
+        "poll": tuple(spec.poll) != DEFAULT_POLL,
         "n_batch": tuple(spec.n_batch) != DEFAULT_N_BATCH, "n_ubatch": tuple(spec.n_ubatch) != DEFAULT_N_UBATCH,
         "type_k": tuple(spec.type_k) != DEFAULT_CACHE_TYPE, "type_v": tuple(spec.type_v) != DEFAULT_CACHE_TYPE,
         "no_kv_offload": tuple(spec.no_kv_offload) != DEFAULT_NO_KV_OFFLOAD,

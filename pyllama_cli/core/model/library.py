@@ -81,14 +81,16 @@ class _LogRouter:
 
     def _on_log(self, level: int, text: bytes, _user: Any) -> None:
         try:
-            line = text.decode("utf-8", errors="replace")
-            if self.sink is not None:
-                self.sink.write(line)
-                self.sink.flush()
-            for listener in list(self.listeners):
-                listener(level, line)
+            self.dispatch(level, text.decode("utf-8", errors="replace"))
         except BaseException:  # noqa: BLE001 - an exception must never cross back into C
             pass
+
+    def dispatch(self, level: int, line: str) -> None:
+        if self.sink is not None:
+            self.sink.write(line)
+            self.sink.flush()
+        for listener in list(self.listeners):
+            listener(level, line)
 
 
 _router = _LogRouter()
@@ -111,6 +113,14 @@ def _open_log(path: Path) -> IO[str]:
     except OSError as exc:
         hint = "create its folder first" if isinstance(exc, FileNotFoundError) else "choose a file you can write"
         raise InputError(f"cannot open the log file {path}: {exc.strerror}", hint=hint) from None
+
+
+LOG_INFO, LOG_WARN = 2, 3  # ggml_log_level
+
+
+def log_line(level: int, line: str) -> None:
+    """A line of pyllama's own about what it asked of llama.cpp, sent where llama.cpp's log goes."""
+    _router.dispatch(level, line)
 
 
 @contextmanager
@@ -181,16 +191,26 @@ def gpu_device_present() -> bool:
     return any(kind in GPU_DEVICE_TYPES for kind in kinds)
 
 
+def shipped_library(stem: str) -> ctypes.CDLL:
+    """The copy of lib`stem` (llama, ggml, ...) that the bindings already loaded, opened with ctypes.
+
+    Found beside the libllama the bindings use (LLAMA_CPP_LIB_PATH can point them at another build).
+
+    Raises:
+        PyllamaError: no such library there.
+    """
+    loaded = getattr(lib, "_lib", None) or getattr(getattr(lib, "llama_cpp", None), "_lib", None)
+    lib_dir = Path(loaded._name).parent if loaded is not None else Path(lib.__file__).parent / "lib"
+    names = sorted(lib_dir.glob(f"lib{stem}.*")) or sorted(lib_dir.glob(f"{stem}.*"))
+    if not names:
+        raise PyllamaError(f"lib{stem} not found in {lib_dir}", hint="reinstall llama-cpp-python")
+    return _already_loaded(names) or ctypes.CDLL(str(names[0]))
+
+
 @functools.cache
 def _ggml() -> ctypes.CDLL:
     """libggml (already loaded by llama_cpp) with the device-registry calls llama_cpp does not bind."""
-    # Beside the libllama actually loaded (LLAMA_CPP_LIB_PATH can point llama_cpp at another build).
-    loaded = getattr(getattr(lib, "llama_cpp", None), "_lib", None)
-    lib_dir = Path(loaded._name).parent if loaded is not None else Path(lib.__file__).parent / "lib"
-    names = sorted(lib_dir.glob("libggml.*")) or sorted(lib_dir.glob("ggml.*"))
-    if not names:
-        raise PyllamaError(f"libggml not found in {lib_dir}", hint="reinstall llama-cpp-python")
-    ggml = _already_loaded(names) or ctypes.CDLL(str(names[0]))
+    ggml = shipped_library("ggml")
     vp, size = ctypes.c_void_p, ctypes.c_size_t
     for name, args, res in (("ggml_backend_dev_count", [], size), ("ggml_backend_dev_get", [size], vp),
                             ("ggml_backend_dev_type", [vp], ctypes.c_int),
@@ -204,7 +224,7 @@ def _ggml() -> ctypes.CDLL:
 
 
 def _already_loaded(names: list[Path]) -> ctypes.CDLL | None:
-    """The copy of libggml that libllama itself uses, of the files in `names`.
+    """The copy, of the files in `names`, that the process already has (libllama itself or its libggml).
 
     pip's wheel holds libggml.so, libggml.so.0 and libggml.so.0.x as separate files, not links:
     opening another of them than libllama's dependency would load a second libggml with a registry

@@ -293,7 +293,8 @@ class Context:
                 hint="lower -c/--ctx-size, or run with --verbose for llama.cpp's reason (often: not enough memory)",
             )
         self.handle = handle
-        self.threads = ThreadPools(handle, int(params.n_threads), int(params.n_threads_batch))
+        self.threads = ThreadPools(handle, int(params.n_threads), int(params.n_threads_batch), settings.cpu,
+                                   settings.resolved_cpu_batch())
         self.model = model
         self.n_ctx = int(lib.llama_n_ctx(handle))
         self.n_batch = int(params.n_batch)

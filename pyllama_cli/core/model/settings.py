@@ -24,6 +24,23 @@ INT32_MAX = 2**31 - 1
 UINT32_MAX = 2**32 - 1
 # ggml's GGML_MAX_N_THREADS: asked for more, ggml aborts, or crashes creating the threads.
 MAX_THREADS = 512
+DEFAULT_POLL = 50  # ggml's hybrid polling: workers spin a while for the next graph before they sleep
+# ggml_sched_priority: --prio's values, as llama.cpp names them.
+PRIORITIES = {-1: "low", 0: "normal", 1: "medium", 2: "high", 3: "realtime"}
+_MAX_MASK_DIGITS = MAX_THREADS // 4  # one hex digit per 4 CPUs: llama.cpp reads at most 128
+
+
+@dataclass(frozen=True)
+class CpuPlacement:
+    """How one pool's threads run: llama.cpp's CPU parameters (-C/-Cr, --prio, --poll, --cpu-strict).
+
+    The thread count is not here: it is -t (or -tb for the batch pool).
+    """
+
+    cpus: tuple[int, ...] = ()  # the CPUs the threads may run on (() = any: the inherited affinity)
+    prio: int = 0  # a PRIORITIES key
+    poll: int = DEFAULT_POLL  # 0 = no polling .. 100 = mostly polling
+    strict: bool = False  # one CPU per thread, in mask order, instead of the whole mask for each
 
 
 @dataclass(frozen=True)
@@ -45,12 +62,17 @@ class LoadSettings:
     rpc: tuple[str, ...] = ()  # RPC servers (HOST:PORT) whose devices join this process's
     devices: tuple[str, ...] = ()  # -dev: the devices to offload to (("none",) = none); () = llama.cpp's choice
     tensor_split: tuple[float, ...] = ()  # -ts: each device's share of the layers
+    cpu: CpuPlacement = CpuPlacement()  # the generation pool's CPUs, priority, polling
+    cpu_batch: CpuPlacement | None = None  # the batch pool's (-Cb, --prio-batch, ...); None = same as `cpu`
 
     def resolved_threads(self) -> int:
         return self.n_threads if self.n_threads > 0 else default_threads()
 
     def resolved_threads_batch(self) -> int:
         return self.n_threads_batch if self.n_threads_batch > 0 else self.resolved_threads()
+
+    def resolved_cpu_batch(self) -> CpuPlacement:
+        return self.cpu_batch if self.cpu_batch is not None else self.cpu
 
 
 def default_threads() -> int:
@@ -103,3 +125,38 @@ def parse_tensor_split(value: str | None) -> tuple[float, ...]:
     if not shares or any(share < 0 for share in shares) or sum(shares) <= 0:
         raise UsageError(f"-ts {value!r} needs non-negative shares, not all 0", hint="e.g. -ts 3,1")
     return shares
+
+
+def parse_cpu_mask(mask: str, flag: str = "-C") -> list[int]:
+    """The CPUs whose bits are set in a hex mask (0x optional; the last digit holds CPUs 0-3)."""
+    digits = mask[2:] if mask[:2].lower() == "0x" else mask
+    if not digits:
+        raise UsageError(f"{flag} {mask!r} has no hex digits", hint=f"e.g. {flag} 0x3 for CPUs 0 and 1")
+    if len(digits) > _MAX_MASK_DIGITS:
+        raise UsageError(f"{flag} {mask!r} is longer than {_MAX_MASK_DIGITS} hex digits",
+                         hint=f"llama.cpp places at most {MAX_THREADS} CPUs")
+    try:
+        bits = int(digits, 16)
+    except ValueError:
+        bad = next(c for c in digits if c not in "0123456789abcdefABCDEF")
+        raise UsageError(f"{flag} {mask!r}: {bad!r} is not a hex digit", hint=f"e.g. {flag} 0x3 for CPUs 0 and 1"
+                         ) from None
+    return [cpu for cpu in range(MAX_THREADS) if bits >> cpu & 1]
+
+
+def parse_cpu_range(text: str, flag: str = "-Cr") -> list[int]:
+    """The CPUs of `lo-hi` (either end may be left out: 0 and the last CPU ggml places)."""
+    hint = f"give lo-hi, e.g. {flag} 0-3 (CPUs 0 to {MAX_THREADS - 1})"
+    lo_text, dash, hi_text = text.partition("-")
+    if not dash:
+        raise UsageError(f"{flag} {text!r} is not a range", hint=hint)
+    try:
+        lo = int(lo_text) if lo_text.strip() else 0
+        hi = int(hi_text) if hi_text.strip() else MAX_THREADS - 1
+    except ValueError:
+        raise UsageError(f"{flag} {text!r} is not a range of CPU numbers", hint=hint) from None
+    if not 0 <= lo < MAX_THREADS or not 0 <= hi < MAX_THREADS:
+        raise UsageError(f"{flag} {text!r} is out of bounds", hint=hint)
+    if lo > hi:
+        raise UsageError(f"{flag} {text!r} ends before it starts", hint=hint)
+    return list(range(lo, hi + 1))
