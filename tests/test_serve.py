@@ -738,7 +738,8 @@ def test_n_predict_is_llama_servers_max_tokens(server: Server, path: str) -> Non
     usage = _post(server, path, body).json()["usage"]
     assert usage["completion_tokens"] == 3
     assert _post(server, path, {**body, "max_tokens": 5}).json()["usage"]["completion_tokens"] == 3  # as llama-server
-    whole = _post(server, path, {**body, "n_predict": -1}).json()["usage"]
+    # The rest of a 4096 context takes seconds on a loaded machine: more than httpx's default 5 s.
+    whole = _post(server, path, {**body, "n_predict": -1}, timeout=300).json()["usage"]
     assert whole["total_tokens"] == N_CTX  # -1: the rest of the context
     error = _error(_post(server, path, {**body, "n_predict": 0}), 400)
     assert (error["param"], error["message"]) == (
