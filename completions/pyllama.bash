@@ -215,7 +215,7 @@ _pyllama_spec() {
             ;;
         "ps")
             subs=""
-            opts="--url= --api-key= --json -h --help"
+            opts="--host= --port= --url= --api-key= --json -h --help"
             ;;
         "pull")
             subs=""
@@ -258,7 +258,7 @@ _pyllama_spec() {
             ;;
         "stop")
             subs=""
-            opts="--url= --api-key= --json -h --help"
+            opts="--host= --port= --url= --api-key= --json -h --help"
             ;;
         "tokenize")
             subs=""

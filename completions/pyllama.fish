@@ -330,7 +330,9 @@ complete -c pyllama -n '__pyllama_using perplexity' -l list-devices -d 'Print th
 complete -c pyllama -n '__pyllama_using perplexity' -s h -l help -d 'Show this message and exit.'
 
 # pyllama ps
-complete -c pyllama -n '__pyllama_using ps' -l url -d 'The server\'s address.' -x
+complete -c pyllama -n '__pyllama_using ps' -l host -d 'The server\'s address, as serve\'s --host.' -x
+complete -c pyllama -n '__pyllama_using ps' -l port -d 'The server\'s port, as serve\'s --port.' -x
+complete -c pyllama -n '__pyllama_using ps' -l url -d 'The server\'s URL (http://host:port, or a bare host:port); replaces --host and --port.' -x
 complete -c pyllama -n '__pyllama_using ps' -l api-key -d 'The servers\' API key, sent as \'Authorization: Bearer KEY\'.' -x
 complete -c pyllama -n '__pyllama_using ps' -l json -d 'Print JSON instead of text.'
 complete -c pyllama -n '__pyllama_using ps' -s h -l help -d 'Show this message and exit.'
@@ -467,7 +469,9 @@ complete -c pyllama -n '__pyllama_using serve' -l list-devices -d 'Print the dev
 complete -c pyllama -n '__pyllama_using serve' -s h -l help -d 'Show this message and exit.'
 
 # pyllama stop
-complete -c pyllama -n '__pyllama_using stop' -l url -d 'The server\'s address.' -x
+complete -c pyllama -n '__pyllama_using stop' -l host -d 'The server\'s address, as serve\'s --host.' -x
+complete -c pyllama -n '__pyllama_using stop' -l port -d 'The server\'s port, as serve\'s --port.' -x
+complete -c pyllama -n '__pyllama_using stop' -l url -d 'The server\'s URL (http://host:port, or a bare host:port); replaces --host and --port.' -x
 complete -c pyllama -n '__pyllama_using stop' -l api-key -d 'The servers\' API key, sent as \'Authorization: Bearer KEY\'.' -x
 complete -c pyllama -n '__pyllama_using stop' -l json -d 'Print JSON instead of text.'
 complete -c pyllama -n '__pyllama_using stop' -s h -l help -d 'Show this message and exit.'
