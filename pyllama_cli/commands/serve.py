@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,10 @@ from ..options.serve import (
     AliasOpt,
     ApiKeyOpt,
     CorsOriginOpt,
+    LogFormatOpt,
+    QuietOpt,
+    ServeVerboseOpt,
+    VerboseNativeOpt,
     EmbeddingsOpt,
     HfReposOpt,
     HostOpt,
@@ -42,6 +46,7 @@ from ..options.serve import (
     SlotSavePathOpt,
     ReasoningBudgetOpt,
     ReasoningFormatOpt,
+    parse_size,
 )
 from ..core.text.reasoning import FORMAT_DEEPSEEK, UNLIMITED
 
@@ -56,9 +61,6 @@ Examples:
   pyllama serve                                     # router mode over every GGUF in the HF cache
   curl http://127.0.0.1:8080/v1/chat/completions -d '{"messages": [{"role": "user", "content": "Hi"}]}'
 """
-
-_SIZE = re.compile(r"^\s*(\d+)\s*([kmg]?)(i?b)?\s*$", re.IGNORECASE)
-
 
 @model_options(load=True)
 @sampling_options()
@@ -90,6 +92,9 @@ def serve(
     models_preset: ModelsPresetOpt = None,
     reasoning_format: ReasoningFormatOpt = FORMAT_DEEPSEEK,
     reasoning_budget: ReasoningBudgetOpt = UNLIMITED,
+    log_format: LogFormatOpt = "text",
+    quiet: QuietOpt = False,
+    verbose_native: VerboseNativeOpt = False,
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API: chat, completions, embeddings.
 
@@ -125,7 +130,9 @@ def serve(
         max_body_size=parse_size(max_body_size), chat_template=chat_template, webui=not no_webui,
         limits=limits, speculative=spec, slot_save_path=slot_save_path.resolve() if slot_save_path else None,
         reasoning_format=reasoning_format, reasoning_budget=reasoning_budget,
+        access_log=None if quiet else log_format, verbose=load.verbose,
     )
+    load = replace(load, verbose=verbose_native)  # -v is the server's detail; llama.cpp's log is its own switch
     if router:
         _serve_router(ctx, model, paths, repos, load, settings, host, port, embeddings=embeddings, alias=alias,
                       models_dir=models_dir or [], models_cache=models_cache, models_max=models_max,
@@ -166,7 +173,7 @@ def _serve_router(ctx: typer.Context, model: ModelRequest, paths: list[str], rep
     models, preload = router_models(found, load, settings, options)
     _add_rpc_servers(load)
     socks = server.listen_for(host, port, settings)
-    serve_router(socks, models, preload, settings, options, load.verbose)
+    serve_router(socks, models, preload, settings, options, settings.verbose)
 
 
 def _add_rpc_servers(load: LoadSettings) -> None:
@@ -177,8 +184,6 @@ def _add_rpc_servers(load: LoadSettings) -> None:
 
 
 def _with_alias(settings: Any, alias: str) -> Any:
-    from dataclasses import replace
-
     return replace(settings, alias=alias)
 
 
@@ -186,13 +191,5 @@ def _default_alias(path: Path) -> str:
     return path.stem
 
 
-def parse_size(text: str) -> int:
-    """Bytes in '8388608', '8M', '8MiB', '512K'... (powers of 1024)."""
-    match = _SIZE.match(text)
-    if not match:
-        raise typer.BadParameter(f"{text!r} is not a size such as 8388608, 512K or 8MiB",
-                                 param_hint="'--max-body-size'")
-    return int(match.group(1)) * 1024 ** " kmg".index(match.group(2).lower() or " ")
-
-
-serve = own_option(own_option(serve, "model_path", ModelPathsOpt), "hf_repo", HfReposOpt)
+serve = own_option(own_option(own_option(serve, "model_path", ModelPathsOpt), "hf_repo", HfReposOpt), "verbose",
+                   ServeVerboseOpt)

@@ -25,6 +25,7 @@ from ..errors import InputError
 from . import openai_answers
 from .anthropic import routes as anthropic
 from .openai_responses import routes as openai_responses
+from .http.access_log import AccessLogMiddleware
 from .http.auth import ApiKeyMiddleware
 from .errors import ERROR_TYPES, APIError, install_error_handlers, loading_error
 from .http.leases import LeaseMiddleware
@@ -105,6 +106,8 @@ def create_app(models: ModelSet, settings: ServerSettings) -> FastAPI:
         app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
     app.add_middleware(CorsMiddleware, origins=settings.cors_origins)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
+    if settings.access_log:  # outermost: it sees every answer, the middlewares' own (401, 413) too
+        app.add_middleware(AccessLogMiddleware, log_format=settings.access_log)
     return app
 
 
