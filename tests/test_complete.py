@@ -505,7 +505,19 @@ def test_a_reader_that_leaves_early_ends_the_run_quietly_with_141(tiny_model: Pa
     assert proc.stdout.read(1)
     proc.stdout.close()
     _, err = proc.communicate(timeout=60)
-    assert (proc.returncode, err) == (141, b"")
+    assert (proc.returncode, err) == (141, PAST_TRAINING.format(n=16384).encode() + b"\n")
+
+
+PAST_TRAINING = ("Warning: -c {n} is more than the 2048 tokens the model was trained on: past them its output may "
+                 "degrade (possible training context overflow)")
+
+
+def test_a_context_past_the_trained_length_is_warned_as_llama_cpp_does(tiny_model: Path) -> None:
+    # Before: accepted without a word (llama.cpp: "possible training context overflow").
+    past = run_cli("complete", "-m", str(tiny_model), "-c", "4096", "-p", "hi", "-n", "1")
+    assert (past.exit_code, past.stderr) == (0, PAST_TRAINING.format(n=4096) + "\n")
+    within = run_cli("complete", "-m", str(tiny_model), "-c", "2048", "-p", "hi", "-n", "1")
+    assert (within.exit_code, within.stderr) == (0, "")
 
 
 def test_prompt_bytes_that_are_not_utf8_pass_through(tiny_model: Path) -> None:

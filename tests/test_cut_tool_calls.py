@@ -22,7 +22,7 @@ LIMIT = 12  # tokens: the forced call is cut inside the function's name
 
 @pytest.fixture(scope="module")
 def server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = _start(tiny_model, tmp_path_factory.mktemp("cut-calls") / "stderr.log", "-q")
+    srv = _start(tiny_model, tmp_path_factory.mktemp("cut-calls") / "stderr.log")
     yield srv
     srv.stop()
 

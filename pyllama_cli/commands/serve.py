@@ -8,8 +8,9 @@ from typing import Any
 
 import typer
 
-from ..console import download_tqdm
+from ..console import download_tqdm, warn
 from ..core.model.resolve import ModelRequest, resolve_model
+from ..core.model.session import trained_context_warning
 from ..core.model.settings import LoadSettings
 from ..errors import UsageError
 from ..options.limits import limit_options
@@ -141,6 +142,9 @@ def serve(
     one = ModelRequest(model=paths[0] if paths else None, hf_repo=repos[0] if repos else None,
                        hf_file=model.hf_file, hf_token=model.hf_token, offline=model.offline)
     resolved = resolve_model(one, tqdm_class=download_tqdm())
+    per_request = load.n_ctx if kv_unified else load.n_ctx // parallel  # what llama.cpp checks: n_ctx_seq
+    if past := trained_context_warning(resolved.path, per_request, f"a context of {per_request} tokens per request"):
+        warn(past)
     _add_rpc_servers(load)
     settings = _with_alias(settings, alias or _default_alias(resolved.path))
     socks = server.listen_for(host, port, settings)
