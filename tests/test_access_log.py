@@ -76,3 +76,41 @@ def test_quiet_logs_no_request(tiny_model: Path, tmp_path: Path) -> None:
     finally:
         srv.stop()
     assert _request_lines(srv.stderr) == []
+
+
+def test_verbose_gives_the_prompts_tokens_by_part_and_not_llama_cpps_log(tiny_model: Path, tmp_path: Path) -> None:
+    from tests.test_serve import WEATHER
+
+    srv = _start(tiny_model, tmp_path / "stderr.log", "-v")
+    try:
+        body = {**CHAT, "messages": [{"role": "system", "content": "Be brief."}, *HELLO], "tools": [WEATHER]}
+        usage = httpx.post(f"{srv.url}/v1/chat/completions", json=body, timeout=120).json()["usage"]
+    finally:
+        srv.stop()
+    [line] = [line for line in srv.stderr.splitlines() if line.startswith("POST ")]
+    parts = re.search(r"\(prompt (\d+) tokens: tools (\d+), system (\d+), messages (\d+), template (\d+)\)", line)
+    total, tools, system, messages, template = map(int, parts.groups())
+    assert total == usage["prompt_tokens"] == tools + system + messages + template
+    assert tools > 100 and 0 < system < 10 and 0 < messages < 10 and template > 0
+    assert "llama_" not in srv.stderr  # llama.cpp's own log is --verbose-native now
+
+
+def test_verbose_native_shows_llama_cpps_own_log(tiny_model: Path, tmp_path: Path) -> None:
+    srv = _start(tiny_model, tmp_path / "stderr.log", "--verbose-native")
+    srv.stop()
+    assert "llama_model_loader: " in srv.stderr
+
+
+def test_no_stray_llama_cpp_line_at_shutdown_after_a_tool_grammar(tiny_model: Path, tmp_path: Path) -> None:
+    # Building a tool call's grammar imported the llama_cpp package, whose own log callback then printed
+    # `~llama_context: CPU compute buffer size ...` when the server stopped.
+    from tests.test_serve import WEATHER
+
+    srv = _start(tiny_model, tmp_path / "stderr.log", "-q")
+    try:
+        body = {**CHAT, "max_tokens": 2, "tools": [WEATHER], "tool_choice": "required"}
+        assert httpx.post(f"{srv.url}/v1/chat/completions", json=body, timeout=120).status_code == 200
+    finally:
+        srv.stop()
+    assert srv.stderr.splitlines()[-1] == "pyllama serve: stopped (SIGTERM)"
+    assert "llama" not in srv.stderr.replace("pyllama", "")

@@ -107,7 +107,7 @@ def create_app(models: ModelSet, settings: ServerSettings) -> FastAPI:
     app.add_middleware(CorsMiddleware, origins=settings.cors_origins)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     if settings.access_log:  # outermost: it sees every answer, the middlewares' own (401, 413) too
-        app.add_middleware(AccessLogMiddleware, log_format=settings.access_log)
+        app.add_middleware(AccessLogMiddleware, log_format=settings.access_log, verbose=settings.verbose)
     return app
 
 

@@ -105,6 +105,12 @@ def configure_logging(verbose: bool = False, log_file: Path | None = None) -> No
         _router.sink = sys.stderr if verbose else None
 
 
+def restore_log_callback() -> None:
+    """Put pyllama's log callback back after `import llama_cpp` replaced it with the package's own
+    (which prints everything: the stray `~llama_context: ...` line at serve's shutdown)."""
+    lib.llama_log_set(_router.callback, ctypes.c_void_p(0))
+
+
 def _open_log(path: Path) -> IO[str]:
     try:
         return open(path, "a", encoding="utf-8")  # noqa: SIM115 - lives for the process

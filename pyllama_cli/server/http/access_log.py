@@ -17,6 +17,7 @@ import json
 import sys
 import time
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -35,6 +36,7 @@ _ERROR_BODY_LIMIT = 64 * 1024  # bytes of an error body kept to read its message
 class _Request:
     model: str | None = None
     stats: list[Any] = field(default_factory=list)
+    parts: str | None = None  # -v: the prompt's tokens by part
 
 
 _CURRENT: contextvars.ContextVar[_Request | None] = contextvars.ContextVar("pyllama_access", default=None)
@@ -47,12 +49,32 @@ def note_model(model_id: str) -> None:
         current.model = model_id
 
 
+def note_prompt_parts(count: Callable[[str, bool], int], prompt: str, without_tools: str,
+                      messages: list[dict[str, Any]]) -> None:
+    """Record, for -v, how many of the prompt's tokens are the tools' text, the system messages, the
+    other messages and the template's own markup (what agents' long prompts are made of)."""
+    current = _CURRENT.get()
+    if current is None:
+        return
+    total, bare = count(prompt, True), count(without_tools, True)  # as prompts: BOS included
+    system = sum(count(_text_of(m), False) for m in messages if m.get("role") in ("system", "developer"))
+    other = sum(count(_text_of(m), False) for m in messages if m.get("role") not in ("system", "developer"))
+    current.parts = (f"prompt {total} tokens: tools {total - bare}, system {system}, messages {other}, "
+                     f"template {bare - system - other}")
+
+
+def _text_of(message: dict[str, Any]) -> str:
+    content = message.get("content")
+    return content if isinstance(content, str) else ""
+
+
 class AccessLogMiddleware:
     """Writes each HTTP request's line once its response has been sent (or its client has gone)."""
 
-    def __init__(self, app: ASGIApp, log_format: str = TEXT):
+    def __init__(self, app: ASGIApp, log_format: str = TEXT, verbose: bool = False):
         self.app = app
         self.log_format = log_format
+        self.verbose = verbose  # adds the prompt's parts
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in QUIET_PATHS:
@@ -76,6 +98,8 @@ class AccessLogMiddleware:
         fields = {"method": scope["method"], "path": scope["path"] + (f"?{query}" if query else ""), "model": current.model,
                   "status": response.status, "prompt_tokens": prompt, "generated_tokens": generated,
                   "time_ms": round(seconds * 1000, 1), "error": response.error()}
+        if self.verbose:
+            fields["prompt_parts"] = current.parts
         line = redact(json.dumps(fields, ensure_ascii=False) if self.log_format == JSON else _text(fields))
         try:
             sys.stderr.write(line + "\n")
@@ -90,6 +114,7 @@ def _text(f: dict[str, Any]) -> str:
 
     line = (f"{f['method']} {f['path']} {shown(f['status'])} model={shown(f['model'])} "
             f"prompt={shown(f['prompt_tokens'])} generated={shown(f['generated_tokens'])} {f['time_ms']:.0f}ms")
+    line += f" ({f['prompt_parts']})" if f.get("prompt_parts") else ""
     return line + (f" error: {f['error']}" if f["error"] else "")
 
 
