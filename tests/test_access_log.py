@@ -106,7 +106,7 @@ def test_no_stray_llama_cpp_line_at_shutdown_after_a_tool_grammar(tiny_model: Pa
     # `~llama_context: CPU compute buffer size ...` when the server stopped.
     from tests.test_serve import WEATHER
 
-    srv = _start(tiny_model, tmp_path / "stderr.log", "-q")
+    srv = _start(tiny_model, tmp_path / "stderr.log")
     try:
         body = {**CHAT, "max_tokens": 2, "tools": [WEATHER], "tool_choice": "required"}
         assert httpx.post(f"{srv.url}/v1/chat/completions", json=body, timeout=120).status_code == 200
