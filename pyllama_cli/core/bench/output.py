@@ -280,7 +280,7 @@ def rich_table(results: Sequence[BenchResult], speedups: Sequence[float | None],
     from rich import box
     from rich.table import Table
 
-    table = Table(box=box.SIMPLE_HEAVY, caption=f"build: {build.build_commit} ({build.build_number})")
+    table = Table(box=box.SIMPLE_HEAVY, caption=build.line)
     for col in cols:
         table.add_column(md_heading(col), justify="right" if md_width(col) > 0 else "left",
                          style="accent" if col == "t/s" else None, no_wrap=col not in ("model", "t/s", "ttft"))
@@ -332,7 +332,7 @@ class MarkdownPrinter(Printer):
         self.write("|" + "".join(f" {v:{_align(md_width(c))}} |" for c, v in zip(self.cols, cells)) + "\n")
 
     def footer(self) -> None:
-        self.write(f"\nbuild: {self.build.build_commit} ({self.build.build_number})\n")
+        self.write(f"\n{self.build.line}\n")
 
 
 def _align(width: int) -> str:

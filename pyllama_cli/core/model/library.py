@@ -188,6 +188,26 @@ def gpu_device_present() -> bool:
 
 
 @functools.cache
+def llama_cpp_commit() -> str:
+    """The llama.cpp commit libggml was built from (llama-bench's build_commit), "unknown" if it does not say."""
+    try:
+        commit = _ggml().ggml_commit
+    except (AttributeError, PyllamaError):  # a libggml older than ggml_commit
+        return "unknown"
+    commit.argtypes, commit.restype = [], ctypes.c_char_p
+    return (commit() or b"unknown").decode("utf-8", "replace")
+
+
+def bindings_version() -> str:
+    """llama-cpp-python's version, as installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("llama-cpp-python")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def _ggml() -> ctypes.CDLL:
     """libggml (already loaded by llama_cpp) with the device-registry calls llama_cpp does not bind."""
     # Beside the libllama actually loaded (LLAMA_CPP_LIB_PATH can point llama_cpp at another build).
