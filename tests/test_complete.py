@@ -527,3 +527,25 @@ def test_prompt_bytes_that_are_not_utf8_pass_through(tiny_model: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith(b"caf\xe9 \xff")
     assert json.loads(result.stderr.decode().strip().splitlines()[-1])["generated_tokens"] == 2
+
+
+def test_no_text_is_printed_after_ctrl_c(capsys: pytest.CaptureFixture[str]) -> None:
+    # Before: the token being generated when Ctrl-C came was printed after it.
+    from contextlib import nullcontext
+
+    from pyllama_cli.commands.complete import _stream
+    from pyllama_cli.core.interrupt import StopFlag
+
+    flag = StopFlag()
+
+    class Run:
+        text = ""
+
+        def stream(self, stop_flag: object) -> object:
+            yield "Hello"
+            flag.set()  # Ctrl-C, while the next token is computed
+            yield " world"
+
+    assert _stream(Run(), False, lambda f: nullcontext(f), flag, None) is True
+    assert capsys.readouterr().out == "Hello"
+

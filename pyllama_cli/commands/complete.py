@@ -143,8 +143,10 @@ def _stream(run: Any, echo: bool, catch_sigint: Any, flag: Any, answer: Any) -> 
             if echo:
                 sink.write(run.text)
             for piece in run.stream(stop_flag=flag.__bool__):
+                if flag:  # a token that was on its way when Ctrl-C came is not shown
+                    break
                 sink.write(answer.feed(piece) if answer is not None else piece)
-            if answer is not None:
+            if answer is not None and not flag:
                 sink.write(answer.flush())
         except Interrupted:  # Ctrl-C during the prompt evaluation
             return True
