@@ -423,7 +423,9 @@ complete -c pyllama -n '__pyllama_using perplexity' -l poll-batch -d 'Polling le
 complete -c pyllama -n '__pyllama_using perplexity' -s h -l help -d 'Show this message and exit.'
 
 # pyllama ps
-complete -c pyllama -n '__pyllama_using ps' -l url -d 'The server\'s address.' -x
+complete -c pyllama -n '__pyllama_using ps' -l host -d 'The server\'s address, as serve\'s --host.' -x
+complete -c pyllama -n '__pyllama_using ps' -l port -d 'The server\'s port, as serve\'s --port.' -x
+complete -c pyllama -n '__pyllama_using ps' -l url -d 'The server\'s URL (http://host:port, or a bare host:port); replaces --host and --port.' -x
 complete -c pyllama -n '__pyllama_using ps' -l api-key -d 'The servers\' API key, sent as \'Authorization: Bearer KEY\'.' -x
 complete -c pyllama -n '__pyllama_using ps' -l json -d 'Print JSON instead of text.'
 complete -c pyllama -n '__pyllama_using ps' -s h -l help -d 'Show this message and exit.'
@@ -497,6 +499,9 @@ complete -c pyllama -n '__pyllama_using serve' -l sleep-idle-seconds -d 'Unload 
 complete -c pyllama -n '__pyllama_using serve' -l models-preset -d 'INI file of per-model settings: [MODEL_ID] or [*] sections of flag = value (c, np, chat-template, alias, temp, ...).' -x -a '(__pyllama_values file)'
 complete -c pyllama -n '__pyllama_using serve' -l reasoning-format -d 'Thinking between the template\'s markers (<think>...</think>): \'deepseek\' puts it in reasoning_content, thinking blocks and reasoning items; \'none\' leaves it in the answer\'s text.' -x
 complete -c pyllama -n '__pyllama_using serve' -l reasoning-budget -d 'Thinking tokens before the think block is closed and the answer follows: -1 = unlimited, 0 = none.' -x
+complete -c pyllama -n '__pyllama_using serve' -l log-format -d 'The access log\'s form: one text line per request (method, path, model, status, tokens, time; errors with their reason), or one JSON object per line for log collectors.' -x
+complete -c pyllama -n '__pyllama_using serve' -s q -l quiet -d 'No access log (the start-up lines and errors that stop the server still show).'
+complete -c pyllama -n '__pyllama_using serve' -l verbose-native -d 'Show llama.cpp\'s own log on stderr (what -v shows in the other commands).'
 complete -c pyllama -n '__pyllama_using serve' -l shutdown-grace -d 'Seconds running requests get to finish after SIGTERM/Ctrl-C; then streams end with a server_shutdown error event and waiting requests get 503.' -x
 complete -c pyllama -n '__pyllama_using serve' -l max-header-size -d 'Largest total size of a request\'s header fields in bytes (larger gets 431).' -x
 complete -c pyllama -n '__pyllama_using serve' -l max-headers -d 'Most header fields in one request (more gets 431).' -x
@@ -551,7 +556,7 @@ complete -c pyllama -n '__pyllama_using serve' -o ub -l ubatch-size -d 'Physical
 complete -c pyllama -n '__pyllama_using serve' -l mlock -d 'Keep the model in RAM (no swapping).'
 complete -c pyllama -n '__pyllama_using serve' -l no-mmap -d 'Read the model into memory instead of mapping it.'
 complete -c pyllama -n '__pyllama_using serve' -s s -l seed -d 'Random seed (-1 = random).' -x
-complete -c pyllama -n '__pyllama_using serve' -s v -l verbose -d 'Show llama.cpp\'s own log on stderr.'
+complete -c pyllama -n '__pyllama_using serve' -s v -l verbose -d 'Say more: each request\'s prompt tokens by part (template, tools, messages) and uvicorn\'s log.'
 complete -c pyllama -n '__pyllama_using serve' -l log-file -d 'Append llama.cpp\'s log to this file.' -x -a '(__pyllama_values file)'
 complete -c pyllama -n '__pyllama_using serve' -l rpc -d 'RPC servers (`pyllama rpc-server` or llama.cpp\'s rpc-server) whose devices hold part of the model, comma-separated.' -x
 complete -c pyllama -n '__pyllama_using serve' -o dev -l device -d 'Devices to offload to, comma-separated (none = no offload; default: every GPU and RPC server).' -x
@@ -571,7 +576,9 @@ complete -c pyllama -n '__pyllama_using serve' -l poll-batch -d 'Polling level o
 complete -c pyllama -n '__pyllama_using serve' -s h -l help -d 'Show this message and exit.'
 
 # pyllama stop
-complete -c pyllama -n '__pyllama_using stop' -l url -d 'The server\'s address.' -x
+complete -c pyllama -n '__pyllama_using stop' -l host -d 'The server\'s address, as serve\'s --host.' -x
+complete -c pyllama -n '__pyllama_using stop' -l port -d 'The server\'s port, as serve\'s --port.' -x
+complete -c pyllama -n '__pyllama_using stop' -l url -d 'The server\'s URL (http://host:port, or a bare host:port); replaces --host and --port.' -x
 complete -c pyllama -n '__pyllama_using stop' -l api-key -d 'The servers\' API key, sent as \'Authorization: Bearer KEY\'.' -x
 complete -c pyllama -n '__pyllama_using stop' -l json -d 'Print JSON instead of text.'
 complete -c pyllama -n '__pyllama_using stop' -s h -l help -d 'Show this message and exit.'

@@ -257,7 +257,7 @@ def model_progress() -> Any:
     """The download and load bars a command hands to core.model.session.open_model (none off a terminal)."""
     from .core.model.session import Progress
 
-    return Progress(download=download_tqdm(), load=load_progress)
+    return Progress(download=download_tqdm(), load=load_progress, warn=warn)
 
 
 def print_table(columns: list[Any], rows: list[tuple[list[str], bool]], caption: str) -> None:

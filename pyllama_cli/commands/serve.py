@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import typer
 
-from ..console import download_tqdm
+from ..console import download_tqdm, warn
 from ..core.model.resolve import ModelRequests, resolve_model
+from ..core.model.session import trained_context_warning
 from ..core.model.settings import LoadSettings
 from ..errors import UsageError
 from ..options.limits import limit_options
@@ -25,6 +26,10 @@ from ..options.serve import (
     AliasOpt,
     ApiKeyOpt,
     CorsOriginOpt,
+    LogFormatOpt,
+    QuietOpt,
+    ServeVerboseOpt,
+    VerboseNativeOpt,
     EmbeddingsOpt,
     HostOpt,
     KvUnifiedOpt,
@@ -40,6 +45,7 @@ from ..options.serve import (
     SlotSavePathOpt,
     ReasoningBudgetOpt,
     ReasoningFormatOpt,
+    parse_size,
 )
 from ..core.text.reasoning import FORMAT_DEEPSEEK, UNLIMITED
 
@@ -55,10 +61,7 @@ Examples:
   curl http://127.0.0.1:8080/v1/chat/completions -d '{"messages": [{"role": "user", "content": "Hi"}]}'
 """
 
-_SIZE = re.compile(r"^\s*(\d+)\s*([kmg]?)(i?b)?\s*$", re.IGNORECASE)
-
-
-@model_options(load=True, several=True)
+@model_options(load=True, several=True, own={"verbose": ServeVerboseOpt})  # -v: the server's own detail
 @sampling_options()
 @speculative_options()
 @limit_options()
@@ -88,6 +91,9 @@ def serve(
     models_preset: ModelsPresetOpt = None,
     reasoning_format: ReasoningFormatOpt = FORMAT_DEEPSEEK,
     reasoning_budget: ReasoningBudgetOpt = UNLIMITED,
+    log_format: LogFormatOpt = "text",
+    quiet: QuietOpt = False,
+    verbose_native: VerboseNativeOpt = False,
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API: chat, completions, embeddings.
 
@@ -121,13 +127,18 @@ def serve(
         max_body_size=parse_size(max_body_size), chat_template=chat_template, webui=not no_webui,
         limits=limits, speculative=spec, slot_save_path=slot_save_path.resolve() if slot_save_path else None,
         reasoning_format=reasoning_format, reasoning_budget=reasoning_budget,
+        access_log=None if quiet else log_format, verbose=load.verbose,
     )
+    load = replace(load, verbose=verbose_native)  # -v is the server's detail; llama.cpp's log is its own switch
     if router:
         _serve_router(ctx, model, load, settings, host, port, embeddings=embeddings, alias=alias,
                       models_dir=models_dir or [], models_cache=models_cache, models_max=models_max,
                       idle=sleep_idle_seconds, preset=models_preset, parallel=parallel, kv_unified=kv_unified)
         return
     resolved = resolve_model(model.first(), tqdm_class=download_tqdm())
+    per_request = load.n_ctx if kv_unified else load.n_ctx // parallel  # what llama.cpp checks: n_ctx_seq
+    if past := trained_context_warning(resolved.path, per_request, f"a context of {per_request} tokens per request"):
+        warn(past)
     _add_rpc_servers(load)
     settings = _with_alias(settings, alias or _default_alias(resolved.path))
     socks = server.listen_for(host, port, settings)
@@ -158,7 +169,7 @@ def _serve_router(ctx: typer.Context, model: ModelRequests, load: LoadSettings, 
     models, preload = router_models(found, load, settings, options)
     _add_rpc_servers(load)
     socks = server.listen_for(host, port, settings)
-    serve_router(socks, models, preload, settings, options, load.verbose)
+    serve_router(socks, models, preload, settings, options, settings.verbose)
 
 
 def _add_rpc_servers(load: LoadSettings) -> None:
@@ -169,20 +180,8 @@ def _add_rpc_servers(load: LoadSettings) -> None:
 
 
 def _with_alias(settings: Any, alias: str) -> Any:
-    from dataclasses import replace
-
     return replace(settings, alias=alias)
 
 
 def _default_alias(path: Path) -> str:
     return path.stem
-
-
-def parse_size(text: str) -> int:
-    """Bytes in '8388608', '8M', '8MiB', '512K'... (powers of 1024)."""
-    match = _SIZE.match(text)
-    if not match:
-        raise typer.BadParameter(f"{text!r} is not a size such as 8388608, 512K or 8MiB",
-                                 param_hint="'--max-body-size'")
-    return int(match.group(1)) * 1024 ** " kmg".index(match.group(2).lower() or " ")
-

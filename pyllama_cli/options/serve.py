@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated
 
@@ -81,3 +82,35 @@ ModelsPresetOpt = Annotated[Path | None, typer.Option(
     dir_okay=False)]
 
 __all__ = ["DEFAULT_MODELS_MAX"]
+
+
+LogFormatOpt = Annotated[str, typer.Option(
+    "--log-format", callback=lambda value: _one_of(value, ("text", "json")), help="The access log's form: one "
+    "text line per request (method, path, model, status, tokens, time; errors with their reason), or one "
+    "JSON object per line for log collectors.", rich_help_panel=SERVER_PANEL)]
+QuietOpt = Annotated[bool, typer.Option(
+    "-q", "--quiet", help="No access log (the start-up lines and errors that stop the server still show).",
+    rich_help_panel=SERVER_PANEL)]
+ServeVerboseOpt = Annotated[bool, typer.Option(
+    "-v", "--verbose", help="Say more: each request's prompt tokens by part (template, tools, messages) and "
+    "uvicorn's log. llama.cpp's own log is --verbose-native.", rich_help_panel=SERVER_PANEL)]
+VerboseNativeOpt = Annotated[bool, typer.Option(
+    "--verbose-native", help="Show llama.cpp's own log on stderr (what -v shows in the other commands).",
+    rich_help_panel=SERVER_PANEL)]
+
+_SIZE = re.compile(r"^\s*(\d+)\s*([kmg]?)(i?b)?\s*$", re.IGNORECASE)
+
+
+def _one_of(value: str, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise typer.BadParameter(f"{value!r} is not one of {', '.join(choices)}")
+    return value
+
+
+def parse_size(text: str) -> int:
+    """Bytes in '8388608', '8M', '8MiB', '512K'... (powers of 1024)."""
+    match = _SIZE.match(text)
+    if not match:
+        raise typer.BadParameter(f"{text!r} is not a size such as 8388608, 512K or 8MiB",
+                                 param_hint="'--max-body-size'")
+    return int(match.group(1)) * 1024 ** " kmg".index(match.group(2).lower() or " ")

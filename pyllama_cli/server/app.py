@@ -23,6 +23,7 @@ from .. import __version__
 from . import spine
 from .anthropic import routes as anthropic
 from .errors import OPENAPI_ERRORS, install_error_handlers
+from .http.access_log import AccessLogMiddleware
 from .http.auth import ApiKeyMiddleware
 from .http.leases import LeaseMiddleware
 from .http.middleware import BodyLimitMiddleware, CorsMiddleware
@@ -83,6 +84,8 @@ def create_app(models: ModelSet, settings: ServerSettings) -> FastAPI:
         app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key, pages=webui.PAGE_PATHS)
     app.add_middleware(CorsMiddleware, origins=settings.cors_origins)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
+    if settings.access_log:  # outermost: it sees every answer, the middlewares' own (401, 413) too
+        app.add_middleware(AccessLogMiddleware, log_format=settings.access_log, verbose=settings.verbose)
     return app
 
 

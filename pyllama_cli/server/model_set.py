@@ -18,6 +18,7 @@ from typing import Any
 from ..core.serving.engine import BROKEN, CLOSED, FAILED, READY, Engine
 from .cards import model_card
 from .errors import APIError
+from .http.access_log import note_model
 from .http.leases import hold
 from .settings import ServerSettings
 
@@ -102,6 +103,7 @@ class OneModel(ModelSet):
         self.model.engine.start()
 
     async def get(self, requested: str | None, keep_alive: float | None = None) -> ServedModel:
+        note_model(self.model.id)
         if hold(self._release):
             self._requests += 1
         return self.model

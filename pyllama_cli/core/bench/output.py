@@ -295,7 +295,7 @@ def md_table(results: Sequence[BenchResult], speedups: Sequence[float | None], c
     columns = [TableColumn(md_heading(col), md_width(col) > 0, col in ("model", "t/s", "ttft"), col == "t/s")
                for col in cols]
     rows = [(md_cells(result, cols, build, gain), bool(result.error)) for result, gain in zip(results, speedups)]
-    return columns, rows, f"build: {build.build_commit} ({build.build_number})"
+    return columns, rows, build.line
 
 
 def check_failures(results: Sequence[BenchResult]) -> None:
@@ -341,7 +341,7 @@ class MarkdownPrinter(Printer):
         self.write("|" + "".join(f" {v:{_align(md_width(c))}} |" for c, v in zip(self.cols, cells)) + "\n")
 
     def footer(self) -> None:
-        self.write(f"\nbuild: {self.build.build_commit} ({self.build.build_number})\n")
+        self.write(f"\n{self.build.line}\n")
 
 
 def _align(width: int) -> str:

@@ -255,6 +255,6 @@ def build_info() -> BuildInfo:
     # As llama-bench: RPC compiled in is no backend until it has devices (servers added with --rpc).
     if any(name.startswith("RPC") and n_devices > 0 for name, n_devices in regs):
         backends.append("RPC")
-    version = getattr(lib, "__version__", "unknown")
-    return BuildInfo(f"llama-cpp-python {version}", 0, cpu, gpu, ",".join(backends) or "CPU")
+    return BuildInfo(library.llama_cpp_commit(), 0, cpu, gpu, ",".join(backends) or "CPU",
+                     bindings=f"llama-cpp-python {library.bindings_version()}")
 

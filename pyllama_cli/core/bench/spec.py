@@ -210,3 +210,10 @@ class BuildInfo:
     cpu_info: str
     gpu_info: str
     backends: str
+    bindings: str = ""  # "llama-cpp-python 0.3.36": what runs llama.cpp here
+
+    @property
+    def line(self) -> str:
+        """The table's last line: llama-bench's "build: COMMIT (NUMBER)", with the bindings when they are known
+        (their libllama has no build number)."""
+        return f"build: {self.build_commit} ({self.bindings or self.build_number})"

@@ -107,6 +107,12 @@ def configure_logging(verbose: bool = False, log_file: Path | None = None) -> No
         _router.sink = sys.stderr if verbose else None
 
 
+def restore_log_callback() -> None:
+    """Put pyllama's log callback back after `import llama_cpp` replaced it with the package's own
+    (which prints everything: the stray `~llama_context: ...` line at serve's shutdown)."""
+    lib.llama_log_set(_router.callback, ctypes.c_void_p(0))
+
+
 def _open_log(path: Path) -> IO[str]:
     try:
         return open(path, "a", encoding="utf-8")  # noqa: SIM115 - lives for the process
@@ -208,6 +214,26 @@ def shipped_library(stem: str) -> ctypes.CDLL:
 
 
 @functools.cache
+def llama_cpp_commit() -> str:
+    """The llama.cpp commit libggml was built from (llama-bench's build_commit), "unknown" if it does not say."""
+    try:
+        commit = _ggml().ggml_commit
+    except (AttributeError, PyllamaError):  # a libggml older than ggml_commit
+        return "unknown"
+    commit.argtypes, commit.restype = [], ctypes.c_char_p
+    return (commit() or b"unknown").decode("utf-8", "replace")
+
+
+def bindings_version() -> str:
+    """llama-cpp-python's version, as installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("llama-cpp-python")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def _ggml() -> ctypes.CDLL:
     """libggml (already loaded by llama_cpp) with the device-registry calls llama_cpp does not bind."""
     ggml = shipped_library("ggml")

@@ -89,7 +89,17 @@ def _chat_choice(header: r.Header, answer: r.Answer, prep: PreparedChat) -> dict
     if prep.thinking is not None:
         reasoning, answer.text = prep.thinking.split(answer.text)
     calls = parse_tool_calls(answer.text, prep.tools) if prep.tools is not None else None
-    return r.chat_completion(header, answer, calls, prep.logprobs, reasoning)
+    body = r.chat_completion(header, answer, calls, prep.logprobs, reasoning)
+    if calls is None and cut_call(answer.text, prep.tools, answer.stats):
+        body["choices"][0]["message"]["content"] = None  # half a call is no answer (finish_reason: length)
+    return body
+
+
+def cut_call(text: str, plan: ToolPlan | None, stats: Any) -> bool:
+    """Whether `text` is a tool call the token limit cut short: forced, or one it could still have become.
+    Clients (the Agents SDK) took such text for the final answer."""
+    return (plan is not None and bool(text.strip()) and stats is not None and r.finish_reason(stats) == "length"
+            and (plan.forced or may_be_call(text)))
 
 
 async def collect_together(engine: Engine, jobs: list[GenerationJob], request: Request) -> list[r.Answer]:
@@ -150,7 +160,7 @@ async def _chat_events(stream: JobStream, prep: PreparedChat, header: r.Header,
                                     if prep.extras.timings_per_token else chunk)
                     else:
                         yield content.event(text)
-        calls, rest = held.finish()
+        calls, rest = held.finish(answer.stats)
         if rest is not None:
             text, probs = rest
             chunk = r.chat_chunk(header, {"content": text}, logprobs=r.chat_logprobs(probs) if prep.logprobs else None)
@@ -223,13 +233,15 @@ class HeldForTools:
             return out
         return []
 
-    def finish(self) -> tuple[list[dict[str, Any]] | None, tuple[str, list[Any]] | None]:
-        """(tool calls, or None; held text to send as content, or None)."""
+    def finish(self, stats: Any) -> tuple[list[dict[str, Any]] | None, tuple[str, list[Any]] | None]:
+        """(tool calls, or None; held text to send as content, or None: none either for a call cut short)."""
         if not self.holding or self.plan is None:
             return None, None
         calls = parse_tool_calls(self.text, self.plan)
         if calls:
             return calls, None
+        if cut_call(self.text, self.plan, stats):
+            return None, None
         return None, (self.text, self.probs) if self.text or self.probs else None
 
 
@@ -243,12 +255,14 @@ class Parts:
     reasoning: str
     text: str
     calls: list[dict[str, Any]] | None
+    cut_call: bool = False  # the answer was a tool call cut short by the token limit (text holds none of it)
 
 
 def whole_parts(prep: PreparedChat, answer: r.Answer) -> Parts:
     reasoning, text = prep.thinking.split(answer.text) if prep.thinking is not None else ("", answer.text)
     calls = parse_tool_calls(text, prep.tools) if prep.tools is not None else None
-    return Parts(reasoning, "" if calls else text, calls)
+    cut = calls is None and cut_call(text, prep.tools, answer.stats)
+    return Parts(reasoning, "" if calls or cut else text, calls, cut)
 
 
 REASONING, TEXT, CALLS, PING = "reasoning", "text", "calls", "ping"
@@ -272,7 +286,7 @@ async def streamed_parts(stream: JobStream, prep: PreparedChat, answer: r.Answer
             else:
                 for text, _ in held.feed(piece, []):
                     yield TEXT, text
-    calls, rest = held.finish()
+    calls, rest = held.finish(answer.stats)
     if rest is not None and rest[0]:
         yield TEXT, rest[0]
     if calls:

@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from ...core.constrain.tools import ToolPlan, ToolsError, plan_tools, render_with_tools
 from ...core.serving.engine import Engine
 from ...core.serving.jobs import GenerationJob
+from ..http.access_log import note_prompt_parts
 from ...core.text.reasoning import (
     EFFORT_BUDGETS,
     FORMAT_NONE,
@@ -113,9 +114,16 @@ def render_prompt(engine: Engine, settings: ServerSettings, messages: list[dict[
                   plan: ToolPlan | None, *, add_generation_prompt: bool = True,
                   template_kwargs: dict[str, Any] | None = None) -> str:
     template_text = engine.chat_template_text(settings.chat_template)
-    return render_with_tools(lambda m, tools: engine.render_chat(
-        m, tools=tools, template=settings.chat_template, add_generation_prompt=add_generation_prompt,
-        template_kwargs=template_kwargs), messages, plan, template_text)
+
+    def render(m: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
+        return engine.render_chat(m, tools=tools, template=settings.chat_template,
+                                  add_generation_prompt=add_generation_prompt, template_kwargs=template_kwargs)
+
+    prompt = render_with_tools(render, messages, plan, template_text)
+    if settings.verbose:  # -v: the prompt's tokens by part, in the access log
+        note_prompt_parts(lambda text, whole: len(engine.tokenize(text, add_special=whole)), prompt,
+                          render_with_tools(render, messages, None, template_text), messages)
+    return prompt
 
 
 def message_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:

@@ -23,7 +23,8 @@ from ...core.serving.engine import Engine
 from ...core.serving.jobs import JobStream
 from ..openai import bodies as r
 from ..errors import to_api_error
-from ..openai.answers import CALLS, REASONING, TEXT, Parts, Running, collect_all, streamed_parts, whole_parts
+from ..openai.answers import (CALLS, REASONING, TEXT, Parts, Running, collect_all, cut_call, streamed_parts,
+                              whole_parts)
 from ..openai.prepare import PreparedChat
 from ..sse import EventStream
 from .schemas import ResponsesRequest
@@ -74,7 +75,7 @@ class ResponseShape:
 
     def output(self, parts: Parts) -> list[dict[str, Any]]:
         items = [self.reasoning(parts.reasoning)] if parts.reasoning else []
-        if parts.text or not parts.calls:
+        if parts.text or not (parts.calls or parts.cut_call):
             items.append(self.message(parts.text))
         return items + [function_call(c) for c in parts.calls or ()]
 
@@ -150,7 +151,8 @@ async def _events(stream: JobStream, prep: PreparedChat, shape: ResponseShape,
             yield ev(delta, item_id=shape.item_ids["reasoning" if kind == REASONING else "message"],
                      output_index=len(order) - 1, content_index=0, delta=value, **extra)
         closing = _close(ev, shape, order, texts)
-        if not calls and TEXT not in order:  # an answer with no text is still one (empty) message
+        cut = not calls and not texts[TEXT] and cut_call("{", prep.tools, answer.stats)  # its text was held back
+        if not calls and TEXT not in order and not cut:  # an answer with no text is still one (empty) message
             closing += _open(ev, shape, TEXT, len(order))
             order.append(TEXT)
             closing += _close(ev, shape, order, texts)
@@ -160,7 +162,7 @@ async def _events(stream: JobStream, prep: PreparedChat, shape: ResponseShape,
             for chunk in _call_events(ev, function_call(call), len(order)):
                 yield chunk
             order.append(CALLS)
-        parts = Parts(texts[REASONING], texts[TEXT], calls or None)
+        parts = Parts(texts[REASONING], texts[TEXT], calls or None, cut)
         body = shape.body("completed", shape.output(parts), answer)
         finished(body, parts)
         yield ev("response.completed", response=body)
