@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +24,10 @@ from ..options.serve import (
     DEFAULT_PORT,
     SERVER_PANEL,
     AliasOpt,
+    AllowedHostsOpt,
     ApiKeyOpt,
     CorsOriginOpt,
+    DocsOpt,
     EmbeddingsOpt,
     HfReposOpt,
     HostOpt,
@@ -76,6 +79,8 @@ def serve(
     alias: AliasOpt = None,
     api_key: ApiKeyOpt = None,
     cors_origin: CorsOriginOpt = None,
+    allowed_hosts: AllowedHostsOpt = None,
+    docs: DocsOpt = False,
     slot_save_path: SlotSavePathOpt = None,
     embeddings: EmbeddingsOpt = False,
     max_body_size: MaxBodySizeOpt = "8MiB",
@@ -104,6 +109,7 @@ def serve(
     """
     from ..core.generate.speculative import resolve_draft
     from ..server import run as server
+    from ..server.http.hosts import allowed_hosts as hosts_allowed
     from ..server.settings import ServerSettings
 
 
@@ -124,7 +130,8 @@ def serve(
         stop=sampling.stop, api_key=api_key or None, cors_origins=tuple(cors_origin or ()),
         max_body_size=parse_size(max_body_size), chat_template=chat_template, webui=not no_webui,
         limits=limits, speculative=spec, slot_save_path=slot_save_path.resolve() if slot_save_path else None,
-        reasoning_format=reasoning_format, reasoning_budget=reasoning_budget,
+        reasoning_format=reasoning_format, reasoning_budget=reasoning_budget, docs=docs,
+        allowed_hosts=hosts_allowed(host, allowed_hosts or []),
     )
     if router:
         _serve_router(ctx, model, paths, repos, load, settings, host, port, embeddings=embeddings, alias=alias,
@@ -135,7 +142,7 @@ def serve(
                        hf_file=model.hf_file, hf_token=model.hf_token, offline=model.offline)
     resolved = resolve_model(one, tqdm_class=download_tqdm())
     _add_rpc_servers(load)
-    settings = _with_alias(settings, alias or _default_alias(resolved.path))
+    settings = replace(settings, alias=alias or resolved.path.stem)  # default: the file's name without .gguf
     socks = server.listen_for(host, port, settings)
     server.serve(socks, resolved.path, load, settings, embeddings=embeddings, parallel=parallel, kv_unified=kv_unified)
 
@@ -174,16 +181,6 @@ def _add_rpc_servers(load: LoadSettings) -> None:
         from ..core.model.rpc import add_servers
 
         add_servers(load.rpc)  # an unreachable server fails now, before the port opens
-
-
-def _with_alias(settings: Any, alias: str) -> Any:
-    from dataclasses import replace
-
-    return replace(settings, alias=alias)
-
-
-def _default_alias(path: Path) -> str:
-    return path.stem
 
 
 def parse_size(text: str) -> int:

@@ -31,6 +31,9 @@ from .http.leases import LeaseMiddleware
 from .metrics import CONTENT_TYPE, Metrics, MetricsMiddleware
 from .llama import routes as llama_routes
 from .http.middleware import BodyLimitMiddleware, CorsMiddleware
+from .http.hosts import AllowedHostsMiddleware
+from .http.unicode import LoneSurrogateMiddleware
+from .http.docs import docs_urls
 from .models import ModelSet
 from .prepare import (
     message_dicts,
@@ -88,7 +91,7 @@ def create_app(models: ModelSet, settings: ServerSettings) -> FastAPI:
         finally:
             await run_in_threadpool(models.close)
 
-    app = FastAPI(title="pyllama serve", version=__version__, lifespan=lifespan,
+    app = FastAPI(title="pyllama serve", version=__version__, lifespan=lifespan, **docs_urls(settings.docs),
                   description="An OpenAI-compatible API over llama.cpp. Send `Authorization: Bearer KEY` when the "
                               "server was started with --api-key.")
     app.state.models = models
@@ -100,10 +103,12 @@ def create_app(models: ModelSet, settings: ServerSettings) -> FastAPI:
     app.state.metrics = Metrics(route.path for route in app.routes)
     # Added innermost first: metrics see every answer, CORS headers go on errors too.
     app.add_middleware(LeaseMiddleware)  # a model is held until its answer is sent (router mode)
+    app.add_middleware(LoneSurrogateMiddleware)  # no route ever sees half a UTF-16 pair
     app.add_middleware(BodyLimitMiddleware, max_body_size=settings.max_body_size)
     if settings.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
     app.add_middleware(CorsMiddleware, origins=settings.cors_origins)
+    app.add_middleware(AllowedHostsMiddleware, hosts=settings.allowed_hosts)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     return app
 

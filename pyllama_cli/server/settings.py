@@ -42,6 +42,8 @@ class ServerSettings:
     max_body_size: int = DEFAULT_MAX_BODY_SIZE
     chat_template: str | None = None  # NAME|FILE|JINJA override of the model's template
     webui: bool = True  # serve the chat page at GET /
+    docs: bool = False  # serve Swagger UI at /docs (--docs)
+    allowed_hosts: tuple[str, ...] = ()  # Host names answered (--allowed-hosts; (): any, see http/hosts.py)
     limits: ServerLimits = field(default_factory=ServerLimits)
     speculative: SpeculativeSettings = field(default_factory=SpeculativeSettings)  # --spec-type, -md
     slot_save_path: Path | None = None  # where /slots/ID?action=save|restore files live (None: off)

@@ -17,6 +17,7 @@ from ...core.serving.pool import FAILED, LOADED, EnginePool, PoolModel
 from ..cards import model_card
 from ..errors import APIError
 from ..http.leases import hold
+from ..metrics import label_pair
 from ..models import ModelSet, ServedModel
 from ..settings import ServerSettings
 
@@ -93,9 +94,9 @@ class Router(ModelSet):
         models = self.pool.models.values()
         return [
             ("model_loads_total", "counter", "Times each model was loaded.",
-             [(f'model="{m.id}"', m.loads) for m in models]),
+             [(label_pair("model", m.id), m.loads) for m in models]),
             ("model_loaded", "gauge", "Whether each model is loaded (1) or not (0).",
-             [(f'model="{m.id}"', int(m.state == LOADED)) for m in models]),
+             [(label_pair("model", m.id), int(m.state == LOADED)) for m in models]),
         ]
 
     def cancel_all(self, reason: BaseException | None = None) -> None:
