@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
@@ -283,3 +284,65 @@ def test_huge_json_bodies_of_many_keys_are_refused_quickly(srv: Server) -> None:
     metadata = json.dumps({str(k): "v" for k in range(150_000)})
     response = _raw(srv, "/v1/responses", f'{{"input": "hi", "metadata": {metadata}}}')
     assert response.status_code == 400
+
+
+# ---------------------------------------------------------------- huge grammars
+
+HUGE_ENUM = {"enum": [f"value-{i:06d}-abcdefghij" for i in range(13_000)]}  # 349 KB of JSON, as the probe's
+
+
+@pytest.mark.parametrize(("path", "body", "param"), [
+    ("/v1/chat/completions", {"messages": HELLO, "max_tokens": 2, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "e", "schema": HUGE_ENUM}}}, "response_format.json_schema.schema"),
+    ("/completion", {"prompt": "a", "n_predict": 2, "json_schema": HUGE_ENUM}, "json_schema"),
+    ("/v1/responses", {"input": "a", "max_output_tokens": 2, "text": {"format": {
+        "type": "json_schema", "name": "e", "schema": HUGE_ENUM}}}, "response_format.json_schema.schema"),
+])
+def test_a_huge_schema_enum_is_a_400_before_any_grammar_is_built(srv: Server, path: str, body: dict,
+                                                                   param: str) -> None:
+    started = time.monotonic()
+    response = httpx.post(f"{srv.url}{path}", json=body, timeout=30)
+    assert response.status_code == 400, response.text
+    assert time.monotonic() - started < 2
+    size = len(json.dumps(HUGE_ENUM))
+    assert response.json()["error"]["message"] == (f"{param} is {size} bytes, more than the server's limit of "
+                                                   "131072 bytes for a grammar")
+
+
+def test_the_grammar_bounds_are_flags(tiny_model: Path, tmp_path: Path) -> None:
+    enum = {"enum": [f"v{i}" for i in range(400)]}
+    server = _start(tiny_model, tmp_path / "stderr.log", "--max-grammar-size", "2048")
+    try:
+        small = httpx.post(f"{server.url}/completion", json={"prompt": "a", "n_predict": 1,
+                                                            "json_schema": {"enum": ["a", "b"]}}, timeout=30)
+        large = httpx.post(f"{server.url}/completion", json={"prompt": "a", "n_predict": 1, "json_schema": enum},
+                           timeout=30)
+        grammar = httpx.post(f"{server.url}/completion", json={"prompt": "a", "n_predict": 1,
+                                                              "grammar": "root ::= " + " | ".join(['"x"'] * 600)},
+                             timeout=30)
+    finally:
+        server.stop()
+    assert small.status_code == 200, small.text
+    assert large.status_code == grammar.status_code == 400
+    assert "more than the server's limit of 2048 bytes for a grammar" in large.json()["error"]["message"]
+    assert grammar.json()["error"]["param"] == "grammar"
+
+
+def test_a_grammar_parsed_while_preparing_is_the_one_the_engine_takes(tiny_model: Path) -> None:
+    from pyllama_cli.core.generate import grammar_pool
+    from pyllama_cli.core.model.native import Model
+    from pyllama_cli.core.model.settings import LoadSettings
+
+    model = Model.load(tiny_model, LoadSettings(), vocab_only=True)
+    try:
+        grammar_pool.prebuild(model, 'root ::= "yes" | "no"')
+        assert grammar_pool.take(model, 'root ::= "no"') is None
+        assert grammar_pool.take(model, 'root ::= "yes" | "no"') is not None
+        assert grammar_pool.take(model, 'root ::= "yes" | "no"') is None  # each is taken once
+        for _ in range(grammar_pool.MAX_READY + 3):
+            grammar_pool.prebuild(model, 'root ::= "a"')
+        assert len(grammar_pool._ready) == grammar_pool.MAX_READY
+        while grammar_pool.take(model, 'root ::= "a"') is not None:
+            pass
+    finally:
+        model.close()
