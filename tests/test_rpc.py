@@ -350,7 +350,7 @@ def test_a_server_killed_while_the_engine_waits_for_its_logits_is_an_error_event
 
     from tests.fixtures.make_gguf import TINY, write_llama_gguf
 
-    slow = write_llama_gguf(models_dir / "rpc-slow.gguf", replace(TINY, n_embd=1024, n_layer=8, n_ff=2048, seed=7))
+    slow = write_llama_gguf(models_dir / "rpc-slow.gguf", replace(TINY, n_embd=512, n_layer=8, n_ff=1024, ftype="F16", seed=7))
     own = [RpcServer(tmp_path / "a.log")]
     server = start_serve(slow, tmp_path / "serve.log", "--rpc", _rpc(own), "-c", "512")
     try:
