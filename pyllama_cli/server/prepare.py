@@ -6,6 +6,7 @@ answered with a 400 naming the field rather than a broken stream.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import re
@@ -255,7 +256,7 @@ def _sampling(req: GenerationFields, settings: ServerSettings, grammar: str | No
     bias = _logit_bias(req.logit_bias, engine)
     if bias:
         changes["logit_bias"] = settings.sampling.logit_bias + bias
-    if grammar and grammar != settings.sampling.grammar and engine.model is not None:
+    if grammar and grammar != settings.sampling.grammar and engine.model is not None and _on_a_worker_thread():
         _prebuild(engine, grammar, settings)
     return replace(settings.sampling, grammar=grammar, **changes)
 
@@ -270,6 +271,16 @@ def _prebuild(engine: Engine, grammar: str, settings: ServerSettings) -> None:
         grammar_bounds(settings).check_time(started, "grammar")
     except InputError as exc:
         raise APIError(400, exc.message, param="grammar", code="invalid_grammar") from None
+
+
+def _on_a_worker_thread() -> bool:
+    """Whether this runs off the event loop (a large body is prepared on a worker thread, see app._prepare):
+    a small body's grammar (milliseconds to parse) is left to the engine rather than stall every connection."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return True
+    return False
 
 
 def grammar_bounds(settings: ServerSettings) -> GrammarBounds:

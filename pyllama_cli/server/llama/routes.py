@@ -103,10 +103,21 @@ async def _generate(model: ServedModel, body: Any, request: Request, prepare: Ca
     engine = model.engine
     with engine.arriving():
         _ready(model)
-        prepared = prepare(engine, model.settings, body)
+        prepared = await _prepared(request, prepare, engine, model.settings, body)
         if body.stream:
             return native_stream(engine, prepared, model.id)
         return JSONResponse(await native_body(engine, prepared, model.id, request))
+
+
+async def _prepared(request: Request, prepare: Callable[..., Any], *args: Any) -> Any:
+    """`prepare` inline for a small body, on a worker thread for a large one (a big schema's grammar), as
+    app._prepare does for the OpenAI routes."""
+    from ..app import INLINE_PREPARE_BYTES
+
+    size = request.headers.get("content-length", "")
+    if size.isdigit() and int(size) <= INLINE_PREPARE_BYTES:
+        return prepare(*args)
+    return await run_in_threadpool(prepare, *args)
 
 
 def _slot_view(state: dict[str, Any], engine: Engine) -> dict[str, Any]:
