@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from pyllama_cli.server.http.hosts import allowed_hosts
 from pyllama_cli.server.http.unicode import lone_surrogate
 from pyllama_cli.server.openai_responses.store import ResponseStore
 from tests.fixtures.make_gguf import TINY, write_llama_gguf
@@ -255,15 +256,22 @@ def test_a_loopback_server_answers_only_loopback_host_names(srv: Server) -> None
                                                   "start it with --allowed-hosts evil.example (or '*') to allow it")
 
 
-@pytest.mark.parametrize("allowed", ["*", "evil.example,other.example"])
-def test_allowed_hosts_lets_named_hosts_in(tiny_model: Path, tmp_path: Path, allowed: str) -> None:
-    server = _start(tiny_model, tmp_path / "stderr.log", "--allowed-hosts", allowed)
+def test_allowed_hosts_lets_named_hosts_in(tiny_model: Path, tmp_path: Path) -> None:
+    server = _start(tiny_model, tmp_path / "stderr.log", "--allowed-hosts", "evil.example,other.example")
     try:
-        assert httpx.get(f"{server.url}/health", headers={"Host": "evil.example"}).status_code == 200
-        other = httpx.get(f"{server.url}/health", headers={"Host": "third.example"}).status_code
+        named = [httpx.get(f"{server.url}/health", headers={"Host": host}).status_code
+                 for host in ("evil.example", "OTHER.example:80", "localhost", "third.example")]
     finally:
         server.stop()
-    assert other == (200 if allowed == "*" else 403)
+    assert named == [200, 200, 200, 403]
+
+
+def test_any_host_when_bound_off_loopback_or_given_a_star() -> None:
+    assert allowed_hosts("127.0.0.1", []) == ("localhost",)
+    assert allowed_hosts("127.0.0.1,::1", ["a.example"]) == ("localhost", "a.example")
+    assert allowed_hosts("0.0.0.0", []) == ()  # any
+    assert allowed_hosts("127.0.0.1", ["*"]) == ()
+    assert allowed_hosts("192.168.1.5", ["a.example"]) == ("localhost", "a.example")
 
 
 def test_docs_only_with_the_flag_and_the_page_refuses_frames(srv: Server, tiny_model: Path, tmp_path: Path) -> None:
