@@ -3,7 +3,11 @@
 With --router, the server is in router mode over three models (tiny ones of different depths, made
 once) with --models-max 2, and each client's requests rotate over the three, so that models load and
 unload throughout; GET /v1/models is polled during the run, and no more than --models-max models may
-ever be loaded at once. With --rpc, every layer runs on one local `pyllama rpc-server` (-ngl 99).
+ever be loaded at once. With --rpc, every layer runs on one local `pyllama rpc-server` (-ngl 99),
+which is killed (SIGKILL) half way through (--kill-rpc-at; 0: never). From then on the model cannot
+run: the streams in flight must end with an error event and later requests get 503, none may hang,
+/health must answer 503 naming the dead server, and SIGTERM must still stop the server with 0 (the
+memory and idle-slot checks do not apply to a server whose model died under it).
 
 A bounded load (127.0.0.1 only, at most --max-requests requests, at most --duration seconds):
 each client sends streaming requests (ROUTES: chat, text completions, llama-server's /completion and
@@ -90,11 +94,13 @@ class Tally:
     latencies: list[float] = field(default_factory=list)
     ttfts: list[float] = field(default_factory=list)
     tokens: int = 0
+    cut: int = 0  # --rpc with a kill: streams that ended with an error event after the rpc-server died
+    refused: int = 0  # ... and requests answered 503 after it
     by_route: dict[str, int] = field(default_factory=dict)  # completed requests per route
 
     @property
     def sent(self) -> int:
-        return self.completed + self.disconnected + len(self.failures)
+        return self.completed + self.disconnected + len(self.failures) + self.cut + self.refused
 
 
 def parse_args() -> argparse.Namespace:
@@ -114,10 +120,14 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--models-max", type=int, default=2, help="router mode's --models-max (default 2)")
     p.add_argument("--rpc", action="store_true",
                    help="offload every layer (-ngl 99) to one local `pyllama rpc-server` (its own process)")
+    p.add_argument("--kill-rpc-at", type=float, default=0.5,
+                   help="with --rpc: kill the rpc-server (SIGKILL) at this fraction of --duration (0.5; 0 = never)")
     args = p.parse_args()
     if args.router and args.model:
         p.error("--router makes its own three models; leave out -m")
     args.model_ids = tuple(ROUTER_MODELS) if args.router else ()
+    args.kill_at = args.duration * args.kill_rpc_at if args.rpc and args.kill_rpc_at > 0 else None
+    args.killed = False
     args.routes = [name.strip() for name in args.routes.split(",")]
     unknown = [name for name in args.routes if name not in ROUTES]
     if unknown:
@@ -203,7 +213,11 @@ async def one_request(client, url: str, rng: random.Random, tally: Tally, args: 
     hang_up_after = rng.randint(1, 8) if rng.random() < args.disconnect_rate else None
     start, first, events, done, usage = time.perf_counter(), None, 0, False, None
     try:
-        async with client.stream("POST", url + route.path, json=body, timeout=120) as resp:
+        async with client.stream("POST", url + route.path, json=body, timeout=30 if args.kill_at else 120) as resp:
+            if resp.status_code == 503 and args.killed:
+                tally.refused += 1
+                await asyncio.sleep(0.05)
+                return
             if resp.status_code != 200:
                 tally.failures.append(f"HTTP {resp.status_code}: {(await resp.aread())[:200]!r}")
                 return
@@ -211,7 +225,10 @@ async def one_request(client, url: str, rng: random.Random, tally: Tally, args: 
                 if line == route.done:
                     done = True  # read on: the data of a named last event follows it
                     continue
-                if line in FAILED_EVENTS:
+                if line in FAILED_EVENTS or (args.killed and '"error"' in line):
+                    if args.killed:  # the rpc-server is gone: an error event is the right end
+                        tally.cut += 1
+                        return
                     tally.failures.append(f"an error event ({line})")
                     return
                 if not line.startswith("data: ") or line == "data: [DONE]":
@@ -281,8 +298,16 @@ async def load(url: str, args: argparse.Namespace, tally: Tally, pid: int, rss: 
                 rss["1min"], rss["first_s"] = rss_mib(pid), first
                 print(f"  after {first:.0f} s: {tally.sent} requests, RSS {rss['1min']:.1f} MiB", file=sys.stderr)
 
+    async def kill_rpc() -> None:
+        await asyncio.sleep(args.kill_at)
+        args.killed = True  # before the kill: the first error event may follow at once
+        args.rpc_proc.kill()
+        print(f"  after {args.kill_at:.0f} s: killed the rpc-server (SIGKILL), {tally.sent} requests so far",
+              file=sys.stderr)
+
     started = time.monotonic()
-    watchers = [asyncio.create_task(sample_rss())] + ([asyncio.create_task(poll_models())] if args.router else [])
+    watchers = [asyncio.create_task(sample_rss())] + ([asyncio.create_task(kill_rpc())] if args.kill_at else [])
+    watchers += [asyncio.create_task(poll_models())] if args.router else []
     await asyncio.gather(*(client_loop(i) for i in range(args.clients)))
     for watcher in watchers:
         watcher.cancel()
@@ -299,6 +324,18 @@ def idle_after(url: str, timeout: float = 5.0) -> tuple[int, int]:
         if (busy == 0 and queued == 0) or time.monotonic() > deadline:
             return busy, queued
         time.sleep(0.2)
+
+
+def dead_server_health(url: str, endpoint: str) -> str:
+    """What /health says once the rpc-server is dead: "503 naming it" when it does what it must."""
+    import httpx
+
+    try:
+        reply = httpx.get(url + "/health", timeout=10)
+    except httpx.HTTPError as exc:
+        return f"no answer: {type(exc).__name__}"
+    named = f"RPC server {endpoint} is gone" in reply.text
+    return "503 naming it" if reply.status_code == 503 and named else f"{reply.status_code} {reply.text[:200]}"
 
 
 def metric_sum(url: str, series: str) -> float:
@@ -339,6 +376,7 @@ def main() -> int:
     args = parse_args()
     models = router_models() if args.router else [args.model or tiny_model()]
     rpc, args.rpc_address = start_rpc_server() if args.rpc else (None, None)
+    args.rpc_proc = rpc
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp) / "serve.log"
         try:
@@ -364,6 +402,7 @@ def main() -> int:
                 tally.failures.append(f"after the load, /metrics did not answer: {type(exc).__name__}: {exc}")
                 busy, queued = -1, -1
             rss["end"] = rss_mib(proc.pid)
+            health = dead_server_health(url, args.rpc_address) if args.killed else None
         finally:
             code, stop_s = stop(proc)
             rpc_alive = rpc is None or rpc.poll() is None
@@ -371,19 +410,22 @@ def main() -> int:
                 stop(rpc)
         log_text = log.read_text(errors="replace")
     growth = (rss["end"] - rss["1min"]) / rss["1min"] if rss["1min"] == rss["1min"] else float("nan")
+    killed = {"0 hangs; every stream ends with a finish or an error event": not tally.failures,
+              f"/health answers 503 naming the dead rpc-server ({health})": health == "503 naming it"}
     checks = {
-        "zero failed requests": not tally.failures,
-        "RSS at the end within 10% of 1 min": abs(growth) <= 0.10,
-        "no slot busy, no request queued after the load": busy == 0 and queued == 0,
+        **(killed if args.killed else {"zero failed requests": not tally.failures,
+                                        "RSS at the end within 10% of 1 min": abs(growth) <= 0.10,
+                                        "no slot busy, no request queued after the load": busy == 0 and queued == 0}),
         **({f"never more than --models-max {args.models_max} models loaded ({seen['polls']} polls)":
             0 < seen["max_loaded"] <= args.models_max} if args.router else {}),
         "SIGTERM: exit 0 within 5 s": code == 0 and stop_s <= 5,
         "no traceback in the server log": "Traceback" not in log_text,
-        **({"the rpc-server still up after the run": rpc_alive} if args.rpc else {}),
+        **({"the rpc-server still up after the run": rpc_alive} if args.rpc and not args.killed else {}),
     }
     summary = {
         "duration_s": round(wall, 1), "requests": tally.sent, "completed": tally.completed,
         "disconnected": tally.disconnected, "failed": len(tally.failures), "tokens": tally.tokens,
+        **({"cut_by_the_kill": tally.cut, "refused_after_the_kill": tally.refused} if args.killed else {}),
         "completed_by_route": tally.by_route,
         "rss_start_mib": round(rss["start"], 1), "rss_1min_mib": round(rss["1min"], 1), "rss_end_mib": round(rss["end"], 1),
         "rss_growth_pct": round(growth * 100, 2), "latency_p50_s": round(pct(tally.latencies, 50), 3),
@@ -395,7 +437,9 @@ def main() -> int:
            if args.router else {}),
     }
     print(f"requests      {tally.sent} in {wall:.0f} s: {tally.completed} completed, {tally.disconnected} hung up "
-          f"mid-stream, {len(tally.failures)} failed ({tally.tokens} tokens streamed)")
+          f"mid-stream, {len(tally.failures)} failed ({tally.tokens} tokens streamed)"
+          + (f"; after the rpc-server's kill {tally.cut} streams ended with an error event, {tally.refused} "
+             "requests got 503" if args.killed else ""))
     print("by route      " + ", ".join(f"{name} {n}" for name, n in sorted(tally.by_route.items())) + " completed")
     print(f"memory (RSS)  {rss['start']:.1f} MiB at the start, {rss['1min']:.1f} MiB after {rss.get('first_s', 60):.0f} s, {rss['end']:.1f} MiB at the end "
           f"({growth:+.1%})")

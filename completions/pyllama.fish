@@ -485,6 +485,8 @@ complete -c pyllama -n '__pyllama_using serve' -l port -d 'Port to listen on (0 
 complete -c pyllama -n '__pyllama_using serve' -s a -l alias -d 'Model id clients use (default: the model file\'s name without .gguf; router mode: alias keys in --models-preset).' -x
 complete -c pyllama -n '__pyllama_using serve' -l api-key -d 'Require \'Authorization: Bearer KEY\' (all routes but /health).' -x
 complete -c pyllama -n '__pyllama_using serve' -l cors-origin -d 'Also allow browser requests from this origin (repeatable; \'*\' = any origin, as llama-server does).' -x
+complete -c pyllama -n '__pyllama_using serve' -l allowed-hosts -d 'Host names the server answers to (repeatable or comma-separated; \'*\' = any).' -x
+complete -c pyllama -n '__pyllama_using serve' -l docs -d 'Serve Swagger UI at /docs (it loads its scripts from a CDN); /openapi.json is always there.'
 complete -c pyllama -n '__pyllama_using serve' -l slot-save-path -d 'Folder for /slots/ID?action=save|restore files (off unless given).' -x -a '(__pyllama_values dir)'
 complete -c pyllama -n '__pyllama_using serve' -l embeddings -d 'Serve an embedding model: /v1/embeddings only.'
 complete -c pyllama -n '__pyllama_using serve' -l max-body-size -d 'Largest request body accepted (bytes, or with K/M/G; larger gets 413).' -x
@@ -510,6 +512,8 @@ complete -c pyllama -n '__pyllama_using serve' -l header-timeout -d 'Seconds a c
 complete -c pyllama -n '__pyllama_using serve' -l body-timeout -d 'Seconds a client has to send a request\'s body once its head is in (slower gets 408).' -x
 complete -c pyllama -n '__pyllama_using serve' -l max-connections -d 'Open connections served at once; a request on one beyond gets 503.' -x
 complete -c pyllama -n '__pyllama_using serve' -l keep-alive-timeout -d 'Seconds an idle keep-alive connection stays open.' -x
+complete -c pyllama -n '__pyllama_using serve' -l max-grammar-size -d 'Largest grammar a request\'s JSON schema or grammar may make, in bytes of GBNF (larger gets 400): a long enum slows every slot\'s sampling.' -x
+complete -c pyllama -n '__pyllama_using serve' -l max-grammar-seconds -d 'Longest a request\'s grammar may take to build (schema conversion and parse; longer gets 400).' -x
 complete -c pyllama -n '__pyllama_using serve' -l spec-type -d 'Speculative decoding: none, draft-simple, ngram-simple, ngram-map-k, ngram-cache (ngram-cache is not implemented).' -x
 complete -c pyllama -n '__pyllama_using serve' -o md -l model-draft -l spec-draft-model -d 'Draft model for draft-simple (a GGUF with the model\'s vocabulary; given alone, it turns draft-simple on).' -x
 complete -c pyllama -n '__pyllama_using serve' -o hfd -l hf-repo-draft -l spec-draft-hf -d 'Same as -hf, for the draft model: user/repo[:quant].' -x

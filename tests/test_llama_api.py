@@ -345,7 +345,7 @@ def test_cors_header_names_are_written_as_llama_server_writes_them(srv: Server) 
 
     host, port = srv.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=10) as conn:
-        conn.sendall(b"OPTIONS /completion HTTP/1.1\r\nHost: x\r\nOrigin: http://localhost:5173\r\n"
+        conn.sendall(b"OPTIONS /completion HTTP/1.1\r\nHost: localhost\r\nOrigin: http://localhost:5173\r\n"
                      b"Access-Control-Request-Method: POST\r\nConnection: close\r\n\r\n")
         head = b""
         while b"\r\n\r\n" not in head:

@@ -24,12 +24,14 @@ from ..options.serve import (
     DEFAULT_PORT,
     SERVER_PANEL,
     AliasOpt,
+    AllowedHostsOpt,
     ApiKeyOpt,
     CorsOriginOpt,
     LogFormatOpt,
     QuietOpt,
     ServeVerboseOpt,
     VerboseNativeOpt,
+    DocsOpt,
     EmbeddingsOpt,
     HostOpt,
     KvUnifiedOpt,
@@ -77,6 +79,8 @@ def serve(
     alias: AliasOpt = None,
     api_key: ApiKeyOpt = None,
     cors_origin: CorsOriginOpt = None,
+    allowed_hosts: AllowedHostsOpt = None,
+    docs: DocsOpt = False,
     slot_save_path: SlotSavePathOpt = None,
     embeddings: EmbeddingsOpt = False,
     max_body_size: MaxBodySizeOpt = "8MiB",
@@ -108,6 +112,7 @@ def serve(
     """
     from ..core.generate.speculative import resolve_draft
     from ..server import run as server
+    from ..server.http.hosts import allowed_hosts as hosts_allowed
     from ..server.settings import ServerSettings
 
 
@@ -126,7 +131,8 @@ def serve(
         stop=sampling.stop, api_key=api_key or None, cors_origins=tuple(cors_origin or ()),
         max_body_size=parse_size(max_body_size), chat_template=chat_template, webui=not no_webui,
         limits=limits, speculative=spec, slot_save_path=slot_save_path.resolve() if slot_save_path else None,
-        reasoning_format=reasoning_format, reasoning_budget=reasoning_budget,
+        reasoning_format=reasoning_format, reasoning_budget=reasoning_budget, docs=docs,
+        allowed_hosts=hosts_allowed(host, allowed_hosts or []),
         access_log=None if quiet else log_format, verbose=load.verbose,
     )
     load = replace(load, verbose=verbose_native)  # -v is the server's detail; llama.cpp's log is its own switch
@@ -140,7 +146,7 @@ def serve(
     if past := trained_context_warning(resolved.path, per_request, f"a context of {per_request} tokens per request"):
         warn(past)
     _add_rpc_servers(load)
-    settings = _with_alias(settings, alias or _default_alias(resolved.path))
+    settings = replace(settings, alias=alias or resolved.path.stem)  # default: the file's name without .gguf
     socks = server.listen_for(host, port, settings)
     server.serve(socks, resolved.path, load, settings, embeddings=embeddings, parallel=parallel, kv_unified=kv_unified)
 
@@ -179,9 +185,3 @@ def _add_rpc_servers(load: LoadSettings) -> None:
         add_servers(load.rpc)  # an unreachable server fails now, before the port opens
 
 
-def _with_alias(settings: Any, alias: str) -> Any:
-    return replace(settings, alias=alias)
-
-
-def _default_alias(path: Path) -> str:
-    return path.stem

@@ -44,6 +44,12 @@ _LIMIT_PARAMS = [
         _D.max_connections),
     option_param("keep_alive_timeout", Annotated[float, _opt(
         "--keep-alive-timeout", "Seconds an idle keep-alive connection stays open.", 0.1)], _D.keep_alive_timeout),
+    option_param("max_grammar_size", Annotated[int, _opt(
+        "--max-grammar-size", "Largest grammar a request's JSON schema or grammar may make, in bytes of GBNF (larger "
+        "gets 400): a long enum slows every slot's sampling.", 1024)], _D.max_grammar_size),
+    option_param("max_grammar_seconds", Annotated[float, _opt(
+        "--max-grammar-seconds", "Longest a request's grammar may take to build (schema conversion and parse; "
+        "longer gets 400).", 0.01)], _D.max_grammar_seconds),
 ]
 
 

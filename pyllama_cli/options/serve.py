@@ -30,6 +30,13 @@ CorsOriginOpt = Annotated[list[str] | None, typer.Option(
     "--cors-origin", help="Also allow browser requests from this origin (repeatable; '*' = any origin, as "
     "llama-server does). Loopback origins (localhost, 127.0.0.1, [::1], any port) are always allowed.",
     rich_help_panel=SERVER_PANEL, show_default=False)]
+AllowedHostsOpt = Annotated[list[str] | None, typer.Option(
+    "--allowed-hosts", help="Host names the server answers to (repeatable or comma-separated; '*' = any). "
+    "Default: bound to loopback, only loopback names (localhost, 127.0.0.1, [::1]), against DNS rebinding; "
+    "bound elsewhere, any.", rich_help_panel=SERVER_PANEL, show_default=False)]
+DocsOpt = Annotated[bool, typer.Option(
+    "--docs", help="Serve Swagger UI at /docs (it loads its scripts from a CDN); /openapi.json is always there.",
+    rich_help_panel=SERVER_PANEL)]
 SlotSavePathOpt = Annotated[Path | None, typer.Option(
     "--slot-save-path", help="Folder for /slots/ID?action=save|restore files (off unless given).",
     rich_help_panel=SERVER_PANEL, show_default=False, file_okay=False, exists=True)]

@@ -34,6 +34,9 @@ from .model_set import ModelSet
 from .ollama import routes as ollama
 from .openai import routes as openai
 from .responses_api import routes as responses_api
+from .http.hosts import AllowedHostsMiddleware
+from .http.unicode import LoneSurrogateMiddleware
+from .http.docs import docs_urls
 from .settings import ServerSettings
 from .webui import routes as webui
 
@@ -65,7 +68,7 @@ def create_app(models: ModelSet, settings: ServerSettings) -> FastAPI:
         finally:
             await run_in_threadpool(models.close)
 
-    app = FastAPI(title="pyllama serve", version=__version__, lifespan=lifespan,
+    app = FastAPI(title="pyllama serve", version=__version__, lifespan=lifespan, **docs_urls(settings.docs),
                   description="An OpenAI-compatible API over llama.cpp. Send `Authorization: Bearer KEY` when the "
                               "server was started with --api-key.")
     app.state.models = models
@@ -79,10 +82,12 @@ def create_app(models: ModelSet, settings: ServerSettings) -> FastAPI:
     app.state.metrics = Metrics(route.path for route in app.routes)
     # Added innermost first: metrics see every answer, CORS headers go on errors too.
     app.add_middleware(LeaseMiddleware)  # a model is held until its answer is sent (router mode)
+    app.add_middleware(LoneSurrogateMiddleware)  # no route ever sees half a UTF-16 pair
     app.add_middleware(BodyLimitMiddleware, max_body_size=settings.max_body_size)
     if settings.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key, pages=webui.PAGE_PATHS)
     app.add_middleware(CorsMiddleware, origins=settings.cors_origins)
+    app.add_middleware(AllowedHostsMiddleware, hosts=settings.allowed_hosts)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     if settings.access_log:  # outermost: it sees every answer, the middlewares' own (401, 413) too
         app.add_middleware(AccessLogMiddleware, log_format=settings.access_log, verbose=settings.verbose)

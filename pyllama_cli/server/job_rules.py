@@ -7,14 +7,17 @@ here, so a field means the same everywhere. A mistake is an `APIError` 400 namin
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import re
+import time
 from dataclasses import replace
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from ..core.constrain.bounds import GrammarBounds
 from ..core.constrain.tools import ToolPlan
 from ..core.generate.sampling import SamplingSettings
 from ..core.model.settings import INT32_MAX
@@ -151,7 +154,35 @@ def sampling(req: GenerationFields, settings: ServerSettings, grammar: str | Non
     bias = _logit_bias(req.logit_bias, engine)
     if bias:
         changes["logit_bias"] = settings.sampling.logit_bias + bias
+    if grammar and grammar != settings.sampling.grammar and engine.model is not None and _on_a_worker_thread():
+        _prebuild(engine, grammar, settings)
     return replace(settings.sampling, grammar=grammar, **changes)
+
+
+def _prebuild(engine: Engine, grammar: str, settings: ServerSettings) -> None:
+    """Parse the request's grammar here, off the engine's thread (core/generate/grammar_pool.py)."""
+    from ..core.generate import grammar_pool
+
+    started = time.perf_counter()
+    try:
+        grammar_pool.prebuild(engine.model, grammar)
+        grammar_bounds(settings).check_time(started, "grammar")
+    except InputError as exc:
+        raise APIError(400, exc.message, param="grammar", code="invalid_grammar") from None
+
+
+def _on_a_worker_thread() -> bool:
+    """Whether this runs off the event loop (a large body is prepared on a worker thread, spine.off_loop):
+    a small body's grammar (milliseconds to parse) is left to the engine rather than stall every connection."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return True
+    return False
+
+
+def grammar_bounds(settings: ServerSettings) -> GrammarBounds:
+    return GrammarBounds(settings.limits.max_grammar_size, settings.limits.max_grammar_seconds)
 
 
 def _logit_bias(value: dict[str, Any] | list[list[Any]] | None, engine: Engine) -> tuple[tuple[int, float], ...]:
@@ -225,13 +256,19 @@ def grammar(req: GenerationFields, settings: ServerSettings, plan: ToolPlan | No
     if plan is not None and plan.forced and (grammar_text is not None or schema is not None):
         raise APIError(400, "a forced tool call cannot be combined with grammar or response_format",
                        param="tool_choice", code="invalid_value")
+    bounds, started = grammar_bounds(settings), time.perf_counter()
     try:
         if grammar_text is not None:
+            bounds.check_size(grammar_text, "grammar")
             check_grammar(grammar_text, "grammar")
             return grammar_text
         if schema is not None:
-            grammar = schema_to_grammar(json.dumps(schema), schema_param)
+            schema_text = json.dumps(schema)
+            bounds.check_size(schema_text, schema_param)
+            grammar = schema_to_grammar(schema_text, schema_param)
+            bounds.check_size(grammar, f"the grammar of {schema_param}")
             check_grammar(grammar, schema_param)  # limits llama.cpp's parser needs (nesting depth)
+            bounds.check_time(started, schema_param)
             return grammar
     except InputError as exc:
         param = "grammar" if grammar_text is not None else schema_param

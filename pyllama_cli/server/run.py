@@ -7,6 +7,7 @@ engines and the app are imported only when `serve()` runs.
 
 from __future__ import annotations
 
+import gc
 import ipaddress
 import socket
 import sys
@@ -140,6 +141,9 @@ def run_registered(server: Any, socks: list[socket.socket], address: str, api_ke
     finally:
         for sock in socks:
             sock.close()
+        # The process ends next: without this, the interpreter's last collection walks the whole heap
+        # (seconds on a loaded machine, past a service manager's stop deadline); frozen, it skips it.
+        gc.freeze()
 
 
 def _survive_dead_rpc_servers(engine: Any) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..core.constrain.bounds import DEFAULT_MAX_GRAMMAR_SECONDS, DEFAULT_MAX_GRAMMAR_SIZE
 from ..core.generate.sampling import SamplingSettings
 from ..core.generate.speculative import SpeculativeSettings
 from ..core.text.reasoning import FORMAT_DEEPSEEK, UNLIMITED
@@ -27,6 +28,8 @@ class ServerLimits:
     body_timeout: float = 60.0  # seconds to send a request's body, from the end of its head (408 beyond)
     max_connections: int = 512  # open connections; a request on one beyond gets 503
     keep_alive_timeout: float = 5.0  # seconds an idle keep-alive connection stays open
+    max_grammar_size: int = DEFAULT_MAX_GRAMMAR_SIZE  # bytes of GBNF a request's grammar or schema may make
+    max_grammar_seconds: float = DEFAULT_MAX_GRAMMAR_SECONDS  # seconds its conversion and parse may take
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,8 @@ class ServerSettings:
     max_body_size: int = DEFAULT_MAX_BODY_SIZE
     chat_template: str | None = None  # NAME|FILE|JINJA override of the model's template
     webui: bool = True  # serve the chat page at GET /
+    docs: bool = False  # serve Swagger UI at /docs (--docs)
+    allowed_hosts: tuple[str, ...] = ()  # Host names answered (--allowed-hosts; (): any, see http/hosts.py)
     limits: ServerLimits = field(default_factory=ServerLimits)
     speculative: SpeculativeSettings = field(default_factory=SpeculativeSettings)  # --spec-type, -md
     slot_save_path: Path | None = None  # where /slots/ID?action=save|restore files live (None: off)

@@ -150,23 +150,13 @@ def _constraints(lib: Any, model: Any, s: SamplingSettings) -> list[Any]:
     """The chain's first stages, in llama.cpp's default order: grammar, then bias."""
     stages = []
     if s.grammar:
-        from ..constrain.grammar import check_grammar_tokens
+        from . import grammar_pool
 
-        check_grammar_tokens(s.grammar, model.n_vocab, lambda text: _one_token(model, text))
-        grammar = lib.llama_sampler_init_grammar(model.vocab, s.grammar.encode(), b"root")
-        if not grammar:
-            raise InputError("llama.cpp could not parse the grammar", hint="check it with --verbose")
-        stages.append(grammar)
+        stages.append(grammar_pool.take(model, s.grammar) or grammar_pool.parse(model, s.grammar))
     bias = _logit_bias(model, s)
     if bias:
         stages.append(bias)
     return stages
-
-
-def _one_token(model: Any, text: str) -> int | None:
-    """The token `text` is, as llama.cpp reads a grammar's <name>: special text parsed, nothing added."""
-    ids = model.tokenize(text.encode(), add_special=False, parse_special=True)
-    return int(ids[0]) if len(ids) == 1 else None
 
 
 def _choosers(lib: Any, model: Any, s: SamplingSettings) -> list[Any]:

@@ -263,6 +263,18 @@ _FLASH_ATTN = {"auto": "LLAMA_FLASH_ATTN_TYPE_AUTO", "on": "LLAMA_FLASH_ATTN_TYP
                "off": "LLAMA_FLASH_ATTN_TYPE_DISABLED"}
 
 
+def _computes_elsewhere(settings: LoadSettings) -> bool:
+    """Whether llama_decode may return before its graph has run: on an RPC server (ggml's RPC client
+    sends it from a thread of its own, whose abort report needs the GIL) or on a GPU."""
+    if settings.rpc:
+        return True
+    if settings.n_gpu_layers == 0:
+        return False
+    from .library import gpu_device_present
+
+    return gpu_device_present()
+
+
 class Context:
     """A llama.cpp context (KV cache + compute buffers) over a loaded model.
 
@@ -303,6 +315,7 @@ class Context:
         self.n_batch = int(params.n_batch)
         self.n_ubatch = int(params.n_ubatch)
         self.memory = lib.llama_get_memory(handle)
+        self._settle_after_decode = _computes_elsewhere(settings)
 
     def close(self) -> None:
         if self.handle:
@@ -338,6 +351,10 @@ class Context:
         self.model.check_file()
         rc = lib.llama_decode(self.handle, batch.raw if isinstance(batch, Batch) else batch)
         if rc == 0:
+            if self._settle_after_decode:
+                # The graph may still run on the device: wait for it here, where ctypes releases the
+                # GIL, not in the sampler's first logits read, which keeps it (see keeping_gil).
+                lib.llama_synchronize(self.handle)
             return
         if rc == 2 or self.abort_requested or (self.abort_check is not None and self.abort_check()):
             raise Interrupted("evaluation interrupted")

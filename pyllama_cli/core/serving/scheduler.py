@@ -36,6 +36,7 @@ from ..generate.stats import GenerationStats
 from ..text.reasoning import ThinkBudget
 from .engine import BROKEN, CLOSED, READY, Engine
 from .jobs import EmbeddingJob, EngineStats, Event, GenerationJob, JobStream, ModelSummary
+from .cut import StepCut, roll_back
 from .post_sampling import post_sampling_prob
 from .slots import GENERATING, IDLE, PREFILL, PaddingTrial, Slot, plan_drafts
 # How long a step may wait for a request that reached the server but is not submitted yet.
@@ -81,6 +82,8 @@ class ParallelEngine(Engine):
         self._pad: tuple[Slot, int] | None = None  # (idle slot, position) of this step's throwaway token
         self._timing_padding = False  # whether this step is one of PaddingTrial's
         self._slot_tasks: list[tuple[int, Callable[[Any, Slot], Any], Future[Any]]] = []  # guarded by _cond
+        self._cut = StepCut()  # aborts the step in flight (cut.py)
+        self._marks: dict[int, int] = {}  # each slot's cached length before this step
 
     # ---------------------------------------------------------------- Engine interface
 
@@ -163,6 +166,8 @@ class ParallelEngine(Engine):
             for stream in [*(slot.stream for slot in self.slots), *self._queue]:
                 if stream is not None:
                     stream.cancel(reason)
+            if reason is not None:
+                self._cut.request()  # a cut that waited for the step in flight could miss its deadline
             self._cond.notify()
 
     def break_down(self, error: BaseException) -> None:
@@ -186,6 +191,7 @@ class ParallelEngine(Engine):
             for slot in self.slots:
                 if slot.stream is not None:
                     slot.stream.cancel()
+            self._cut.request()
             self._cond.notify()
         self._join_and_free(self._thread, timeout)
 
@@ -199,6 +205,7 @@ class ParallelEngine(Engine):
         self.session, self._ctx = session, session.ctx
         # Without a unified cache each sequence gets an equal share of the context, as llama-server does.
         self.n_ctx_slot = self._ctx.n_ctx if self.kv_unified else self._ctx.n_ctx // self.n_slots
+        self._cut.install(self._ctx)
         try:
             self._batch = Batch(max(session.ctx.n_batch, self.n_slots), n_seq_max=1)
             self._open_speculation()
@@ -241,6 +248,7 @@ class ParallelEngine(Engine):
                 self._run_slot_tasks()
                 self._assign_waiting()
                 self._wait_for_arrivals()
+                self._cut.clear()  # requested for requests cut by now: dropped next
             self._drop_cancelled()
             if self._build_batch():
                 self._decode_and_sample()
@@ -339,6 +347,7 @@ class ParallelEngine(Engine):
         """
         batch = self._batch
         batch.clear()
+        self._marks = {slot.id: len(slot.cached) for slot in self.slots}
         room = self._ctx.n_batch - sum(slot.state == GENERATING for slot in self.slots)
         room -= plan_drafts(self.slots, self.speculative, self.n_ctx_slot, room)
         candidate = self._pad_candidate()
@@ -394,6 +403,10 @@ class ParallelEngine(Engine):
         try:
             self._ctx.decode(self._batch)
         except Exception as exc:  # noqa: BLE001 - fail the slots in this batch, keep serving
+            if self._cut.requested:  # aborted (cut.py): its cut requests end, the others go on next step
+                for slot in roll_back(self._ctx, self.slots, self._marks):
+                    self._finish(slot, STOP_INTERRUPTED)
+                return
             for slot in self.slots:
                 if slot.state != IDLE and slot.in_batch:
                     self._fail(slot, exc)

@@ -128,14 +128,22 @@ def _slot_path(settings: ServerSettings, body: dict[str, Any]) -> Path:
     if not _SLOT_FILE.match(name) or ".." in name:
         raise APIError(400, f"invalid filename {name!r}: a plain file name (letters, digits, '.', '_', '-')",
                        param="filename", code="invalid_value")
-    return folder / name
+    path = folder / name
+    if path.is_symlink():
+        raise APIError(400, f"{name!r} is a symbolic link: slot files must be plain files in --slot-save-path",
+                       param="filename", code="invalid_value")
+    return path
 
 
 async def _on_slot(engine: Any, id_slot: int, action: Callable[[Any, Any], Any]) -> Any:
+    from ...core.serving.slot_state import SlotStorageFull
+
     try:
         return await asyncio.wrap_future(engine.on_idle_slot(id_slot, action))
     except InputError as exc:
         raise APIError(400, exc.message, code="invalid_value") from None
+    except SlotStorageFull as exc:  # 507 Insufficient Storage, as WebDAV answers a full disk
+        raise APIError(507, exc.message, code="insufficient_storage") from None
 
 
 def _piece(engine: Engine, token: int) -> str:

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+# OpenAI's limits on `metadata`: key-value pairs, characters of a key, characters of a value.
+MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
 
 
 class _Lenient(BaseModel):
@@ -51,4 +54,18 @@ class ResponsesRequest(_Lenient):
     stream: bool | None = False
     store: bool | None = True
     previous_response_id: str | None = None
-    metadata: dict[str, Any] | None = None
+    metadata: dict[str, str] | None = None
+
+    @field_validator("metadata")
+    @classmethod
+    def _within_openai_limits(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        if value is None:
+            return value
+        if len(value) > MAX_METADATA_PAIRS:
+            raise ValueError(f"at most {MAX_METADATA_PAIRS} key-value pairs (got {len(value)})")
+        for key, text in value.items():
+            if len(key) > MAX_METADATA_KEY:
+                raise ValueError(f"a key has at most {MAX_METADATA_KEY} characters (got {len(key)})")
+            if len(text) > MAX_METADATA_VALUE:
+                raise ValueError(f"the value of {key!r} has at most {MAX_METADATA_VALUE} characters (got {len(text)})")
+        return value

@@ -1,12 +1,15 @@
 """Responses kept for `previous_response_id` and GET /v1/responses/{id}: in memory, bounded.
 
 The store forgets its oldest responses once it holds more than `max_count` of them or more than
-`max_bytes` of their JSON; a forgotten or unknown id is a 404, as OpenAI answers one.
+`max_bytes` of memory; a forgotten or unknown id is a 404, as OpenAI answers one. Each response is
+held as one compact UTF-8 JSON document, not as Python objects: a body of many small values (150k
+metadata keys took 6x their JSON in dicts and strs) then holds what its size says.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -21,9 +24,19 @@ DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 class Stored:
     """A response, and the conversation it ends (its input and its output, as chat messages)."""
 
-    body: dict[str, Any]
-    messages: list[dict[str, Any]]
-    size: int
+    document: bytes  # [body, messages] as JSON
+
+    @property
+    def size(self) -> int:
+        return sys.getsizeof(self.document)
+
+    @property
+    def body(self) -> dict[str, Any]:
+        return json.loads(self.document)[0]
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        return json.loads(self.document)[1]
 
 
 class ResponseStore:
@@ -34,12 +47,12 @@ class ResponseStore:
         self.size = 0
 
     def put(self, body: dict[str, Any], messages: list[dict[str, Any]]) -> None:
-        size = len(json.dumps(body, ensure_ascii=False)) + len(json.dumps(messages, ensure_ascii=False))
-        if size > self.max_bytes:
+        stored = Stored(json.dumps([body, messages], ensure_ascii=False, separators=(",", ":")).encode())
+        if stored.size > self.max_bytes:
             return  # larger than the whole store: keeping it would forget everything else
         self.remove(body["id"])
-        self.items[body["id"]] = Stored(body, messages, size)
-        self.size += size
+        self.items[body["id"]] = stored
+        self.size += stored.size
         while len(self.items) > self.max_count or self.size > self.max_bytes:
             _, oldest = self.items.popitem(last=False)
             self.size -= oldest.size

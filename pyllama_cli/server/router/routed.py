@@ -18,6 +18,7 @@ from ..cards import model_card
 from ..errors import APIError
 from ..http.access_log import note_model
 from ..http.leases import hold
+from ..metrics import label_pair
 from ..model_set import ModelSet, ServedModel
 from ..settings import ServerSettings
 
@@ -95,9 +96,9 @@ class Router(ModelSet):
         models = self.pool.models.values()
         return [
             ("model_loads_total", "counter", "Times each model was loaded.",
-             [(f'model="{m.id}"', m.loads) for m in models]),
+             [(label_pair("model", m.id), m.loads) for m in models]),
             ("model_loaded", "gauge", "Whether each model is loaded (1) or not (0).",
-             [(f'model="{m.id}"', int(m.state == LOADED)) for m in models]),
+             [(label_pair("model", m.id), int(m.state == LOADED)) for m in models]),
         ]
 
     def cancel_all(self, reason: BaseException | None = None) -> None:

@@ -29,8 +29,9 @@ ASSETS = {f"/webui/{f.name}": (f.name, MEDIA_TYPES[ext]) for f in files(__packag
 PAGE_PATHS = frozenset({PAGE, *ASSETS})
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' data:; "
        "form-action 'none'; frame-ancestors 'none'; base-uri 'none'")
-HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
-           "Cache-Control": "no-cache"}
+# X-Frame-Options: what browsers that predate CSP's frame-ancestors read instead.
+HEADERS = {"Content-Security-Policy": CSP, "X-Frame-Options": "DENY", "X-Content-Type-Options": "nosniff",
+           "Referrer-Policy": "no-referrer", "Cache-Control": "no-cache"}
 
 
 class RenderRequest(BaseModel):
