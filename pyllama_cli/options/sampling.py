@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -38,6 +38,7 @@ from ..core.generate.sampling import (
 from ..core.model.settings import INT32_MAX, UINT32_MAX
 from ..errors import UsageError
 from .load import check_fits, option_param, replace_params
+from .sampler_chain import CHAIN_PARAMS, chain_settings
 
 SAMPLING_PANEL = "Sampling"
 CONSTRAINT_PANEL = "Output constraints"
@@ -205,6 +206,8 @@ _SAMPLING_PARAMS = [
     option_param("json_schema", JsonSchemaOpt, None),
     option_param("json_schema_file", JsonSchemaFileOpt, None),
 ]
+# DRY, XTC, top-n-sigma, dynamic temperature, adaptive-p and the chain's order: their own module.
+_SAMPLING_PARAMS += CHAIN_PARAMS
 
 
 def sampling_options_from(kwargs: dict[str, Any]) -> SamplingOptions:
@@ -213,13 +216,15 @@ def sampling_options_from(kwargs: dict[str, Any]) -> SamplingOptions:
     The seed comes from `load` (a LoadSettings) when model_options already built it, else from `seed`.
     """
     values = {p.name: kwargs.pop(p.name) for p in _SAMPLING_PARAMS}
+    chain = chain_settings(values)
     check_fits(n_predict=("-n", INT32_MAX), top_k=("--top-k", INT32_MAX), repeat_last_n=("--repeat-last-n", INT32_MAX),
                values=values)
     n_predict = values.pop("n_predict")
     stop = tuple(values.pop("reverse_prompt") or ())
     load = kwargs.get("load")
     seed = load.seed if load is not None else kwargs.get("seed", RANDOM_SEED)
-    return SamplingOptions(settings=sampling_settings(**values, seed=seed), n_predict=n_predict, stop=stop)
+    settings = replace(sampling_settings(**values, seed=seed), **chain)
+    return SamplingOptions(settings=settings, n_predict=n_predict, stop=stop)
 
 
 def sampling_options() -> Callable[[Callable[..., Any]], Callable[..., Any]]:

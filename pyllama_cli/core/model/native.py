@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from ...errors import InputError, Interrupted, ModelLoadError
 from .library import configure_logging, keeping_gil, lib
 from .mapped_file import MappedFile
-from .memory import check_kv_cache_fits
+from .memory import apply_kv_cache, check_kv_cache_fits, context_failure_hint
 from .settings import LoadSettings
 from .threads import ThreadPools
 
@@ -280,6 +280,7 @@ class Context:
         params.embeddings = embeddings
         params.kv_unified = kv_unified
         params.no_perf = False
+        apply_kv_cache(params, settings)
         for key, value in extra.items():
             setattr(params, key, value)
         check_kv_cache_fits(model, params, settings)
@@ -290,7 +291,7 @@ class Context:
         if not handle:
             raise ModelLoadError(
                 f"llama.cpp could not create a context of {params.n_ctx} tokens for {model.path.name}",
-                hint="lower -c/--ctx-size, or run with --verbose for llama.cpp's reason (often: not enough memory)",
+                hint=context_failure_hint(settings),
             )
         self.handle = handle
         self.threads = ThreadPools(handle, int(params.n_threads), int(params.n_threads_batch))

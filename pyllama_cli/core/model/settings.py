@@ -22,6 +22,12 @@ UINT32_MAX = 2**32 - 1
 # ggml's GGML_MAX_N_THREADS: asked for more, ggml aborts, or crashes creating the threads.
 MAX_THREADS = 512
 
+# -ctk/-ctv: the KV cache types llama.cpp's common arguments accept, in its order, with their ggml type ids.
+KV_CACHE_TYPES = {"f32": 0, "f16": 1, "bf16": 30, "q8_0": 8, "q4_0": 2, "q4_1": 3, "iq4_nl": 20, "q5_0": 6, "q5_1": 7}
+DEFAULT_CACHE_TYPE = "f16"
+# Types llama.cpp stores in blocks (quantized): a V cache of these needs flash attention.
+QUANTIZED_CACHE_TYPES = frozenset({"q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"})
+
 
 @dataclass(frozen=True)
 class LoadSettings:
@@ -42,6 +48,11 @@ class LoadSettings:
     rpc: tuple[str, ...] = ()  # RPC servers (HOST:PORT) whose devices join this process's
     devices: tuple[str, ...] = ()  # -dev: the devices to offload to (("none",) = none); () = llama.cpp's choice
     tensor_split: tuple[float, ...] = ()  # -ts: each device's share of the layers
+    # KV cache (-ctk, -ctv, --swa-full, -kvo/-nkvo)
+    cache_type_k: str = DEFAULT_CACHE_TYPE
+    cache_type_v: str = DEFAULT_CACHE_TYPE
+    swa_full: bool = False
+    kv_offload: bool = True
 
     def resolved_threads(self) -> int:
         return self.n_threads if self.n_threads > 0 else default_threads()
