@@ -18,7 +18,7 @@ from ..core.model.settings import INT32_MAX, UINT32_MAX
 from ..core.generate.decide import STOP_CONTEXT, STOP_INTERRUPTED
 from ..core.interrupt import StopFlag, catch_sigint
 from ..core.generate.sampling import SamplingSettings, check_logit_bias
-from ..errors import InputError, Interrupted, PyllamaError
+from ..errors import InputError, Interrupted, PyllamaError, UsageError
 
 DOUBLE_PRESS_S = 1.0  # a second Ctrl-C within this many seconds exits
 EXIT_INTERRUPTED = 130
@@ -95,10 +95,17 @@ PARAMS: dict[str, _Param] = {
     "mirostat_ent": _Param(float, 0), "seed": _Param(int, -1, UINT32_MAX), "ignore_eos": _Param(bool),
     "logit_bias": _Param(str), "grammar": _Param(str), "max_tokens": _Param(int, -1, INT32_MAX),
     "stop": _Param(str),
+    # llama.cpp's newer samplers and the chain's order (llama-server's names and limits)
+    "dry_multiplier": _Param(float), "dry_base": _Param(float, 1), "dry_allowed_length": _Param(int, 0, INT32_MAX),
+    "dry_penalty_last_n": _Param(int, 0, INT32_MAX), "dry_sequence_breakers": _Param(str),
+    "xtc_probability": _Param(float, 0, 1), "xtc_threshold": _Param(float, 0, 1), "top_n_sigma": _Param(float),
+    "dynatemp_range": _Param(float), "dynatemp_exponent": _Param(float), "adaptive_target": _Param(float, None, 1),
+    "adaptive_decay": _Param(float, 0, 0.99), "samplers": _Param(str),
 }
 PARAM_ALIASES = {"temp": "temperature", "typical": "typical_p", "n": "max_tokens", "n_predict": "max_tokens",
                  "num_predict": "max_tokens", "mirostat_eta": "mirostat_lr", "mirostat_tau": "mirostat_ent",
-                 "reverse_prompt": "stop"}
+                 "reverse_prompt": "stop", "dynatemp_exp": "dynatemp_exponent", "top_nsigma": "top_n_sigma",
+                 "dry_sequence_breaker": "dry_sequence_breakers", "sampler_seq": "samplers"}
 _TRUE, _FALSE = {"1", "true", "on", "yes"}, {"0", "false", "off", "no"}
 _NONE = {"none", "off", "-", ""}
 
@@ -120,6 +127,10 @@ def parse_param(name: str, value: str) -> tuple[str, Any]:
         return key, _parse_grammar(value)
     if key == "stop":
         return key, () if value.lower() in _NONE else (value,)
+    if key == "dry_sequence_breakers":
+        return key, _parse_breakers(value)
+    if key == "samplers":
+        return key, _parse_samplers(value)
     try:
         typed = _convert(value, spec.kind)
     except ValueError:
@@ -162,6 +173,32 @@ def _parse_logit_bias(value: str) -> tuple[tuple[int, float], ...]:
     if value.lower() in _NONE:
         return ()
     return parse_logit_bias(value.replace(",", " ").split(), "/set logit_bias")  # shown like any failed command
+
+
+def _parse_breakers(value: str) -> tuple[str, ...]:
+    """A JSON array of strings, as llama-server's dry_sequence_breakers (e.g. ["\\n", ":"]); [] for none."""
+    import json
+
+    try:
+        breakers = json.loads(value)
+    except ValueError:
+        breakers = None
+    if not isinstance(breakers, list) or not all(isinstance(b, str) for b in breakers):
+        raise InputError(f"dry_sequence_breakers needs a JSON array of strings, not {value!r}",
+                         hint='for example /set dry_sequence_breakers ["\\n", ":", "*"]')
+    return tuple(breakers)
+
+
+def _parse_samplers(value: str) -> tuple[str, ...]:
+    """Names separated by ';' (top_k;temperature), or --sampler-seq's letters (kt)."""
+    from ..core.generate.sampler_names import SAMPLER_ALIASES, samplers_from_letters, samplers_from_text
+
+    try:
+        if ";" in value or value.strip().lower() in SAMPLER_ALIASES:
+            return samplers_from_text(value, "samplers")
+        return samplers_from_letters(value.strip(), "samplers")
+    except UsageError as exc:
+        raise InputError(exc.message, hint=exc.hint) from None
 
 
 def _parse_grammar(value: str) -> str | None:

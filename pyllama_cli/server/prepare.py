@@ -28,7 +28,7 @@ from ..core.text.reasoning import (
     opens_reasoning,
     template_markers,
 )
-from ..errors import ContextOverflow, InputError
+from ..errors import ContextOverflow, InputError, UsageError
 from .errors import APIError, to_api_error
 from .llama.chat import ChatExtras, chat_shape, extras_of
 from .schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, GenerationFields
@@ -250,10 +250,34 @@ def _sampling(req: GenerationFields, settings: ServerSettings, grammar: str | No
     changes: dict[str, Any] = {name: getattr(req, name) for name in fields if getattr(req, name) is not None}
     if req.seed is not None:
         changes["seed"] = req.seed % SEED_MODULUS if req.seed >= 0 else -1
+    changes.update(chain_fields(req))
     bias = _logit_bias(req.logit_bias, engine)
     if bias:
         changes["logit_bias"] = settings.sampling.logit_bias + bias
     return replace(settings.sampling, grammar=grammar, **changes)
+
+
+_CHAIN_FIELDS = ("dynatemp_range", "dynatemp_exponent", "top_n_sigma", "xtc_probability", "xtc_threshold",
+                 "dry_multiplier", "dry_allowed_length", "dry_penalty_last_n", "adaptive_target", "adaptive_decay")
+
+
+def chain_fields(req: GenerationFields) -> dict[str, Any]:
+    """The request's newer sampler fields and `samplers` order as SamplingSettings fields, read as llama-server
+    reads them (a dry_base below 1 keeps the default; samplers as names or as a string of letters)."""
+    from ..core.generate.sampler_names import samplers_from_letters, samplers_from_names
+
+    changes: dict[str, Any] = {name: getattr(req, name) for name in _CHAIN_FIELDS if getattr(req, name) is not None}
+    if req.dry_base is not None and req.dry_base >= 1:
+        changes["dry_base"] = req.dry_base
+    if req.dry_sequence_breakers is not None:
+        changes["dry_sequence_breakers"] = tuple(req.dry_sequence_breakers)
+    if req.samplers is not None:
+        try:
+            changes["samplers"] = samplers_from_letters(req.samplers, "samplers") if isinstance(req.samplers, str) \
+                else samplers_from_names(req.samplers, "samplers")
+        except UsageError as exc:
+            raise APIError(400, f"{exc.message} ({exc.hint})", param="samplers", code="invalid_value") from None
+    return changes
 
 
 def _logit_bias(value: dict[str, Any] | list[list[Any]] | None, engine: Engine) -> tuple[tuple[int, float], ...]:

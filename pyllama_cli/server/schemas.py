@@ -116,6 +116,22 @@ class GenerationFields(_Lenient):
     grammar: str | None = Field(default=None, description="A GBNF grammar the output must match.")
     json_schema: dict[str, Any] | None = Field(default=None, description="llama-server's schema constraint.")
     ignore_eos: bool | None = None
+    # llama.cpp's newer samplers and the chain's order, under llama-server's names and limits.
+    dynatemp_range: float | None = None
+    dynatemp_exponent: float | None = None
+    top_n_sigma: float | None = None
+    xtc_probability: float | None = Field(default=None, ge=0, le=1)
+    xtc_threshold: float | None = Field(default=None, ge=0, le=1)
+    dry_multiplier: float | None = None
+    dry_base: float | None = Field(default=None, description="Below 1: the server's default.")
+    dry_allowed_length: int | None = Field(default=None, ge=0, le=INT32_MAX)
+    dry_penalty_last_n: int | None = Field(default=None, ge=0, le=INT32_MAX)
+    dry_sequence_breakers: list[str] | None = Field(default=None, min_length=1,
+                                                    description="A non-empty JSON array of strings.")
+    adaptive_target: float | None = Field(default=None, le=1)
+    adaptive_decay: float | None = Field(default=None, ge=0, le=0.99)
+    samplers: list[str] | str | None = Field(
+        default=None, description="The chain's order: sampler names, or a string of their letters (e.g. \"kpt\").")
     keep_alive: float | str | None = Field(
         default=None, description="ollama's: how long the model stays loaded after this request, in seconds or "
         "as 5m, 1h; 0 = unload now, -1 = keep (router mode).")
