@@ -95,6 +95,7 @@ class Generator:
         """
         stats = self.stats = GenerationStats(n_prompt=len(prompt))
         sampler = Sampler(self.model, sampling)
+        sampler.accept_prompt(prompt)
         stats.seed = sampler.settings.seed
         turn = Turn(self.model, max_tokens=max_tokens, stop=stop, n_ctx=self.ctx.n_ctx, stats=stats,
                     ignore_eos=sampler.settings.ignore_eos, grammar=bool(sampler.settings.grammar))

@@ -106,6 +106,7 @@ class Sampler:
             self._candidates = _candidates(model.n_vocab)
         for stage in constraints + _choosers(lib, model, self.settings):
             lib.llama_sampler_chain_add(self.chain, stage)
+        self._keeps_history = _keeps_history(self.settings)
 
     def sample(self, ctx: Any, index: int = -1) -> int:
         if self._constraints:
@@ -138,6 +139,14 @@ class Sampler:
         for stage in self._constraints:
             self._lib.llama_sampler_accept(stage, token)
         self._lib.llama_sampler_accept(self.chain, token)
+
+    def accept_prompt(self, tokens: Any) -> None:
+        """Record the prompt in the chain (never the grammar), as llama-completion and llama-server do, so
+        that the penalties and DRY see it. Skipped when no stage looks back (a ctypes call a token)."""
+        if self._keeps_history:
+            accept, chain = self._lib.llama_sampler_accept, self.chain
+            for token in tokens:
+                accept(chain, int(token))
 
     def reset(self) -> None:
         for stage in self._constraints:
@@ -210,6 +219,12 @@ def _choosers(lib: Any, model: Any, s: SamplingSettings) -> list[Any]:
     else:
         stages.append(lib.llama_sampler_init_dist(s.seed))
     return stages
+
+
+def _keeps_history(s: SamplingSettings) -> bool:
+    """Whether a stage of the chain reads the tokens accepted so far (the penalties, DRY)."""
+    penalties = "penalties" in s.samplers and (s.repeat_penalty != 1.0 or s.presence_penalty or s.frequency_penalty)
+    return not s.mirostat and (bool(penalties) or ("dry" in s.samplers and s.dry_multiplier != 0))
 
 
 def _greedy(s: SamplingSettings) -> bool:

@@ -1,0 +1,128 @@
+"""llama.cpp's KV cache, sampler, context and placement flags: values reach llama.cpp, bad values are one error."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import run_cli
+
+FAST = ("-t", "1", "-c", "256", "-p", "Hello", "-s", "7")
+TYPES = "f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1"
+
+
+def complete(model: Path, *args: str) -> tuple[int, str, list[str]]:
+    result = run_cli("complete", "-m", str(model), *FAST, *args)
+    return result.exit_code, result.stdout, result.stderr.strip().splitlines()
+
+
+# ---------------------------------------------------------------- KV cache
+
+
+@pytest.mark.parametrize(("flags", "lines"), [
+    (("-ctk", "q3_k"), ["Error: -ctk 'q3_k' is not a KV cache type", f"Hint: allowed values: {TYPES}"]),
+    (("--cache-type-v", "int8"), ["Error: -ctv 'int8' is not a KV cache type", f"Hint: allowed values: {TYPES}"]),
+    (("-ctv", "q8_0", "-fa", "off"), ["Error: a quantized V cache (-ctv q8_0) needs flash attention, and -fa is off",
+                                      "Hint: use -fa on (or auto), or a V cache type of f32, f16 or bf16"]),
+])
+def test_a_bad_cache_type_is_one_error_naming_the_flag(tiny_model: Path, flags: tuple[str, ...],
+                                                       lines: list[str]) -> None:
+    code, out, err = complete(tiny_model, "-n", "1", *flags)
+    assert (code, out, err) == (1, "", lines)
+
+
+def test_the_cache_types_reach_llama_cpp(tiny_model: Path) -> None:
+    code, _, err = complete(tiny_model, "-n", "2", "-ctk", "q8_0", "-ctv", "q4_0", "-fa", "on", "--verbose")
+    line = next(line for line in err if line.startswith("llama_kv_cache: size ="))
+    assert code == 0 and "K (q8_0)" in line and "V (q4_0)" in line
+    # -fa auto turns flash attention on for a quantized V cache, as llama.cpp does
+    code, _, err = complete(tiny_model, "-n", "2", "-ctv", "q8_0", "--verbose")
+    assert code == 0 and any("V (q8_0)" in line for line in err)
+
+
+@pytest.mark.parametrize(("flags", "size"), [(("-ctk", "f32", "-ctv", "f32"), "4096.0"), ((), "2048.0"),
+                                             (("-ctk", "q4_0", "-ctv", "q4_0", "-fa", "on"), "576.0")])
+def test_the_memory_check_counts_the_chosen_cache_types(tiny_model: Path, flags: tuple[str, ...], size: str) -> None:
+    # 2 layers x 2 KV heads x 64 values per token, for K and V: 2 KiB a token in f32, 1 KiB in f16, 288 B in q4_0
+    code, _, err = complete(tiny_model, "-n", "1", *flags, "-c", "2147483647")
+    assert code == 1 and err[0].startswith(f"Error: a context of 2147483647 tokens needs a {size} GiB KV cache")
+
+
+def test_swa_full_and_no_kv_offload_load(tiny_model: Path) -> None:
+    assert complete(tiny_model, "-n", "2", "--swa-full", "-nkvo")[0] == 0
+    assert complete(tiny_model, "-n", "2", "--no-kv-offload", "-kvo")[0] == 0
+
+
+# ---------------------------------------------------------------- samplers
+
+
+@pytest.mark.parametrize(("flags", "lines"), [
+    (("--samplers", "top_k;warmth"), ["Error: --samplers: unknown sampler 'warmth'"]),
+    (("--sampler-seq", "kpq"), ["Error: --sampler-seq 'kpq': unknown sampler letter 'q'"]),
+    (("--dry-penalty-last-n", "-1"), ["Error: --dry-penalty-last-n -1: must be 0 or more"]),
+    (("--xtc-probability", "nan"), ["Error: --xtc-probability nan: not a finite number"]),
+])
+def test_a_bad_sampler_value_is_one_error_naming_the_flag(tiny_model: Path, flags: tuple[str, ...],
+                                                          lines: list[str]) -> None:
+    code, out, err = complete(tiny_model, "-n", "1", *flags)
+    assert (code, out, err[:1]) == (1, "", lines) and err[1].startswith("Hint: ")
+
+
+def test_sampler_names_take_llama_cpps_aliases(tiny_model: Path) -> None:
+    by_name = complete(tiny_model, "-n", "12", "--samplers", "top-k;Nucleus;temp", "--top-k", "5", "--top-p", "0.5")
+    by_letter = complete(tiny_model, "-n", "12", "--sampler-seq", "kpt", "--top-k", "5", "--top-p", "0.5")
+    assert by_name[0] == 0 and by_name[1] == by_letter[1]
+
+
+def test_each_new_sampler_changes_the_sample(tiny_model: Path) -> None:
+    # tiny's next-token distributions are nearly flat, so every active stage changes a seeded sample
+    base = complete(tiny_model, "-n", "24", "--top-k", "0", "--min-p", "0", "--top-p", "1")[1]
+    for flags in (("--xtc-probability", "1",
+                  "--xtc-threshold", "0.001"), ("--top-n-sigma", "0.5"), ("--dynatemp-range", "0.7"),
+                  ("--samplers", "temperature;adaptive_p", "--adaptive-target", "0.9")):
+        code, out, _ = complete(tiny_model, "-n", "24", "--top-k", "0", "--min-p", "0", "--top-p", "1", *flags)
+        assert code == 0 and out != base, flags
+    # tiny's greedy text falls into a loop ("m m m ..."), which DRY breaks
+    greedy = complete(tiny_model, "-n", "40", "--temp", "0")[1]
+    assert greedy.endswith(" m m m m m")
+    assert complete(tiny_model, "-n", "40", "--temp", "0", "--dry-multiplier", "1")[1][:40] != greedy[:40]
+
+
+def test_dry_sequence_breaker_none_and_repeats(tiny_model: Path) -> None:
+    from pyllama_cli.options.sampler_chain import dry_breakers
+
+    assert dry_breakers(None) == ("\n", ":", '"', "*")
+    assert dry_breakers(["a", "b"]) == ("a", "b")
+    assert dry_breakers(["none"]) == ()
+    assert complete(tiny_model, "-n", "4", "--dry-multiplier", "0.8", "--dry-sequence-breaker", "none")[0] == 0
+
+
+def test_chat_set_takes_the_new_sampler_fields(tiny_model: Path) -> None:
+    script = ("/set dry_sequence_breakers [\"\\n\", 1]\n/set dry_sequence_breakers {\n/set samplers kq\n"
+              "/set xtc_probability 1.5\n/set samplers top_k;temp\n/set dry_multiplier 0.8\n"
+              '/set dry_sequence_breakers ["\\n", ":"]\n/set top_nsigma 1.5\n')
+    result = run_cli("chat", "-m", str(tiny_model), "-t", "1", "-c", "256", stdin=script)
+    lines = [line for line in result.stderr.splitlines() if not line.startswith("Hint:")]
+    assert result.exit_code == 1 and lines[:8] == [
+        "Error: dry_sequence_breakers needs a JSON array of strings, not '[\"\\\\n\", 1]'",
+        "Error: dry_sequence_breakers needs a JSON array of strings, not '{'",
+        "Error: samplers 'kq': unknown sampler letter 'q'",
+        "Error: xtc_probability must be between 0 and 1, not 1.5",
+        "samplers = 'top_k', 'temperature'",
+        "dry_multiplier = 0.8",
+        "dry_sequence_breakers = '\\n', ':'",
+        "top_n_sigma = 1.5",
+    ]
+
+
+def test_server_reports_the_sampler_fields_it_ran_with() -> None:
+    from pyllama_cli.server.prepare import chain_fields
+    from pyllama_cli.server.schemas import GenerationFields
+
+    req = GenerationFields.model_validate({"dry_multiplier": 0.8, "dry_base": 0.5, "xtc_probability": 0.5,
+                                           "samplers": "kt", "dry_sequence_breakers": ["\n"]})
+    assert chain_fields(req) == {"dry_multiplier": 0.8, "xtc_probability": 0.5, "samplers": ("top_k", "temperature"),
+                                 "dry_sequence_breakers": ("\n",)}
+    assert json.loads(GenerationFields(samplers=["top_k"]).model_dump_json())["samplers"] == ["top_k"]
