@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import ModelLoadError, UsageError
 from .library import gpu_device_present, lib
-from .settings import KV_CACHE_TYPES, QUANTIZED_CACHE_TYPES, LoadSettings
+from .settings import KV_CACHE_TYPES, QUANTIZED_CACHE_TYPES, ROPE_SCALING_TYPES, LoadSettings
 
 if TYPE_CHECKING:
     from .native import Model
@@ -28,6 +28,19 @@ def apply_kv_cache(params: Any, settings: LoadSettings) -> None:
     if settings.cache_type_v in QUANTIZED_CACHE_TYPES and settings.flash_attn == "off":
         raise UsageError(f"a quantized V cache (-ctv {settings.cache_type_v}) needs flash attention, and -fa is off",
                          hint="use -fa on (or auto), or a V cache type of f32, f16 or bf16")
+
+
+def apply_rope(params: Any, settings: LoadSettings) -> None:
+    """--rope-scaling, --rope-freq-*, --yarn-* as context parameters (unset ones stay the model's)."""
+    if settings.rope_scaling is not None:
+        params.rope_scaling_type = ROPE_SCALING_TYPES[settings.rope_scaling]
+    params.rope_freq_base = settings.rope_freq_base
+    params.rope_freq_scale = settings.rope_freq_scale
+    params.yarn_orig_ctx = settings.yarn_orig_ctx
+    params.yarn_ext_factor = settings.yarn_ext_factor
+    params.yarn_attn_factor = settings.yarn_attn_factor
+    params.yarn_beta_slow = settings.yarn_beta_slow
+    params.yarn_beta_fast = settings.yarn_beta_fast
 
 
 def context_failure_hint(settings: LoadSettings) -> str:

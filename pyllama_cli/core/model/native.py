@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from ...errors import InputError, Interrupted, ModelLoadError
 from .library import configure_logging, keeping_gil, lib
 from .mapped_file import MappedFile
-from .memory import apply_kv_cache, check_kv_cache_fits, context_failure_hint
+from .memory import apply_kv_cache, apply_rope, check_kv_cache_fits, context_failure_hint
 from .settings import LoadSettings
 from .threads import ThreadPools
 
@@ -281,6 +281,7 @@ class Context:
         params.kv_unified = kv_unified
         params.no_perf = False
         apply_kv_cache(params, settings)
+        apply_rope(params, settings)
         for key, value in extra.items():
             setattr(params, key, value)
         check_kv_cache_fits(model, params, settings)
@@ -354,6 +355,11 @@ class Context:
 
     def remove_tokens(self, seq_id: int, start: int, end: int = -1) -> bool:
         return bool(lib.llama_memory_seq_rm(self.memory, seq_id, start, end))
+
+    def shift_tokens(self, seq_id: int, keep: int, n_discard: int, n_past: int) -> None:
+        """Drop positions [keep, keep + n_discard) of a sequence and move the later ones back by n_discard."""
+        lib.llama_memory_seq_rm(self.memory, seq_id, keep, keep + n_discard)
+        lib.llama_memory_seq_add(self.memory, seq_id, keep + n_discard, n_past, -n_discard)
 
     def synchronize(self) -> None:
         lib.llama_synchronize(self.handle)

@@ -26,6 +26,7 @@ MAX_THREADS = 512
 KV_CACHE_TYPES = {"f32": 0, "f16": 1, "bf16": 30, "q8_0": 8, "q4_0": 2, "q4_1": 3, "iq4_nl": 20, "q5_0": 6, "q5_1": 7}
 DEFAULT_CACHE_TYPE = "f16"
 # Types llama.cpp stores in blocks (quantized): a V cache of these needs flash attention.
+ROPE_SCALING_TYPES = {"none": 0, "linear": 1, "yarn": 2}  # llama_rope_scaling_type
 QUANTIZED_CACHE_TYPES = frozenset({"q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"})
 
 
@@ -53,6 +54,15 @@ class LoadSettings:
     cache_type_v: str = DEFAULT_CACHE_TYPE
     swa_full: bool = False
     kv_offload: bool = True
+    # RoPE and YaRN (--rope-*, --yarn-*): 0 or negative = the model's own value, as in llama.cpp
+    rope_scaling: str | None = None  # none, linear or yarn; None = the model's
+    rope_freq_base: float = 0.0
+    rope_freq_scale: float = 0.0
+    yarn_orig_ctx: int = 0
+    yarn_ext_factor: float = -1.0
+    yarn_attn_factor: float = -1.0
+    yarn_beta_slow: float = -1.0
+    yarn_beta_fast: float = -1.0
 
     def resolved_threads(self) -> int:
         return self.n_threads if self.n_threads > 0 else default_threads()
