@@ -126,3 +126,74 @@ def test_server_reports_the_sampler_fields_it_ran_with() -> None:
     assert chain_fields(req) == {"dry_multiplier": 0.8, "xtc_probability": 0.5, "samplers": ("top_k", "temperature"),
                                  "dry_sequence_breakers": ("\n",)}
     assert json.loads(GenerationFields(samplers=["top_k"]).model_dump_json())["samplers"] == ["top_k"]
+
+
+# ---------------------------------------------------------------- context
+
+
+@pytest.mark.parametrize(("flags", "lines"), [
+    (("--rope-scaling", "cubic"), ["Error: --rope-scaling 'cubic' is not a RoPE scaling method",
+                                   "Hint: allowed values: none, linear, yarn"]),
+    (("--rope-scale", "0"), ["Error: --rope-scale 0: must be above 0", "Hint: e.g. --rope-scale 2 doubles the context"]),
+    (("--keep", "-2"), ["Error: --keep -2: must be -1 (the whole prompt) or 0 or more",
+                        "Hint: the number of prompt tokens a context shift keeps"]),
+])
+def test_a_bad_context_value_is_one_error_naming_the_flag(tiny_model: Path, flags: tuple[str, ...],
+                                                          lines: list[str]) -> None:
+    assert complete(tiny_model, "-n", "1", *flags) == (1, "", lines)
+
+
+def test_rope_flags_reach_the_context(tiny_model: Path) -> None:
+    code, _, err = complete(tiny_model, "-n", "2", "--rope-scaling", "yarn", "--rope-scale", "4", "--verbose")
+    assert code == 0 and "llama_context: freq_scale            = 0.25" in err
+    code, _, err = complete(tiny_model, "-n", "2", "--rope-freq-base", "5000", "--verbose")
+    assert code == 0 and "llama_context: freq_base             = 5000.0" in err
+
+
+def test_a_context_shift_generates_past_the_context(tiny_model: Path) -> None:
+    # llama.cpp rounds a context up to a multiple of 256 tokens: FAST's -c 256 is the smallest
+    code, _, err = complete(tiny_model, "-n", "300", "--context-shift", "--keep", "2", "--ignore-eos", "--json")
+    assert code == 0 and json.loads(err[-1])["generated_tokens"] == 300
+    code, _, err = complete(tiny_model, "-n", "300", "--ignore-eos", "--json")
+    assert json.loads(err[-1])["generated_tokens"] == 254  # 2 prompt tokens, and the last position left free
+
+
+# ---------------------------------------------------------------- placement
+
+
+@pytest.fixture(scope="session")
+def moe_model(models_dir: Path) -> Path:
+    from tests.fixtures.make_gguf import TINY_MOE, write_llama_gguf
+
+    return write_llama_gguf(models_dir / "tiny-moe.gguf", TINY_MOE)
+
+
+def overridden(err: list[str]) -> list[str]:
+    return [line for line in err if "buffer type overridden to" in line]
+
+
+def test_cpu_moe_and_n_cpu_moe_place_the_expert_weights(moe_model: Path) -> None:
+    exps = [f"tensor blk.{i}.ffn_{kind}_exps.weight (1 MiB f32) buffer type overridden to CPU"
+            for i in (0, 1) for kind in ("gate", "down", "up")]
+    code, _, err = complete(moe_model, "-n", "2", "--cpu-moe", "--verbose")
+    assert code == 0 and overridden(err) == exps
+    code, _, err = complete(moe_model, "-n", "2", "-ncmoe", "1", "--verbose")
+    assert code == 0 and overridden(err) == exps[:3]
+    code, _, err = complete(moe_model, "-n", "2", "-ot", r"blk\.1\.ffn_up_exps=CPU,attn_q=CPU", "--verbose")
+    assert code == 0 and overridden(err) == [
+        "tensor blk.0.attn_q.weight (0 MiB f32) buffer type overridden to CPU",
+        "tensor blk.1.attn_q.weight (0 MiB f32) buffer type overridden to CPU",
+        "tensor blk.1.ffn_up_exps.weight (1 MiB f32) buffer type overridden to CPU"]
+
+
+@pytest.mark.parametrize(("flags", "lines"), [
+    (("-ot", "exps"), ["Error: -ot 'exps' has no '='", "Hint: give PATTERN=BUFTYPE, e.g. -ot 'exps=CPU'"]),
+    (("-ot", "exps=VRAM9"), ["Error: -ot: unknown buffer type 'VRAM9'"]),
+    (("-ncmoe", "-1"), ["Error: --n-cpu-moe -1: must be 0 or more"]),
+    (("-sm", "diagonal"), ["Error: -sm 'diagonal' is not a split mode", "Hint: allowed values: none, layer, row, tensor"]),
+])
+def test_a_bad_placement_is_one_error_naming_the_flag(tiny_model: Path, flags: tuple[str, ...],
+                                                      lines: list[str]) -> None:
+    code, out, err = complete(tiny_model, "-n", "1", *flags)
+    assert (code, out) == (1, "") and err[:len(lines)] == lines
+    assert len(err) == 2 and err[1].startswith("Hint: ")

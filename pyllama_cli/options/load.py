@@ -43,6 +43,7 @@ from .devices import (
 )
 from .context import CONTEXT_PARAMS, context_settings
 from .kv_cache import KV_CACHE_PARAMS, kv_cache_settings
+from .placement import PLACEMENT_PARAMS, placement_settings
 
 MODEL_PANEL = "Model"
 LOAD_PANEL = "Loading"
@@ -146,7 +147,7 @@ _LOAD_PARAMS = [
     option_param("list_devices", ListDevicesOpt, False),
 ]
 # Flags of their own modules, added to the load flags (kept apart so each concern has one module).
-_LOAD_PARAMS += KV_CACHE_PARAMS + CONTEXT_PARAMS
+_LOAD_PARAMS += KV_CACHE_PARAMS + CONTEXT_PARAMS + PLACEMENT_PARAMS
 
 
 def model_request(kwargs: dict[str, Any]) -> ModelRequest:
@@ -174,7 +175,7 @@ def load_settings(kwargs: dict[str, Any]) -> LoadSettings:
         flash_attn=flash, n_batch=kwargs.pop("batch_size"), n_ubatch=kwargs.pop("ubatch_size"),
         mlock=kwargs.pop("mlock"), mmap=not kwargs.pop("no_mmap"), seed=kwargs.pop("seed"),
         verbose=kwargs.pop("verbose"), log_file=kwargs.pop("log_file"),
-        **kv_cache_settings(kwargs), **context_settings(kwargs),
+        **kv_cache_settings(kwargs), **context_settings(kwargs), **placement_settings(kwargs),
     )
 
 

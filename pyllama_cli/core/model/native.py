@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from ...errors import InputError, Interrupted, ModelLoadError
 from .library import configure_logging, keeping_gil, lib
 from .mapped_file import MappedFile
+from .placement import apply_placement
 from .memory import apply_kv_cache, apply_rope, check_kv_cache_fits, context_failure_hint
 from .settings import LoadSettings
 from .threads import ThreadPools
@@ -81,6 +82,7 @@ class Model:
         placement = _placement(settings)
         if placement is not None:
             placement.apply(params)
+        overrides = apply_placement(params, settings)  # noqa: F841 - owns the C strings until the load returns
         interrupted = False
 
         def progress(fraction: float, _user: Any) -> bool:

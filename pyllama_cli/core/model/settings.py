@@ -26,6 +26,7 @@ MAX_THREADS = 512
 KV_CACHE_TYPES = {"f32": 0, "f16": 1, "bf16": 30, "q8_0": 8, "q4_0": 2, "q4_1": 3, "iq4_nl": 20, "q5_0": 6, "q5_1": 7}
 DEFAULT_CACHE_TYPE = "f16"
 # Types llama.cpp stores in blocks (quantized): a V cache of these needs flash attention.
+SPLIT_MODES = {"none": 0, "layer": 1, "row": 2, "tensor": 3}  # llama_split_mode (-sm)
 ROPE_SCALING_TYPES = {"none": 0, "linear": 1, "yarn": 2}  # llama_rope_scaling_type
 QUANTIZED_CACHE_TYPES = frozenset({"q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"})
 
@@ -63,6 +64,12 @@ class LoadSettings:
     yarn_attn_factor: float = -1.0
     yarn_beta_slow: float = -1.0
     yarn_beta_fast: float = -1.0
+    # Weight placement (-ot, --cpu-moe, --n-cpu-moe, -sm, -mg); None = llama.cpp's default
+    tensor_overrides: tuple[tuple[str, str], ...] = ()  # (pattern, buffer type name)
+    cpu_moe: bool = False
+    n_cpu_moe: int = 0
+    split_mode: str | None = None
+    main_gpu: int | None = None
 
     def resolved_threads(self) -> int:
         return self.n_threads if self.n_threads > 0 else default_threads()
