@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import typing
 from pathlib import Path
 
 import pytest
@@ -197,3 +198,31 @@ def test_a_bad_placement_is_one_error_naming_the_flag(tiny_model: Path, flags: t
     code, out, err = complete(tiny_model, "-n", "1", *flags)
     assert (code, out) == (1, "") and err[:len(lines)] == lines
     assert len(err) == 2 and err[1].startswith("Hint: ")
+
+
+# ---------------------------------------------------------------- LLAMA_ARG_* variables
+
+
+def test_llama_arg_variables_set_flags_and_the_command_line_beats_them(tiny_model: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLAMA_ARG_CACHE_TYPE_K", "q8_0")
+    monkeypatch.setenv("LLAMA_ARG_N_CPU_MOE", "-3")
+    monkeypatch.setenv("LLAMA_ARG_ROPE_FREQ_BASE", "5000")
+    code, _, err = complete(tiny_model, "-n", "1", "--n-cpu-moe", "0", "-ctv", "q4_0", "--verbose")
+    assert code == 0 and any("K (q8_0)" in line and "V (q4_0)" in line for line in err)
+    assert "llama_context: freq_base             = 5000.0" in err
+    code, _, err = complete(tiny_model, "-n", "1", "-ctk", "f16", "--rope-freq-base", "0")
+    assert code == 1 and err[0] == "Error: --n-cpu-moe -3: must be 0 or more"  # the variable, where no flag is given
+    monkeypatch.delenv("LLAMA_ARG_N_CPU_MOE")
+    code, _, err = complete(tiny_model, "-n", "1", "-ctk", "f16", "--verbose")
+    assert code == 0 and any("K (f16)" in line for line in err)
+
+
+def test_serve_reads_llama_servers_variables() -> None:
+    from pyllama_cli.options.llama_env import env_var
+    from pyllama_cli.options.serve import HostOpt, ParallelOpt, PortOpt
+
+    assert [env_var(typing.get_args(alias)[1]) for alias in (HostOpt, PortOpt, ParallelOpt)] == [
+        "LLAMA_ARG_HOST", "LLAMA_ARG_PORT", "LLAMA_ARG_N_PARALLEL"]
+    assert [typing.get_args(alias)[1].envvar for alias in (HostOpt, PortOpt, ParallelOpt)] == [
+        "LLAMA_ARG_HOST", "LLAMA_ARG_PORT", "LLAMA_ARG_N_PARALLEL"]

@@ -43,6 +43,7 @@ from .devices import (
 )
 from .context import CONTEXT_PARAMS, context_settings
 from .kv_cache import KV_CACHE_PARAMS, kv_cache_settings
+from .llama_env import with_llama_env
 from .placement import PLACEMENT_PARAMS, placement_settings
 
 MODEL_PANEL = "Model"
@@ -148,6 +149,7 @@ _LOAD_PARAMS = [
 ]
 # Flags of their own modules, added to the load flags (kept apart so each concern has one module).
 _LOAD_PARAMS += KV_CACHE_PARAMS + CONTEXT_PARAMS + PLACEMENT_PARAMS
+_LOAD_PARAMS = with_llama_env(_LOAD_PARAMS)  # LLAMA_ARG_CTX_SIZE and the others llama.cpp reads
 
 
 def model_request(kwargs: dict[str, Any]) -> ModelRequest:

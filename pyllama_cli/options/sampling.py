@@ -38,6 +38,7 @@ from ..core.generate.sampling import (
 from ..core.model.settings import INT32_MAX, UINT32_MAX
 from ..errors import UsageError
 from .load import check_fits, option_param, replace_params
+from .llama_env import with_llama_env
 from .sampler_chain import CHAIN_PARAMS, chain_settings
 
 SAMPLING_PANEL = "Sampling"
@@ -208,6 +209,7 @@ _SAMPLING_PARAMS = [
 ]
 # DRY, XTC, top-n-sigma, dynamic temperature, adaptive-p and the chain's order: their own module.
 _SAMPLING_PARAMS += CHAIN_PARAMS
+_SAMPLING_PARAMS = with_llama_env(_SAMPLING_PARAMS)  # LLAMA_ARG_TEMPERATURE and the others llama.cpp reads
 
 
 def sampling_options_from(kwargs: dict[str, Any]) -> SamplingOptions:

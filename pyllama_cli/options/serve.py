@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from ..core.serving.pool import DEFAULT_MODELS_MAX
+from .llama_env import with_env
 from .load import HfRepoOpt, ModelPathOpt, repeatable
 
 SERVER_PANEL = "Server"
@@ -84,3 +85,8 @@ ModelsPresetOpt = Annotated[Path | None, typer.Option(
     dir_okay=False)]
 
 __all__ = ["DEFAULT_MODELS_MAX"]
+
+
+# llama-server's LLAMA_ARG_* environment variables for the server flags that have one.
+HostOpt, PortOpt, AliasOpt, ParallelOpt, KvUnifiedOpt, EmbeddingsOpt = (
+    with_env(alias) for alias in (HostOpt, PortOpt, AliasOpt, ParallelOpt, KvUnifiedOpt, EmbeddingsOpt))
