@@ -155,11 +155,18 @@ _pyllama_spec() {
                 --n-predict= --temp= --top-k= --top-p= --min-p= --typical= --repeat-penalty= \
                 --repeat-last-n= --presence-penalty= --frequency-penalty= --mirostat= --mirostat-lr= \
                 --mirostat-ent= --ignore-eos -r= --reverse-prompt= --logit-bias= --grammar= --grammar-file= \
-                -j= --json-schema= -jf= --json-schema-file= -m= --model= -hf= --hf-repo= -hff= --hf-file= \
-                -hft= --hf-token= --offline -c= --ctx-size= -t= --threads= -ngl= --gpu-layers= \
-                --n-gpu-layers= -fa= --flash-attn= -b= --batch-size= -ub= --ubatch-size= --mlock --no-mmap \
-                -s= --seed= -v --verbose --log-file= --rpc= -dev= --device= -ts= --tensor-split= \
-                --list-devices -h --help"
+                -j= --json-schema= -jf= --json-schema-file= --samplers= --sampler-seq= --sampling-seq= \
+                --top-n-sigma= --top-nsigma= --xtc-probability= --xtc-threshold= --dry-multiplier= \
+                --dry-base= --dry-allowed-length= --dry-penalty-last-n= --dry-sequence-breaker= \
+                --dynatemp-range= --dynatemp-exp= --adaptive-target= --adaptive-decay= -m= --model= -hf= \
+                --hf-repo= -hff= --hf-file= -hft= --hf-token= --offline -c= --ctx-size= -t= --threads= -ngl= \
+                --gpu-layers= --n-gpu-layers= -fa= --flash-attn= -b= --batch-size= -ub= --ubatch-size= \
+                --mlock --no-mmap -s= --seed= -v --verbose --log-file= --rpc= -dev= --device= -ts= \
+                --tensor-split= --list-devices -ctk= --cache-type-k= -ctv= --cache-type-v= --swa-full -kvo \
+                --kv-offload -nkvo --no-kv-offload -tb= --threads-batch= --rope-scaling= --rope-scale= \
+                --rope-freq-base= --rope-freq-scale= --yarn-orig-ctx= --yarn-ext-factor= --yarn-attn-factor= \
+                --yarn-beta-slow= --yarn-beta-fast= -ot= --override-tensor= -cmoe --cpu-moe -ncmoe= \
+                --n-cpu-moe= -sm= --split-mode= -mg= --main-gpu= -h --help"
             ;;
         "complete")
             subs=""
@@ -168,15 +175,23 @@ _pyllama_spec() {
                 -md= --model-draft= --spec-draft-model= -hfd= --hf-repo-draft= --spec-draft-hf= \
                 --spec-draft-n-max= --spec-draft-n-min= --draft-p-min= --spec-draft-p-min= \
                 --spec-ngram-simple-size-n= --spec-ngram-simple-size-m= --spec-ngram-simple-min-hits= \
-                --spec-ngram-map-k-size-n= --spec-ngram-map-k-size-m= --spec-ngram-map-k-min-hits= -n= \
-                --n-predict= --temp= --top-k= --top-p= --min-p= --typical= --repeat-penalty= \
-                --repeat-last-n= --presence-penalty= --frequency-penalty= --mirostat= --mirostat-lr= \
-                --mirostat-ent= --ignore-eos -r= --reverse-prompt= --logit-bias= --grammar= --grammar-file= \
-                -j= --json-schema= -jf= --json-schema-file= -m= --model= -hf= --hf-repo= -hff= --hf-file= \
-                -hft= --hf-token= --offline -c= --ctx-size= -t= --threads= -ngl= --gpu-layers= \
-                --n-gpu-layers= -fa= --flash-attn= -b= --batch-size= -ub= --ubatch-size= --mlock --no-mmap \
-                -s= --seed= -v --verbose --log-file= --rpc= -dev= --device= -ts= --tensor-split= \
-                --list-devices -h --help"
+                --spec-ngram-map-k-size-n= --spec-ngram-map-k-size-m= --spec-ngram-map-k-min-hits= \
+                --context-shift --no-context-shift --keep= -n= --n-predict= --temp= --top-k= --top-p= \
+                --min-p= --typical= --repeat-penalty= --repeat-last-n= --presence-penalty= \
+                --frequency-penalty= --mirostat= --mirostat-lr= --mirostat-ent= --ignore-eos -r= \
+                --reverse-prompt= --logit-bias= --grammar= --grammar-file= -j= --json-schema= -jf= \
+                --json-schema-file= --samplers= --sampler-seq= --sampling-seq= --top-n-sigma= --top-nsigma= \
+                --xtc-probability= --xtc-threshold= --dry-multiplier= --dry-base= --dry-allowed-length= \
+                --dry-penalty-last-n= --dry-sequence-breaker= --dynatemp-range= --dynatemp-exp= \
+                --adaptive-target= --adaptive-decay= -m= --model= -hf= --hf-repo= -hff= --hf-file= -hft= \
+                --hf-token= --offline -c= --ctx-size= -t= --threads= -ngl= --gpu-layers= --n-gpu-layers= \
+                -fa= --flash-attn= -b= --batch-size= -ub= --ubatch-size= --mlock --no-mmap -s= --seed= -v \
+                --verbose --log-file= --rpc= -dev= --device= -ts= --tensor-split= --list-devices -ctk= \
+                --cache-type-k= -ctv= --cache-type-v= --swa-full -kvo --kv-offload -nkvo --no-kv-offload \
+                -tb= --threads-batch= --rope-scaling= --rope-scale= --rope-freq-base= --rope-freq-scale= \
+                --yarn-orig-ctx= --yarn-ext-factor= --yarn-attn-factor= --yarn-beta-slow= --yarn-beta-fast= \
+                -ot= --override-tensor= -cmoe --cpu-moe -ncmoe= --n-cpu-moe= -sm= --split-mode= -mg= \
+                --main-gpu= -h --help"
             ;;
         "completion")
             subs="install show"
@@ -211,7 +226,11 @@ _pyllama_spec() {
                 -hff= --hf-file= -hft= --hf-token= --offline -c= --ctx-size= -t= --threads= -ngl= \
                 --gpu-layers= --n-gpu-layers= -fa= --flash-attn= -b= --batch-size= -ub= --ubatch-size= \
                 --mlock --no-mmap -s= --seed= -v --verbose --log-file= --rpc= -dev= --device= -ts= \
-                --tensor-split= --list-devices -h --help"
+                --tensor-split= --list-devices -ctk= --cache-type-k= -ctv= --cache-type-v= --swa-full -kvo \
+                --kv-offload -nkvo --no-kv-offload -tb= --threads-batch= --rope-scaling= --rope-scale= \
+                --rope-freq-base= --rope-freq-scale= --yarn-orig-ctx= --yarn-ext-factor= --yarn-attn-factor= \
+                --yarn-beta-slow= --yarn-beta-fast= -ot= --override-tensor= -cmoe --cpu-moe -ncmoe= \
+                --n-cpu-moe= -sm= --split-mode= -mg= --main-gpu= -h --help"
             ;;
         "ps")
             subs=""
@@ -250,11 +269,18 @@ _pyllama_spec() {
                 --n-predict= --temp= --top-k= --top-p= --min-p= --typical= --repeat-penalty= \
                 --repeat-last-n= --presence-penalty= --frequency-penalty= --mirostat= --mirostat-lr= \
                 --mirostat-ent= --ignore-eos -r= --reverse-prompt= --logit-bias= --grammar= --grammar-file= \
-                -j= --json-schema= -jf= --json-schema-file= -m= --model= -hf= --hf-repo= -hff= --hf-file= \
-                -hft= --hf-token= --offline -c= --ctx-size= -t= --threads= -ngl= --gpu-layers= \
-                --n-gpu-layers= -fa= --flash-attn= -b= --batch-size= -ub= --ubatch-size= --mlock --no-mmap \
-                -s= --seed= -v --verbose --log-file= --rpc= -dev= --device= -ts= --tensor-split= \
-                --list-devices -h --help"
+                -j= --json-schema= -jf= --json-schema-file= --samplers= --sampler-seq= --sampling-seq= \
+                --top-n-sigma= --top-nsigma= --xtc-probability= --xtc-threshold= --dry-multiplier= \
+                --dry-base= --dry-allowed-length= --dry-penalty-last-n= --dry-sequence-breaker= \
+                --dynatemp-range= --dynatemp-exp= --adaptive-target= --adaptive-decay= -m= --model= -hf= \
+                --hf-repo= -hff= --hf-file= -hft= --hf-token= --offline -c= --ctx-size= -t= --threads= -ngl= \
+                --gpu-layers= --n-gpu-layers= -fa= --flash-attn= -b= --batch-size= -ub= --ubatch-size= \
+                --mlock --no-mmap -s= --seed= -v --verbose --log-file= --rpc= -dev= --device= -ts= \
+                --tensor-split= --list-devices -ctk= --cache-type-k= -ctv= --cache-type-v= --swa-full -kvo \
+                --kv-offload -nkvo --no-kv-offload -tb= --threads-batch= --rope-scaling= --rope-scale= \
+                --rope-freq-base= --rope-freq-scale= --yarn-orig-ctx= --yarn-ext-factor= --yarn-attn-factor= \
+                --yarn-beta-slow= --yarn-beta-fast= -ot= --override-tensor= -cmoe --cpu-moe -ncmoe= \
+                --n-cpu-moe= -sm= --split-mode= -mg= --main-gpu= -h --help"
             ;;
         "stop")
             subs=""
@@ -305,6 +331,20 @@ _pyllama_value() {
                 mistral phi3 zephyr ;;
         "chat|--grammar" | "complete|--grammar" | "serve|--grammar")
             _pyllama_values none arithmetic c_identifier chess json json_arr list yes_no ;;
+        "chat|--samplers" | "complete|--samplers" | "serve|--samplers")
+            _pyllama_values none adaptive_p dry infill min_p penalties temperature top_k top_n_sigma top_p \
+                typ_p xtc ;;
+        "chat|-ctk" | "chat|--cache-type-k" | "chat|-ctv" | "chat|--cache-type-v" | "complete|-ctk" | \
+        "complete|--cache-type-k" | "complete|-ctv" | "complete|--cache-type-v" | "perplexity|-ctk" | \
+        "perplexity|--cache-type-k" | "perplexity|-ctv" | "perplexity|--cache-type-v" | "serve|-ctk" | \
+        "serve|--cache-type-k" | "serve|-ctv" | "serve|--cache-type-v")
+            _pyllama_values none bf16 f16 f32 iq4_nl q4_0 q4_1 q5_0 q5_1 q8_0 ;;
+        "chat|--rope-scaling" | "complete|--rope-scaling" | "perplexity|--rope-scaling" | \
+        "serve|--rope-scaling")
+            _pyllama_values none linear none yarn ;;
+        "chat|-sm" | "chat|--split-mode" | "complete|-sm" | "complete|--split-mode" | "perplexity|-sm" | \
+        "perplexity|--split-mode" | "serve|-sm" | "serve|--split-mode")
+            _pyllama_values none layer none row tensor ;;
         "list|--models-dir" | "serve|--slot-save-path" | "serve|--models-dir")
             _pyllama_values dir ;;
         "quantize|--output-tensor-type" | "quantize|--token-embedding-type")

@@ -12,13 +12,14 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from .chain_values import CHAIN_VALUE_PARSERS
 from .ui import ChatUI, copy_to_clipboard, stats_line
 from ..core.generate.conversation import ChatEngine, Conversation, fit_context
 from ..core.model.settings import INT32_MAX, UINT32_MAX
 from ..core.generate.decide import STOP_CONTEXT, STOP_INTERRUPTED
 from ..core.interrupt import StopFlag, catch_sigint
 from ..core.generate.sampling import SamplingSettings, check_logit_bias
-from ..errors import InputError, Interrupted, PyllamaError, UsageError
+from ..errors import InputError, Interrupted, PyllamaError
 
 DOUBLE_PRESS_S = 1.0  # a second Ctrl-C within this many seconds exits
 EXIT_INTERRUPTED = 130
@@ -127,10 +128,8 @@ def parse_param(name: str, value: str) -> tuple[str, Any]:
         return key, _parse_grammar(value)
     if key == "stop":
         return key, () if value.lower() in _NONE else (value,)
-    if key == "dry_sequence_breakers":
-        return key, _parse_breakers(value)
-    if key == "samplers":
-        return key, _parse_samplers(value)
+    if key in CHAIN_VALUE_PARSERS:
+        return key, CHAIN_VALUE_PARSERS[key](value)
     try:
         typed = _convert(value, spec.kind)
     except ValueError:
@@ -173,32 +172,6 @@ def _parse_logit_bias(value: str) -> tuple[tuple[int, float], ...]:
     if value.lower() in _NONE:
         return ()
     return parse_logit_bias(value.replace(",", " ").split(), "/set logit_bias")  # shown like any failed command
-
-
-def _parse_breakers(value: str) -> tuple[str, ...]:
-    """A JSON array of strings, as llama-server's dry_sequence_breakers (e.g. ["\\n", ":"]); [] for none."""
-    import json
-
-    try:
-        breakers = json.loads(value)
-    except ValueError:
-        breakers = None
-    if not isinstance(breakers, list) or not all(isinstance(b, str) for b in breakers):
-        raise InputError(f"dry_sequence_breakers needs a JSON array of strings, not {value!r}",
-                         hint='for example /set dry_sequence_breakers ["\\n", ":", "*"]')
-    return tuple(breakers)
-
-
-def _parse_samplers(value: str) -> tuple[str, ...]:
-    """Names separated by ';' (top_k;temperature), or --sampler-seq's letters (kt)."""
-    from ..core.generate.sampler_names import SAMPLER_ALIASES, samplers_from_letters, samplers_from_text
-
-    try:
-        if ";" in value or value.strip().lower() in SAMPLER_ALIASES:
-            return samplers_from_text(value, "samplers")
-        return samplers_from_letters(value.strip(), "samplers")
-    except UsageError as exc:
-        raise InputError(exc.message, hint=exc.hint) from None
 
 
 def _parse_grammar(value: str) -> str | None:

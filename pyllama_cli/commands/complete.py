@@ -16,9 +16,8 @@ from ..core.model.resolve import ModelRequest
 from ..core.model.session import open_model
 from ..core.model.settings import LoadSettings
 from ..errors import Interrupted, OutputClosed, UsageError
-from ..options.context import KeepOpt, check_keep
 from ..options.load import ChatTemplateOpt, SystemPromptOpt, in_panel, model_options
-from ..options.sampling import SamplingOptions, sampling_options
+from ..options.sampling import SamplingOptions, sampling_options, shift_options
 from ..options.speculative import SpeculativeOptions, speculative_options
 
 EXAMPLES = """\
@@ -37,6 +36,7 @@ REASONING_CHOICES = ("show", "hide")
 
 @model_options(load=True)
 @sampling_options()
+@shift_options()
 @speculative_options()
 def complete(
     model: ModelRequest,
@@ -64,11 +64,6 @@ def complete(
     truncate: Annotated[bool, typer.Option(
         "--truncate", help="If the prompt is longer than the context, keep its end (and say so) instead of failing.",
         rich_help_panel=PROMPT_PANEL)] = False,
-    context_shift: Annotated[bool, typer.Option(
-        "--context-shift/--no-context-shift", help="When the context is full, keep the first --keep prompt tokens, "
-        "drop half of the rest and go on generating (llama.cpp's context shift).",
-        rich_help_panel=PROMPT_PANEL)] = False,
-    keep: KeepOpt = 0,
     prompt_cache: Annotated[Path | None, typer.Option(
         "--prompt-cache", help="Save the evaluated prompt's state to this file and reuse its longest matching "
         "prefix next time.", rich_help_panel=PROMPT_PANEL, show_default=False, dir_okay=False)] = None,
@@ -105,7 +100,7 @@ def complete(
     request = OneShotRequest(
         prompt=read_prompt(prompt, file, unescape), sampling=sampling.settings, n_predict=sampling.n_predict,
         stop=tuple(map(unescape, sampling.stop)), chat=chat, system_prompt=system_prompt, chat_template=chat_template,
-        truncate=truncate, prompt_cache=prompt_cache, context_shift=context_shift, keep=check_keep(keep),
+        truncate=truncate, prompt_cache=prompt_cache, context_shift=sampling.context_shift, keep=sampling.keep,
     )
     progress = model_progress()
     spec = resolve_draft(speculative.settings, speculative.draft, progress.download)

@@ -1,6 +1,7 @@
 """Context flags of every command that loads a model, with llama.cpp's names: RoPE and YaRN scaling
 (`--rope-scaling`, `--rope-scale`, `--rope-freq-base`, `--rope-freq-scale`, `--yarn-*`) and
-`-tb/--threads-batch`; and `--keep`, the prompt tokens a context shift keeps (complete's).
+`-tb/--threads-batch`; and complete's `--context-shift` and `--keep` (the prompt tokens a shift keeps),
+which `sampling.shift_options()` adds.
 
 `CONTEXT_PARAMS` join the load flags (load.py); `context_settings(kwargs)` pops their values and
 returns the `LoadSettings` fields they set.
@@ -48,6 +49,9 @@ YarnBetaFastOpt = Annotated[float, typer.Option(
 ThreadsBatchOpt = Annotated[int, typer.Option(
     "-tb", "--threads-batch", min=-1, max=MAX_THREADS, help="CPU threads for prompt processing and batches "
     "(-1 = as --threads).", rich_help_panel=CONTEXT_PANEL)]
+ContextShiftOpt = Annotated[bool, typer.Option(
+    "--context-shift/--no-context-shift", help="When the context is full, keep the first --keep prompt tokens, "
+    "drop half of the rest and go on generating (llama.cpp's context shift).", rich_help_panel=CONTEXT_PANEL)]
 KeepOpt = Annotated[int, typer.Option(
     "--keep", metavar="N", help="Prompt tokens a context shift keeps, after BOS (-1 = the whole prompt; "
     "needs --context-shift).", rich_help_panel=CONTEXT_PANEL)]

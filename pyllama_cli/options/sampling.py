@@ -38,6 +38,7 @@ from ..core.generate.sampling import (
 from ..core.model.settings import INT32_MAX, UINT32_MAX
 from ..errors import UsageError
 from .load import check_fits, option_param, replace_params
+from .context import ContextShiftOpt, KeepOpt, check_keep
 from .llama_env import with_llama_env
 from .sampler_chain import CHAIN_PARAMS, chain_settings
 
@@ -108,6 +109,8 @@ class SamplingOptions:
     settings: SamplingSettings
     n_predict: int = DEFAULT_N_PREDICT
     stop: tuple[str, ...] = ()
+    context_shift: bool = False  # complete's --context-shift and --keep (shift_options)
+    keep: int = 0
 
 
 _LOGIT_BIAS = re.compile(r"^\s*(\d+)\s*([+-])\s*(inf|\d+(?:\.\d*)?|\.\d+)\s*$", re.IGNORECASE)
@@ -240,5 +243,20 @@ def sampling_options() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         return replace_params(fn, ("sampling",), _SAMPLING_PARAMS, build)
+
+    return decorate
+
+
+def shift_options() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Give a command `--context-shift` and `--keep`, carried on its `sampling` (put it under `@sampling_options()`,
+    whose SamplingOptions it completes)."""
+    params = [option_param("context_shift", ContextShiftOpt, False), option_param("keep", KeepOpt, 0)]
+
+    def build(kwargs: dict[str, Any]) -> None:
+        kwargs["sampling"] = replace(kwargs["sampling"], context_shift=kwargs.pop("context_shift"),
+                                     keep=check_keep(kwargs.pop("keep")))
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        return replace_params(fn, (), params, build)
 
     return decorate
