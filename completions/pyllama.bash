@@ -141,8 +141,8 @@ _pyllama_spec() {
                 -n= --n-gen= -pg= -d= --n-depth= -b= --batch-size= -ub= --ubatch-size= -ctk= --cache-type-k= \
                 -ctv= --cache-type-v= -t= --threads= -ngl= --n-gpu-layers= -fa= --flash-attn= -nkvo= \
                 --no-kv-offload= -mmp= --mmap= -lm= --load-mode= --rpc= -dev= --device= -ts= --tensor-split= \
-                --list-devices -r= --repetitions= -o= --output= --progress --no-warmup --ttft --compare= \
-                --plot= -v --verbose -h --help"
+                -ot= --override-tensor= --list-devices -r= --repetitions= -o= --output= --progress \
+                --no-warmup --ttft --compare= --plot= -v --verbose -h --help"
             ;;
         "chat")
             subs=""

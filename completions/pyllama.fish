@@ -116,6 +116,7 @@ complete -c pyllama -n '__pyllama_using bench' -o lm -l load-mode -d 'Load mode:
 complete -c pyllama -n '__pyllama_using bench' -l rpc -d 'RPC servers (`pyllama rpc-server` or llama.cpp\'s rpc-server) whose devices hold part of the model, comma-separated.' -x
 complete -c pyllama -n '__pyllama_using bench' -o dev -l device -d 'Devices to offload to: DEV/DEV...' -x
 complete -c pyllama -n '__pyllama_using bench' -o ts -l tensor-split -d 'Each device\'s share of the layers, e.g.' -x
+complete -c pyllama -n '__pyllama_using bench' -o ot -l override-tensor -d 'Tensor buffer overrides: PATTERN=BUFTYPE items separated by \';\' per configuration, configurations separated by commas (an empty one: none).' -x
 complete -c pyllama -n '__pyllama_using bench' -l list-devices -d 'Print the devices (local, and the --rpc servers\') with their memory and exit.'
 complete -c pyllama -n '__pyllama_using bench' -s r -l repetitions -d 'Timed runs of each test.' -x
 complete -c pyllama -n '__pyllama_using bench' -s o -l output -d 'Output format: md, csv, json, jsonl or sql.' -x -a '(__pyllama_values none csv json jsonl md sql)'

@@ -226,3 +226,20 @@ def test_serve_reads_llama_servers_variables() -> None:
         "LLAMA_ARG_HOST", "LLAMA_ARG_PORT", "LLAMA_ARG_N_PARALLEL"]
     assert [typing.get_args(alias)[1].envvar for alias in (HostOpt, PortOpt, ParallelOpt)] == [
         "LLAMA_ARG_HOST", "LLAMA_ARG_PORT", "LLAMA_ARG_N_PARALLEL"]
+
+
+# ---------------------------------------------------------------- bench
+
+
+def test_bench_sweeps_override_groups_and_shows_them_as_llama_bench_does(moe_model: Path) -> None:
+    result = run_cli("bench", "-m", str(moe_model), "-t", "1", "-r", "1", "-p", "8", "-n", "0", "-o", "json",
+                     "-ot", "exps=CPU,,attn_q=CPU;attn_k=CPU", "-ctk", "f16,q8_0", "-ctv", "q8_0", "-fa", "on")
+    rows = json.loads(result.stdout)
+    assert result.exit_code == 0 and [(r["tensor_buft_overrides"], r["type_k"], r["type_v"]) for r in rows] == [
+        ("exps=CPU", "f16", "q8_0"), ("exps=CPU", "q8_0", "q8_0"), ("none", "f16", "q8_0"), ("none", "q8_0", "q8_0"),
+        ("attn_q=CPU;attn_k=CPU", "f16", "q8_0"), ("attn_q=CPU;attn_k=CPU", "q8_0", "q8_0")]
+    md = run_cli("bench", "-m", str(moe_model), "-t", "1", "-r", "1", "-p", "8", "-n", "0", "-ot", "exps=CPU",
+                 "-ctk", "q8_0", "-ctv", "q8_0", "-fa", "on")
+    assert md.stdout.splitlines()[0] == (
+        "| model                          |       size |     params | backend    | threads | type_k | type_v |  fa "
+        "| ot                    |            test |                  t/s |   peak RSS |")

@@ -14,6 +14,7 @@ from ..core.bench import spec as defaults
 from ..core.model.resolve import ModelRequest, resolve_model
 from ..errors import Interrupted, UsageError
 from ..options.devices import BenchDeviceOpt, BenchTensorSplitOpt, ListDevicesOpt, RpcOpt, list_devices, parse_rpc
+from ..options.placement import BenchOverrideTensorOpt
 from ..options.load import HfFileOpt, HfRepoOpt, HfTokenOpt, ModelPathOpt, OfflineOpt, VerboseOpt, repeatable
 
 EXAMPLES = """\
@@ -88,6 +89,7 @@ def bench(
     rpc: RpcOpt = None,
     device: BenchDeviceOpt = None,
     tensor_split: BenchTensorSplitOpt = None,
+    override_tensor: BenchOverrideTensorOpt = None,
     list_devices_only: ListDevicesOpt = False,
     repetitions: Annotated[int, typer.Option("-r", "--repetitions", help="Timed runs of each test.",
                                              rich_help_panel=RUN)] = defaults.DEFAULT_REPETITIONS,

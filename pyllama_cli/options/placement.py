@@ -50,11 +50,18 @@ PLACEMENT_PARAMS = [
 ]
 
 
-def parse_overrides(values: list[str] | None) -> tuple[tuple[str, str], ...]:
-    """-ot values: PATTERN=BUFTYPE items separated by commas, in order."""
+# bench's, as llama-bench's: configurations separated by commas (a sweep), the overrides of one by ';'.
+BenchOverrideTensorOpt = Annotated[list[str] | None, typer.Option(
+    "-ot", "--override-tensor", metavar="PATTERN=BUFTYPE;...,...", help="Tensor buffer overrides: PATTERN=BUFTYPE "
+    "items separated by ';' per configuration, configurations separated by commas (an empty one: none).",
+    rich_help_panel=PLACEMENT_PANEL, show_default=False)]
+
+
+def parse_overrides(values: list[str] | None, separator: str = ",") -> tuple[tuple[str, str], ...]:
+    """-ot values: PATTERN=BUFTYPE items separated by `separator`, in order."""
     pairs = []
     for value in values or ():
-        for item in value.split(","):
+        for item in (part for part in value.split(separator) if part):
             pattern, sep, buft = item.partition("=")
             if not sep:
                 raise UsageError(f"-ot {item!r} has no '='", hint="give PATTERN=BUFTYPE, e.g. -ot 'exps=CPU'")
@@ -65,6 +72,12 @@ def parse_overrides(values: list[str] | None) -> tuple[tuple[str, str], ...]:
                                  hint="e.g. -ot 'blk\\.[0-9]+\\.ffn_.*_exps=CPU'") from None
             pairs.append((pattern, buft))
     return tuple(pairs)
+
+
+def bench_overrides(values: list[str] | None) -> tuple[tuple[tuple[str, str], ...], ...]:
+    """bench's -ot: one configuration per comma-separated group (an empty group: no override)."""
+    groups = [group for value in values or () for group in value.split(",")]
+    return tuple(parse_overrides([group], ";") for group in groups) or ((),)
 
 
 def placement_settings(kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -54,6 +54,7 @@ class Instance:
     load_mode: str
     devices: tuple[str, ...] = ()  # -dev (() = llama.cpp's choice, ("none",) = no offload)
     tensor_split: tuple[float, ...] = ()  # -ts
+    tensor_overrides: tuple[tuple[str, str], ...] = ()  # -ot: (pattern, buffer type) pairs
 
     @property
     def test_name(self) -> str:
@@ -68,7 +69,8 @@ class Instance:
 
     def model_key(self) -> tuple:
         """What the loaded model depends on; a change means a reload."""
-        return (self.model.path, self.n_gpu_layers, self.load_mode, self.devices, self.tensor_split)
+        return (self.model.path, self.n_gpu_layers, self.load_mode, self.devices, self.tensor_split,
+                self.tensor_overrides)
 
 
 # More tests than one bench can run in any reasonable time; the lists of a sweep multiply, so a few
@@ -97,6 +99,7 @@ class BenchSpec:
     rpc: tuple[str, ...] = ()  # RPC servers, added once before the run (--rpc)
     devices: tuple[tuple[str, ...], ...] = ((),)  # -dev's configurations (() = llama.cpp's choice)
     tensor_split: tuple[tuple[float, ...], ...] = ((),)  # -ts's configurations (() = by free memory)
+    tensor_overrides: tuple[tuple[tuple[str, str], ...], ...] = ((),)  # -ot's configurations (() = none)
     repetitions: int = DEFAULT_REPETITIONS
     warmup: bool = True
     ttft: bool = False
@@ -109,7 +112,8 @@ class BenchSpec:
 
     def tests_per_model(self) -> int:
         """How many tests `instances` makes for each model, counted without making them."""
-        lists = (self.n_gpu_layers, self.load_mode, self.devices, self.tensor_split, self.n_batch, self.n_ubatch,
+        lists = (self.n_gpu_layers, self.load_mode, self.devices, self.tensor_split, self.tensor_overrides,
+                 self.n_batch, self.n_ubatch,
                  self.type_k, self.type_v, self.no_kv_offload, self.flash_attn, self.n_threads, self.n_depth)
         return len(self._tests()) * math.prod(map(len, lists))
 
@@ -117,11 +121,11 @@ class BenchSpec:
         """Every test to run, in llama-bench's order (model parameters outermost, so reloads are rare)."""
         tests = self._tests()
         out = []
-        for m, ngl, lm, dev, ts, nb, nub, tk, tv, nkvo, fa, nt, nd in itertools.product(
-                self.models, self.n_gpu_layers, self.load_mode, self.devices, self.tensor_split, self.n_batch,
-                self.n_ubatch, self.type_k, self.type_v, self.no_kv_offload, self.flash_attn, self.n_threads,
-                self.n_depth):
-            out += [Instance(m, p, g, nd, nb, nub, tk, tv, nt, ngl, nkvo, fa, lm, dev, ts) for p, g in tests]
+        for m, ngl, lm, dev, ts, ot, nb, nub, tk, tv, nkvo, fa, nt, nd in itertools.product(
+                self.models, self.n_gpu_layers, self.load_mode, self.devices, self.tensor_split, self.tensor_overrides,
+                self.n_batch, self.n_ubatch, self.type_k, self.type_v, self.no_kv_offload, self.flash_attn,
+                self.n_threads, self.n_depth):
+            out += [Instance(m, p, g, nd, nb, nub, tk, tv, nt, ngl, nkvo, fa, lm, dev, ts, ot) for p, g in tests]
         return out
 
 
