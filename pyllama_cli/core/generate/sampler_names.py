@@ -42,7 +42,7 @@ def samplers_from_names(names: list[str] | tuple[str, ...], flag: str = "--sampl
         name = SAMPLER_ALIASES.get(raw.strip().lower())
         if name is None:
             raise UsageError(f"{flag}: unknown sampler {raw!r}",
-                             hint=f"allowed values: {', '.join(SAMPLER_LETTERS)} (separated by ';')")
+                             hint=f"allowed values: {', '.join(SAMPLER_LETTERS)}")
         order.append(name)
     return tuple(order)
 
