@@ -194,3 +194,24 @@ def test_server_sampler_fields_answer_as_llama_server(fields: dict, llama_server
     body = {"prompt": PROMPT, "n_predict": 32, "seed": 77, "temperature": 0.8, "ignore_eos": True, **fields}
     expected = _post(f"{llama_server}/completion", body)["content"]
     assert _post(f"{pyllama_server}/completion", body)["content"] == expected
+
+
+# ---------------------------------------------------------------- bench: -ctk, -ctv, -ot lists as llama-bench
+
+
+@pytest.mark.skipif(_tool("llama-bench") is None, reason="set LLAMA_CPP_BIN to a folder with llama-bench")
+def test_bench_cache_type_and_override_lists_as_llama_bench(moe: Path) -> None:
+    from pyllama_cli.core.bench.output import FIELDS
+
+    args = ["-m", str(moe), "-t", "1", "-r", "1", "-p", "8", "-n", "0", "-ot", "exps=CPU,,attn_q=CPU;attn_k=CPU",
+            "-ctk", "f16,q8_0", "-ctv", "q8_0", "-fa", "on"]
+    theirs_md = subprocess.run([str(_tool("llama-bench")), *args], capture_output=True, timeout=120, check=True)
+    ours_md = run_cli("bench", *args)
+    assert ours_md.stdout.splitlines()[0].startswith(theirs_md.stdout.decode().splitlines()[0].removesuffix(" |"))
+    timing = {"build_commit", "build_number", "test_time", "avg_ns", "stddev_ns", "avg_ts", "stddev_ts",
+              "samples_ns", "samples_ts"}
+    theirs_json = json.loads(subprocess.run([str(_tool("llama-bench")), *args, "-o", "json"], capture_output=True,
+                                            timeout=120, check=True).stdout)
+    ours_json = json.loads(run_cli("bench", *args, "-o", "json").stdout)
+    assert [{k: v for k, v in row.items() if k not in timing} for row in theirs_json] == \
+        [{k: v for k, v in row.items() if k not in timing and k in FIELDS} for row in ours_json]
