@@ -65,6 +65,10 @@ def with_env(alias: typing.Any) -> typing.Any:
         return alias
     placed = copy.copy(info)
     placed.envvar = name
+    # Named in the help by hand: Click's own display would also put it in every error about the flag,
+    # even when the value came from the command line.
+    placed.show_envvar = False
+    placed.help = f"{info.help} (env: {name})" if info.help else f"(env: {name})"
     return Annotated[kind, placed]
 
 
