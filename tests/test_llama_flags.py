@@ -216,16 +216,19 @@ def test_llama_arg_variables_set_flags_and_the_command_line_beats_them(tiny_mode
     monkeypatch.delenv("LLAMA_ARG_N_CPU_MOE")
     code, _, err = complete(tiny_model, "-n", "1", "-ctk", "f16", "--verbose")
     assert code == 0 and any("K (f16)" in line for line in err)
+    monkeypatch.setenv("LLAMA_ARG_MODEL", str(tiny_model))  # a container recipe's model, no -m
+    result = run_cli("complete", *FAST, "-n", "2")
+    assert result.exit_code == 0 and result.stdout
 
 
 def test_serve_reads_llama_servers_variables() -> None:
     from pyllama_cli.options.llama_env import env_var
-    from pyllama_cli.options.serve import HostOpt, ParallelOpt, PortOpt
+    from pyllama_cli.options.serve import HfReposOpt, HostOpt, ModelPathsOpt, ParallelOpt, PortOpt
 
-    assert [env_var(typing.get_args(alias)[1]) for alias in (HostOpt, PortOpt, ParallelOpt)] == [
-        "LLAMA_ARG_HOST", "LLAMA_ARG_PORT", "LLAMA_ARG_N_PARALLEL"]
-    assert [typing.get_args(alias)[1].envvar for alias in (HostOpt, PortOpt, ParallelOpt)] == [
-        "LLAMA_ARG_HOST", "LLAMA_ARG_PORT", "LLAMA_ARG_N_PARALLEL"]
+    aliases = (HostOpt, PortOpt, ParallelOpt, ModelPathsOpt, HfReposOpt)
+    names = ["LLAMA_ARG_HOST", "LLAMA_ARG_PORT", "LLAMA_ARG_N_PARALLEL", "LLAMA_ARG_MODEL", "LLAMA_ARG_HF_REPO"]
+    assert [env_var(typing.get_args(alias)[1]) for alias in aliases] == names
+    assert [typing.get_args(alias)[1].envvar for alias in aliases] == names
 
 
 # ---------------------------------------------------------------- bench

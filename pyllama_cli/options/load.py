@@ -150,6 +150,7 @@ _LOAD_PARAMS = [
 # Flags of their own modules, added to the load flags (kept apart so each concern has one module).
 _LOAD_PARAMS += KV_CACHE_PARAMS + CONTEXT_PARAMS + PLACEMENT_PARAMS
 _LOAD_PARAMS = with_llama_env(_LOAD_PARAMS)  # LLAMA_ARG_CTX_SIZE and the others llama.cpp reads
+_MODEL_PARAMS = with_llama_env(_MODEL_PARAMS)  # LLAMA_ARG_MODEL, LLAMA_ARG_HF_REPO, LLAMA_ARG_HF_FILE
 
 
 def model_request(kwargs: dict[str, Any]) -> ModelRequest:

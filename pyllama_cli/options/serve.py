@@ -88,5 +88,6 @@ __all__ = ["DEFAULT_MODELS_MAX"]
 
 
 # llama-server's LLAMA_ARG_* environment variables for the server flags that have one.
-HostOpt, PortOpt, AliasOpt, ParallelOpt, KvUnifiedOpt, EmbeddingsOpt = (
-    with_env(alias) for alias in (HostOpt, PortOpt, AliasOpt, ParallelOpt, KvUnifiedOpt, EmbeddingsOpt))
+HostOpt, PortOpt, AliasOpt, ParallelOpt, KvUnifiedOpt, EmbeddingsOpt, ModelPathsOpt, HfReposOpt = (
+    with_env(alias) for alias in (HostOpt, PortOpt, AliasOpt, ParallelOpt, KvUnifiedOpt, EmbeddingsOpt,
+                                  ModelPathsOpt, HfReposOpt))
