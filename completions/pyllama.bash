@@ -163,10 +163,10 @@ _pyllama_spec() {
                 --gpu-layers= --n-gpu-layers= -fa= --flash-attn= -b= --batch-size= -ub= --ubatch-size= \
                 --mlock --no-mmap -s= --seed= -v --verbose --log-file= --rpc= -dev= --device= -ts= \
                 --tensor-split= --list-devices -ctk= --cache-type-k= -ctv= --cache-type-v= --swa-full -kvo \
-                --kv-offload -nkvo --no-kv-offload -tb= --threads-batch= --rope-scaling= --rope-scale= \
-                --rope-freq-base= --rope-freq-scale= --yarn-orig-ctx= --yarn-ext-factor= --yarn-attn-factor= \
-                --yarn-beta-slow= --yarn-beta-fast= -ot= --override-tensor= -cmoe --cpu-moe -ncmoe= \
-                --n-cpu-moe= -sm= --split-mode= -mg= --main-gpu= -h --help"
+                --kv-offload -nkvo --no-kv-offload --rope-scaling= --rope-scale= --rope-freq-base= \
+                --rope-freq-scale= --yarn-orig-ctx= --yarn-ext-factor= --yarn-attn-factor= --yarn-beta-slow= \
+                --yarn-beta-fast= -ot= --override-tensor= -cmoe --cpu-moe -ncmoe= --n-cpu-moe= -sm= \
+                --split-mode= -mg= --main-gpu= -h --help"
             ;;
         "complete")
             subs=""
@@ -188,10 +188,10 @@ _pyllama_spec() {
                 -fa= --flash-attn= -b= --batch-size= -ub= --ubatch-size= --mlock --no-mmap -s= --seed= -v \
                 --verbose --log-file= --rpc= -dev= --device= -ts= --tensor-split= --list-devices -ctk= \
                 --cache-type-k= -ctv= --cache-type-v= --swa-full -kvo --kv-offload -nkvo --no-kv-offload \
-                -tb= --threads-batch= --rope-scaling= --rope-scale= --rope-freq-base= --rope-freq-scale= \
-                --yarn-orig-ctx= --yarn-ext-factor= --yarn-attn-factor= --yarn-beta-slow= --yarn-beta-fast= \
-                -ot= --override-tensor= -cmoe --cpu-moe -ncmoe= --n-cpu-moe= -sm= --split-mode= -mg= \
-                --main-gpu= -h --help"
+                --rope-scaling= --rope-scale= --rope-freq-base= --rope-freq-scale= --yarn-orig-ctx= \
+                --yarn-ext-factor= --yarn-attn-factor= --yarn-beta-slow= --yarn-beta-fast= -ot= \
+                --override-tensor= -cmoe --cpu-moe -ncmoe= --n-cpu-moe= -sm= --split-mode= -mg= --main-gpu= \
+                -h --help"
             ;;
         "completion")
             subs="install show"
@@ -227,10 +227,10 @@ _pyllama_spec() {
                 --gpu-layers= --n-gpu-layers= -fa= --flash-attn= -b= --batch-size= -ub= --ubatch-size= \
                 --mlock --no-mmap -s= --seed= -v --verbose --log-file= --rpc= -dev= --device= -ts= \
                 --tensor-split= --list-devices -ctk= --cache-type-k= -ctv= --cache-type-v= --swa-full -kvo \
-                --kv-offload -nkvo --no-kv-offload -tb= --threads-batch= --rope-scaling= --rope-scale= \
-                --rope-freq-base= --rope-freq-scale= --yarn-orig-ctx= --yarn-ext-factor= --yarn-attn-factor= \
-                --yarn-beta-slow= --yarn-beta-fast= -ot= --override-tensor= -cmoe --cpu-moe -ncmoe= \
-                --n-cpu-moe= -sm= --split-mode= -mg= --main-gpu= -h --help"
+                --kv-offload -nkvo --no-kv-offload --rope-scaling= --rope-scale= --rope-freq-base= \
+                --rope-freq-scale= --yarn-orig-ctx= --yarn-ext-factor= --yarn-attn-factor= --yarn-beta-slow= \
+                --yarn-beta-fast= -ot= --override-tensor= -cmoe --cpu-moe -ncmoe= --n-cpu-moe= -sm= \
+                --split-mode= -mg= --main-gpu= -h --help"
             ;;
         "ps")
             subs=""
@@ -277,10 +277,10 @@ _pyllama_spec() {
                 --gpu-layers= --n-gpu-layers= -fa= --flash-attn= -b= --batch-size= -ub= --ubatch-size= \
                 --mlock --no-mmap -s= --seed= -v --verbose --log-file= --rpc= -dev= --device= -ts= \
                 --tensor-split= --list-devices -ctk= --cache-type-k= -ctv= --cache-type-v= --swa-full -kvo \
-                --kv-offload -nkvo --no-kv-offload -tb= --threads-batch= --rope-scaling= --rope-scale= \
-                --rope-freq-base= --rope-freq-scale= --yarn-orig-ctx= --yarn-ext-factor= --yarn-attn-factor= \
-                --yarn-beta-slow= --yarn-beta-fast= -ot= --override-tensor= -cmoe --cpu-moe -ncmoe= \
-                --n-cpu-moe= -sm= --split-mode= -mg= --main-gpu= -h --help"
+                --kv-offload -nkvo --no-kv-offload --rope-scaling= --rope-scale= --rope-freq-base= \
+                --rope-freq-scale= --yarn-orig-ctx= --yarn-ext-factor= --yarn-attn-factor= --yarn-beta-slow= \
+                --yarn-beta-fast= -ot= --override-tensor= -cmoe --cpu-moe -ncmoe= --n-cpu-moe= -sm= \
+                --split-mode= -mg= --main-gpu= -h --help"
             ;;
         "stop")
             subs=""

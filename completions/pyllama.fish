@@ -208,7 +208,6 @@ complete -c pyllama -n '__pyllama_using chat' -o ctk -l cache-type-k -d 'KV cach
 complete -c pyllama -n '__pyllama_using chat' -o ctv -l cache-type-v -d 'KV cache data type for V: f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1 (a quantized type needs flash attention).' -x -a '(__pyllama_values none bf16 f16 f32 iq4_nl q4_0 q4_1 q5_0 q5_1 q8_0)'
 complete -c pyllama -n '__pyllama_using chat' -l swa-full -d 'Use a full-size cache for sliding-window attention layers.'
 complete -c pyllama -n '__pyllama_using chat' -o kvo -l kv-offload -o nkvo -l no-kv-offload -d 'Keep the KV cache (and the attention) on the GPU.'
-complete -c pyllama -n '__pyllama_using chat' -o tb -l threads-batch -d 'CPU threads for prompt processing and batches (-1 = as --threads).' -x
 complete -c pyllama -n '__pyllama_using chat' -l rope-scaling -d 'RoPE frequency scaling method (default: the model\'s, else linear).' -x -a '(__pyllama_values none linear none yarn)'
 complete -c pyllama -n '__pyllama_using chat' -l rope-scale -d 'RoPE context scaling factor: expands the context by N (sets --rope-freq-scale to 1/N).' -x
 complete -c pyllama -n '__pyllama_using chat' -l rope-freq-base -d 'RoPE base frequency (0 = the model\'s).' -x
@@ -310,7 +309,6 @@ complete -c pyllama -n '__pyllama_using complete' -o ctk -l cache-type-k -d 'KV 
 complete -c pyllama -n '__pyllama_using complete' -o ctv -l cache-type-v -d 'KV cache data type for V: f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1 (a quantized type needs flash attention).' -x -a '(__pyllama_values none bf16 f16 f32 iq4_nl q4_0 q4_1 q5_0 q5_1 q8_0)'
 complete -c pyllama -n '__pyllama_using complete' -l swa-full -d 'Use a full-size cache for sliding-window attention layers.'
 complete -c pyllama -n '__pyllama_using complete' -o kvo -l kv-offload -o nkvo -l no-kv-offload -d 'Keep the KV cache (and the attention) on the GPU.'
-complete -c pyllama -n '__pyllama_using complete' -o tb -l threads-batch -d 'CPU threads for prompt processing and batches (-1 = as --threads).' -x
 complete -c pyllama -n '__pyllama_using complete' -l rope-scaling -d 'RoPE frequency scaling method (default: the model\'s, else linear).' -x -a '(__pyllama_values none linear none yarn)'
 complete -c pyllama -n '__pyllama_using complete' -l rope-scale -d 'RoPE context scaling factor: expands the context by N (sets --rope-freq-scale to 1/N).' -x
 complete -c pyllama -n '__pyllama_using complete' -l rope-freq-base -d 'RoPE base frequency (0 = the model\'s).' -x
@@ -400,7 +398,6 @@ complete -c pyllama -n '__pyllama_using perplexity' -o ctk -l cache-type-k -d 'K
 complete -c pyllama -n '__pyllama_using perplexity' -o ctv -l cache-type-v -d 'KV cache data type for V: f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1 (a quantized type needs flash attention).' -x -a '(__pyllama_values none bf16 f16 f32 iq4_nl q4_0 q4_1 q5_0 q5_1 q8_0)'
 complete -c pyllama -n '__pyllama_using perplexity' -l swa-full -d 'Use a full-size cache for sliding-window attention layers.'
 complete -c pyllama -n '__pyllama_using perplexity' -o kvo -l kv-offload -o nkvo -l no-kv-offload -d 'Keep the KV cache (and the attention) on the GPU.'
-complete -c pyllama -n '__pyllama_using perplexity' -o tb -l threads-batch -d 'CPU threads for prompt processing and batches (-1 = as --threads).' -x
 complete -c pyllama -n '__pyllama_using perplexity' -l rope-scaling -d 'RoPE frequency scaling method (default: the model\'s, else linear).' -x -a '(__pyllama_values none linear none yarn)'
 complete -c pyllama -n '__pyllama_using perplexity' -l rope-scale -d 'RoPE context scaling factor: expands the context by N (sets --rope-freq-scale to 1/N).' -x
 complete -c pyllama -n '__pyllama_using perplexity' -l rope-freq-base -d 'RoPE base frequency (0 = the model\'s).' -x
@@ -570,7 +567,6 @@ complete -c pyllama -n '__pyllama_using serve' -o ctk -l cache-type-k -d 'KV cac
 complete -c pyllama -n '__pyllama_using serve' -o ctv -l cache-type-v -d 'KV cache data type for V: f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1 (a quantized type needs flash attention).' -x -a '(__pyllama_values none bf16 f16 f32 iq4_nl q4_0 q4_1 q5_0 q5_1 q8_0)'
 complete -c pyllama -n '__pyllama_using serve' -l swa-full -d 'Use a full-size cache for sliding-window attention layers.'
 complete -c pyllama -n '__pyllama_using serve' -o kvo -l kv-offload -o nkvo -l no-kv-offload -d 'Keep the KV cache (and the attention) on the GPU.'
-complete -c pyllama -n '__pyllama_using serve' -o tb -l threads-batch -d 'CPU threads for prompt processing and batches (-1 = as --threads).' -x
 complete -c pyllama -n '__pyllama_using serve' -l rope-scaling -d 'RoPE frequency scaling method (default: the model\'s, else linear).' -x -a '(__pyllama_values none linear none yarn)'
 complete -c pyllama -n '__pyllama_using serve' -l rope-scale -d 'RoPE context scaling factor: expands the context by N (sets --rope-freq-scale to 1/N).' -x
 complete -c pyllama -n '__pyllama_using serve' -l rope-freq-base -d 'RoPE base frequency (0 = the model\'s).' -x

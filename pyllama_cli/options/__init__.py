@@ -6,7 +6,7 @@
   `own_option` (its own meaning, as perplexity's -c).
 - `devices`: `--rpc`, `-dev/--device`, `-ts/--tensor-split`, `--list-devices` (part of the load flags).
 - `sampling`: sampling and output-constraint flags of complete, chat and serve.
-- `kv_cache`, `context`, `placement`: llama.cpp's -ctk/-ctv/--swa-full/-kvo, RoPE/YaRN/-tb/--keep,
+- `kv_cache`, `context`, `placement`: llama.cpp's -ctk/-ctv/--swa-full/-kvo, RoPE/YaRN/--keep,
   -ot/--cpu-moe/--n-cpu-moe/-sm/-mg (part of the load flags).
 - `sampler_chain`: DRY, XTC, top-n-sigma, dynatemp, adaptive-p, --samplers/--sampler-seq (with `sampling`).
 - `llama_env`: llama.cpp's LLAMA_ARG_* environment variables for the shared flags.

@@ -1,7 +1,7 @@
 """Context flags of every command that loads a model, with llama.cpp's names: RoPE and YaRN scaling
-(`--rope-scaling`, `--rope-scale`, `--rope-freq-base`, `--rope-freq-scale`, `--yarn-*`) and
-`-tb/--threads-batch`; and complete's `--context-shift` and `--keep` (the prompt tokens a shift keeps),
-which `sampling.shift_options()` adds.
+(`--rope-scaling`, `--rope-scale`, `--rope-freq-base`, `--rope-freq-scale`, `--yarn-*`); and complete's
+`--context-shift` and `--keep` (the prompt tokens a shift keeps), which `sampling.shift_options()` adds.
+(`-tb/--threads-batch` is main's, in options/cpu.py.)
 
 `CONTEXT_PARAMS` join the load flags (load.py); `context_settings(kwargs)` pops their values and
 returns the `LoadSettings` fields they set.
@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
-from ..core.model.settings import INT32_MAX, MAX_THREADS, ROPE_SCALING_TYPES
+from ..core.model.settings import INT32_MAX, ROPE_SCALING_TYPES
 from ..errors import UsageError
 
 CONTEXT_PANEL = "Context"
@@ -46,9 +46,6 @@ YarnBetaSlowOpt = Annotated[float, typer.Option(
 YarnBetaFastOpt = Annotated[float, typer.Option(
     "--yarn-beta-fast", metavar="N", help="YaRN: low correction dim or beta (-1 = the model's).",
     rich_help_panel=CONTEXT_PANEL)]
-ThreadsBatchOpt = Annotated[int, typer.Option(
-    "-tb", "--threads-batch", min=-1, max=MAX_THREADS, help="CPU threads for prompt processing and batches "
-    "(-1 = as --threads).", rich_help_panel=CONTEXT_PANEL)]
 ContextShiftOpt = Annotated[bool, typer.Option(
     "--context-shift/--no-context-shift", help="When the context is full, keep the first --keep prompt tokens, "
     "drop half of the rest and go on generating (llama.cpp's context shift).", rich_help_panel=CONTEXT_PANEL)]
@@ -62,7 +59,6 @@ def _param(name: str, annotation: Any, default: Any) -> inspect.Parameter:
 
 
 CONTEXT_PARAMS = [
-    _param("threads_batch", ThreadsBatchOpt, -1),
     _param("rope_scaling", RopeScalingOpt, None),
     _param("rope_scale", RopeScaleOpt, None),
     _param("rope_freq_base", RopeFreqBaseOpt, 0.0),
@@ -92,7 +88,7 @@ def context_settings(kwargs: dict[str, Any]) -> dict[str, Any]:
         if scale <= 0:
             raise UsageError(f"--rope-scale {scale:g}: must be above 0", hint="e.g. --rope-scale 2 doubles the context")
         values["rope_freq_scale"] = 1.0 / scale  # llama.cpp: the later of --rope-scale and --rope-freq-scale wins
-    return {"rope_scaling": scaling, "n_threads_batch": values.pop("threads_batch"), **values}
+    return {"rope_scaling": scaling, **values}
 
 
 def check_keep(keep: int) -> int:
