@@ -221,3 +221,14 @@ def test_bench_cache_type_and_override_lists_as_llama_bench(moe: Path) -> None:
     ours_json = json.loads(run_cli("bench", *args, "-o", "json").stdout)
     assert [{k: v for k, v in row.items() if k not in timing} for row in theirs_json] == \
         [{k: v for k, v in row.items() if k not in timing and k in FIELDS} for row in ours_json]
+
+
+@needs_completion
+def test_a_quantized_v_cache_without_flash_attention_is_refused_as_llama_cpp_refuses_it(tiny_model: Path) -> None:
+    flags = ("-p", "hi", "-n", "2", "-t", "1", "-c", "256", "-ctv", "q8_0", "-fa", "off")
+    proc = subprocess.run([str(_tool("llama-completion")), "-m", str(tiny_model), *flags, "-no-cnv", "--no-warmup"],
+                          capture_output=True, timeout=120, check=False)
+    assert proc.returncode == 1 and b"failed to create context" in proc.stderr
+    result = run_cli("complete", "-m", str(tiny_model), *flags)
+    assert (result.exit_code, result.stdout) == (1, "")
+    assert result.stderr.splitlines()[0] == "Error: a quantized V cache (-ctv q8_0) needs flash attention, and -fa is off"
