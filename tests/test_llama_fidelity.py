@@ -228,7 +228,7 @@ def test_a_quantized_v_cache_without_flash_attention_is_refused_as_llama_cpp_ref
     flags = ("-p", "hi", "-n", "2", "-t", "1", "-c", "256", "-ctv", "q8_0", "-fa", "off")
     proc = subprocess.run([str(_tool("llama-completion")), "-m", str(tiny_model), *flags, "-no-cnv", "--no-warmup"],
                           capture_output=True, timeout=120, check=False)
-    assert proc.returncode == 1 and b"failed to create context" in proc.stderr
+    assert proc.returncode == 1  # its log line saying so comes through an asynchronous log, sometimes lost at exit
     result = run_cli("complete", "-m", str(tiny_model), *flags)
     assert (result.exit_code, result.stdout) == (1, "")
     assert result.stderr.splitlines()[0] == "Error: a quantized V cache (-ctv q8_0) needs flash attention, and -fa is off"
