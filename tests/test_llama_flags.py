@@ -246,3 +246,19 @@ def test_bench_sweeps_override_groups_and_shows_them_as_llama_bench_does(moe_mod
     assert md.stdout.splitlines()[0] == (
         "| model                          |       size |     params | backend    | threads | type_k | type_v |  fa "
         "| ot                    |            test |                  t/s |   peak RSS |")
+
+
+def test_models_preset_takes_cache_types_and_the_new_samplers(tmp_path: Path) -> None:
+    from pyllama_cli.errors import UsageError
+    from pyllama_cli.server.router.presets import load_presets
+
+    preset = tmp_path / "models.ini"
+    preset.write_text("[*]\nctk = q8_0\ncache-type-v = q4_0\ndry-multiplier = 0.8\n[tiny]\nxtc-probability = 0.5\n"
+                      "dynatemp-exp = 1.5\n")
+    assert load_presets(preset).settings_for("tiny") == {
+        "cache_type_k": "q8_0", "cache_type_v": "q4_0", "dry_multiplier": 0.8, "xtc_probability": 0.5,
+        "dynatemp_exponent": 1.5}
+    preset.write_text("[*]\nctv = q3_k\n")
+    with pytest.raises(UsageError) as bad:
+        load_presets(preset)
+    assert bad.value.message == f"{preset}:2: ctv = 'q3_k' is not one of {TYPES}"
