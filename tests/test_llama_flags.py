@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import typing
 from pathlib import Path
 
 import pytest
@@ -119,8 +118,7 @@ def test_chat_set_takes_the_new_sampler_fields(tiny_model: Path) -> None:
 
 
 def test_server_reports_the_sampler_fields_it_ran_with() -> None:
-    from pyllama_cli.server.prepare import chain_fields
-    from pyllama_cli.server.schemas import GenerationFields
+    from pyllama_cli.server.job_rules import GenerationFields, chain_fields
 
     req = GenerationFields.model_validate({"dry_multiplier": 0.8, "dry_base": 0.5, "xtc_probability": 0.5,
                                            "samplers": "kt", "dry_sequence_breakers": ["\n"]})
@@ -222,13 +220,15 @@ def test_llama_arg_variables_set_flags_and_the_command_line_beats_them(tiny_mode
 
 
 def test_serve_reads_llama_servers_variables() -> None:
-    from pyllama_cli.options.llama_env import env_var
-    from pyllama_cli.options.serve import HfReposOpt, HostOpt, ModelPathsOpt, ParallelOpt, PortOpt
+    import typer
 
-    aliases = (HostOpt, PortOpt, ParallelOpt, ModelPathsOpt, HfReposOpt)
-    names = ["LLAMA_ARG_HOST", "LLAMA_ARG_PORT", "LLAMA_ARG_N_PARALLEL", "LLAMA_ARG_MODEL", "LLAMA_ARG_HF_REPO"]
-    assert [env_var(typing.get_args(alias)[1]) for alias in aliases] == names
-    assert [typing.get_args(alias)[1].envvar for alias in aliases] == names
+    from pyllama_cli import cli
+
+    serve = typer.main.get_command(cli.build_app("serve")).get_command(None, "serve")  # type: ignore[attr-defined]
+    envvars = {p.name: p.envvar for p in serve.params}
+    names = ["host", "port", "parallel", "model_path", "hf_repo"]
+    assert [envvars[name] for name in names] == [
+        "LLAMA_ARG_HOST", "LLAMA_ARG_PORT", "LLAMA_ARG_N_PARALLEL", "LLAMA_ARG_MODEL", "LLAMA_ARG_HF_REPO"]
 
 
 # ---------------------------------------------------------------- bench

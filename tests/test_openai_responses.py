@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from pyllama_cli.server.errors import APIError
-from pyllama_cli.server.openai_responses.store import ResponseStore
+from pyllama_cli.server.responses_api.store import ResponseStore
 from tests.helpers import hang_up_after, wait_slots_idle
 from tests.test_serve import Server, _start
 

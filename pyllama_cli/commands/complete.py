@@ -143,9 +143,9 @@ def _stream(run: Any, echo: bool, catch_sigint: Any, flag: Any, answer: Any) -> 
         try:
             if echo:
                 sink.write(run.text)
-            for piece in run.stream(stop_flag=flag.__bool__):
-                sink.write(answer.feed(piece) if answer is not None else piece)
-            if answer is not None:
+            for piece in run.stream(stop_flag=flag.__bool__):  # drained to its end, but nothing shown after ^C
+                sink.write("" if flag else answer.feed(piece) if answer is not None else piece)
+            if answer is not None and not flag:
                 sink.write(answer.flush())
         except Interrupted:  # Ctrl-C during the prompt evaluation
             return True

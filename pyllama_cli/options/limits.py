@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from ..server.settings import ServerLimits
-from .load import option_param, replace_params
+from .load import option_param, with_flags
 
 LIMITS_PANEL = "Server limits"
 _D = ServerLimits()
@@ -54,6 +54,6 @@ def limit_options() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         kwargs["limits"] = ServerLimits(**{p.name: kwargs.pop(p.name) for p in _LIMIT_PARAMS})
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
-        return replace_params(fn, ("limits",), _LIMIT_PARAMS, build)
+        return with_flags(fn, ("limits",), _LIMIT_PARAMS, build)
 
     return decorate

@@ -10,12 +10,11 @@ against the devices there are then (RPC servers' included).
 from __future__ import annotations
 
 import inspect
-import re
 from typing import Annotated, Any
 
 import typer
 
-from ..core.model.settings import INT32_MAX, SPLIT_MODES
+from ..core.model.settings import INT32_MAX, SPLIT_MODES, parse_overrides
 from ..errors import UsageError
 
 PLACEMENT_PANEL = "Devices"
@@ -55,29 +54,6 @@ BenchOverrideTensorOpt = Annotated[list[str] | None, typer.Option(
     "-ot", "--override-tensor", metavar="PATTERN=BUFTYPE;...,...", help="Tensor buffer overrides: PATTERN=BUFTYPE "
     "items separated by ';' per configuration, configurations separated by commas (an empty one: none).",
     rich_help_panel=PLACEMENT_PANEL, show_default=False)]
-
-
-def parse_overrides(values: list[str] | None, separator: str = ",") -> tuple[tuple[str, str], ...]:
-    """-ot values: PATTERN=BUFTYPE items separated by `separator`, in order."""
-    pairs = []
-    for value in values or ():
-        for item in (part for part in value.split(separator) if part):
-            pattern, sep, buft = item.partition("=")
-            if not sep:
-                raise UsageError(f"-ot {item!r} has no '='", hint="give PATTERN=BUFTYPE, e.g. -ot 'exps=CPU'")
-            try:
-                re.compile(pattern)
-            except re.error as exc:
-                raise UsageError(f"-ot {pattern!r} is not a valid regular expression ({exc})",
-                                 hint="e.g. -ot 'blk\\.[0-9]+\\.ffn_.*_exps=CPU'") from None
-            pairs.append((pattern, buft))
-    return tuple(pairs)
-
-
-def bench_overrides(values: list[str] | None) -> tuple[tuple[tuple[str, str], ...], ...]:
-    """bench's -ot: one configuration per comma-separated group (an empty group: no override)."""
-    groups = [group for value in values or () for group in value.split(",")]
-    return tuple(parse_overrides([group], ";") for group in groups) or ((),)
 
 
 def placement_settings(kwargs: dict[str, Any]) -> dict[str, Any]:

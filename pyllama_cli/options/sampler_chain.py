@@ -59,7 +59,8 @@ DrySequenceBreakerOpt = Annotated[list[str] | None, typer.Option(
     "--dry-sequence-breaker", metavar="STRING", help="A DRY sequence breaker; the first one replaces the defaults "
     "('\\n', ':', '\"', '*'), 'none' leaves none. Repeatable.", rich_help_panel=SAMPLING_PANEL, show_default=False)]
 DynatempRangeOpt = Annotated[float, typer.Option(
-    "--dynatemp-range", help="Dynamic temperature range (0 = off).", rich_help_panel=SAMPLING_PANEL)]
+    "--dynatemp-range", help="Dynamic temperature: the temperature may go this far either side of --temp, "
+    "by the candidates' entropy (0 = off).", rich_help_panel=SAMPLING_PANEL)]
 DynatempExpOpt = Annotated[float, typer.Option(
     "--dynatemp-exp", help="Dynamic temperature exponent.", rich_help_panel=SAMPLING_PANEL)]
 AdaptiveTargetOpt = Annotated[float, typer.Option(

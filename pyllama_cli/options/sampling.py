@@ -37,9 +37,9 @@ from ..core.generate.sampling import (
 )
 from ..core.model.settings import INT32_MAX, UINT32_MAX
 from ..errors import UsageError
-from .load import check_fits, option_param, replace_params
 from .context import ContextShiftOpt, KeepOpt, check_keep
 from .llama_env import with_llama_env
+from .load import check_fits, option_param, with_flags
 from .sampler_chain import CHAIN_PARAMS, chain_settings
 
 SAMPLING_PANEL = "Sampling"
@@ -242,7 +242,7 @@ def sampling_options() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         kwargs["sampling"] = sampling_options_from(kwargs)
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
-        return replace_params(fn, ("sampling",), _SAMPLING_PARAMS, build)
+        return with_flags(fn, ("sampling",), _SAMPLING_PARAMS, build)
 
     return decorate
 
@@ -257,6 +257,6 @@ def shift_options() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
                                      keep=check_keep(kwargs.pop("keep")))
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
-        return replace_params(fn, (), params, build)
+        return with_flags(fn, (), params, build)
 
     return decorate

@@ -13,7 +13,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ..core.serving.jobs import EngineStats
 
 if TYPE_CHECKING:
-    from .models import ModelSet
+    from .model_set import ModelSet
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

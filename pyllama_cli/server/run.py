@@ -100,7 +100,7 @@ def serve(sock: socket.socket | list[socket.socket], path: Path, load: LoadSetti
 
     from .app import create_app
     from .http.memory import fix_mmap_threshold
-    from .models import OneModel
+    from .model_set import OneModel
 
     fix_mmap_threshold()  # before the first request: big request bodies must not grow the heap for good
     socks = sock if isinstance(sock, list) else [sock]
@@ -120,7 +120,7 @@ def serve(sock: socket.socket | list[socket.socket], path: Path, load: LoadSetti
     if load.rpc and hasattr(engine, "break_down"):
         _survive_dead_rpc_servers(engine)
     app = create_app(OneModel(engine, settings), settings)
-    config = uvicorn_config(app, settings.limits, verbose=load.verbose)
+    config = uvicorn_config(app, settings.limits, verbose=settings.verbose)
     server = server_class()(config)
     server.grace = settings.limits.shutdown_grace
     server.on_stop = lambda: engine.cancel_all(ServerShutdown())
@@ -178,9 +178,10 @@ def uvicorn_config(app: Any, limits: Any, *, verbose: bool) -> Any:
     import uvicorn
 
     from .http.limits import guarded_protocol
-    from .llama.header_case import with_header_case
+    from .http.header_case import with_header_case
 
-    return uvicorn.Config(app, log_level="info" if verbose else "warning", access_log=verbose, log_config=log_config(),
+    # uvicorn's access log stays off: http/access_log.py writes one line per request, model and tokens included.
+    return uvicorn.Config(app, log_level="info" if verbose else "warning", access_log=False, log_config=log_config(),
                           http=with_header_case(guarded_protocol(limits)), timeout_keep_alive=limits.keep_alive_timeout,
                           timeout_graceful_shutdown=limits.shutdown_grace + CUT_WRITE_S, lifespan="on")
 

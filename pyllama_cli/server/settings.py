@@ -47,3 +47,5 @@ class ServerSettings:
     slot_save_path: Path | None = None  # where /slots/ID?action=save|restore files live (None: off)
     reasoning_format: str = FORMAT_DEEPSEEK  # "none": thinking stays in the answer's text
     reasoning_budget: int = UNLIMITED  # thinking tokens before the block is closed (-1: no limit)
+    access_log: str | None = "text"  # one line per request on stderr: "text" or "json"; None: off (-q)
+    verbose: bool = False  # -v: each request's prompt tokens by part, uvicorn's own log

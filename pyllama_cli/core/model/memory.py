@@ -5,14 +5,24 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ...errors import ModelLoadError, UsageError
 from .library import gpu_device_present, lib
 from .settings import KV_CACHE_TYPES, QUANTIZED_CACHE_TYPES, ROPE_SCALING_TYPES, LoadSettings
 
-if TYPE_CHECKING:
-    from .native import Model
+
+class LoadedModel(Protocol):
+    """What the check reads of a loaded model (native.Model is one; native.py imports this module)."""
+
+    @property
+    def handle(self) -> Any: ...
+
+    @property
+    def path(self) -> Path: ...
+
+    @property
+    def n_ctx_train(self) -> int: ...
 
 
 def apply_kv_cache(params: Any, settings: LoadSettings) -> None:
@@ -50,7 +60,7 @@ def context_failure_hint(settings: LoadSettings) -> str:
     return "lower -c/--ctx-size, or run with --verbose for llama.cpp's reason (often: not enough memory)"
 
 
-def check_kv_cache_fits(model: Model, params: Any, settings: LoadSettings) -> None:
+def check_kv_cache_fits(model: LoadedModel, params: Any, settings: LoadSettings) -> None:
     """Refuse a context whose KV cache alone is bigger than this machine's memory.
 
     llama.cpp would try anyway: with Linux's overcommit its buffers are granted, then filled, and the

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...errors import InputError, Interrupted, ModelLoadError
+from ..gguf.ftypes import size_label
 from .library import configure_logging, keeping_gil, lib
 from .mapped_file import MappedFile
 from .placement import apply_placement
@@ -135,9 +136,11 @@ class Model:
 
     @property
     def description(self) -> str:
+        """llama.cpp's "llama 1B Q4_K - Medium"; a size llama.cpp does not name ("?B") is the count of
+        parameters, as a converter labels it (general.size_label: "1.7M", "7.2B")."""
         buf = ctypes.create_string_buffer(256)
         lib.llama_model_desc(self.handle, buf, ctypes.sizeof(buf))
-        return buf.value.decode("utf-8", errors="replace")
+        return buf.value.decode("utf-8", errors="replace").replace(" ?B ", f" {size_label(self.n_params)} ", 1)
 
     @property
     def size_bytes(self) -> int:
@@ -297,7 +300,8 @@ class Context:
                 hint=context_failure_hint(settings),
             )
         self.handle = handle
-        self.threads = ThreadPools(handle, int(params.n_threads), int(params.n_threads_batch))
+        self.threads = ThreadPools(handle, int(params.n_threads), int(params.n_threads_batch), settings.cpu,
+                                   settings.resolved_cpu_batch())
         self.model = model
         self.n_ctx = int(lib.llama_n_ctx(handle))
         self.n_batch = int(params.n_batch)
@@ -408,3 +412,4 @@ class Batch:
         n = len(tokens)
         for k, tok in enumerate(tokens):
             self.add(int(tok), start_pos + k, (seq_id,), logits_last and k == n - 1)
+

@@ -16,8 +16,9 @@ from ...core.serving.engine import Engine
 from ...core.serving.pool import FAILED, LOADED, EnginePool, PoolModel
 from ..cards import model_card
 from ..errors import APIError
+from ..http.access_log import note_model
 from ..http.leases import hold
-from ..models import ModelSet, ServedModel
+from ..model_set import ModelSet, ServedModel
 from ..settings import ServerSettings
 
 
@@ -52,6 +53,7 @@ class Router(ModelSet):
 
     async def get(self, requested: str | None, keep_alive: float | None = None) -> ServedModel:
         model = self._find(requested)
+        note_model(model.id)
         try:
             await self.pool.acquire(model.id, keep_alive)
         except Exception as exc:  # noqa: BLE001 - whatever stopped the load, the client gets it as a 500

@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict
 from starlette.concurrency import run_in_threadpool
 
-from ..settings import ServerSettings
+from ..model_set import ModelSet
 from .render import RenderLimiter, check_size, render_markdown
 
 PAGE = "/"
@@ -48,10 +48,9 @@ def asset(name: str) -> bytes:
     return files(__package__).joinpath(name).read_bytes()
 
 
-def add_webui_routes(app: FastAPI, settings: ServerSettings) -> None:
-    """Serve the chat page on `app`, unless the server was started with --no-webui."""
-    if not settings.webui:
-        return
+def add_routes(app: FastAPI, models: ModelSet) -> None:
+    """Serve the chat page on `app` (create_app leaves this out with --no-webui). The page finds the
+    models through the public API, as any client does, so `models` is not read here."""
     limiter = RenderLimiter()
 
     @app.get(PAGE, include_in_schema=False)

@@ -1,6 +1,6 @@
 // Asking: a streamed answer read from /v1/chat/completions, stop, regenerate, and the stats.
 
-import {$, state, el, setStatus} from "./util.js";
+import {$, state, el, setStatus, chatTitle} from "./util.js";
 import {api, errorText, loadProps, renderMarkdown, readEvents} from "./api.js";
 import {saveChats, drawList, systemPrompt} from "./chats.js";
 import {drawMessages, reasoningNode, showHTML} from "./view.js";
@@ -12,7 +12,7 @@ export function send(event) {
   const text = $("input").value;
   if (!text.trim() || state.running) return;
   const chat = state.current;
-  if (!chat.messages.length && chat.title === "New chat") chat.title = text.trim().split("\n")[0].slice(0, 40);
+  if (!chat.messages.length && chat.title === "New chat") chat.title = chatTitle(text);
   chat.messages.push({role: "user", content: text});
   $("input").value = "";
   drawList();
