@@ -141,8 +141,9 @@ _pyllama_spec() {
                 -n= --n-gen= -pg= -d= --n-depth= -b= --batch-size= -ub= --ubatch-size= -ctk= --cache-type-k= \
                 -ctv= --cache-type-v= -t= --threads= -ngl= --n-gpu-layers= -fa= --flash-attn= -nkvo= \
                 --no-kv-offload= -mmp= --mmap= -lm= --load-mode= -C= --cpu-mask= --cpu-strict= --poll= \
-                --prio= --rpc= -dev= --device= -ts= --tensor-split= --list-devices -r= --repetitions= -o= \
-                --output= --progress --no-warmup --ttft --compare= --plot= -v --verbose -h --help"
+                --prio= --rpc= -dev= --device= -ts= --tensor-split= -ot= --override-tensor= --list-devices \
+                -r= --repetitions= -o= --output= --progress --no-warmup --ttft --compare= --plot= -v \
+                --verbose -h --help"
             ;;
         "chat")
             subs=""
@@ -155,13 +156,20 @@ _pyllama_spec() {
                 --n-predict= --temp= --top-k= --top-p= --min-p= --typical= --repeat-penalty= \
                 --repeat-last-n= --presence-penalty= --frequency-penalty= --mirostat= --mirostat-lr= \
                 --mirostat-ent= --ignore-eos -r= --reverse-prompt= --logit-bias= --grammar= --grammar-file= \
-                -j= --json-schema= -jf= --json-schema-file= -m= --model= -hf= --hf-repo= -hff= --hf-file= \
-                -hft= --hf-token= --offline -c= --ctx-size= -t= --threads= -ngl= --gpu-layers= \
-                --n-gpu-layers= -fa= --flash-attn= -b= --batch-size= -ub= --ubatch-size= --mlock --no-mmap \
-                -s= --seed= -v --verbose --log-file= --rpc= -dev= --device= -ts= --tensor-split= \
-                --list-devices -tb= --threads-batch= -C= --cpu-mask= -Cr= --cpu-range= --cpu-strict= --prio= \
-                --poll= -Cb= --cpu-mask-batch= -Crb= --cpu-range-batch= --cpu-strict-batch= --prio-batch= \
-                --poll-batch= -h --help"
+                -j= --json-schema= -jf= --json-schema-file= --samplers= --sampler-seq= --sampling-seq= \
+                --top-n-sigma= --top-nsigma= --xtc-probability= --xtc-threshold= --dry-multiplier= \
+                --dry-base= --dry-allowed-length= --dry-penalty-last-n= --dry-sequence-breaker= \
+                --dynatemp-range= --dynatemp-exp= --adaptive-target= --adaptive-decay= -m= --model= -hf= \
+                --hf-repo= -hff= --hf-file= -hft= --hf-token= --offline -c= --ctx-size= -t= --threads= -ngl= \
+                --gpu-layers= --n-gpu-layers= -fa= --flash-attn= -b= --batch-size= -ub= --ubatch-size= \
+                --mlock --no-mmap -s= --seed= -v --verbose --log-file= --rpc= -dev= --device= -ts= \
+                --tensor-split= --list-devices -tb= --threads-batch= -C= --cpu-mask= -Cr= --cpu-range= \
+                --cpu-strict= --prio= --poll= -Cb= --cpu-mask-batch= -Crb= --cpu-range-batch= \
+                --cpu-strict-batch= --prio-batch= --poll-batch= -ctk= --cache-type-k= -ctv= --cache-type-v= \
+                --swa-full -kvo --kv-offload -nkvo --no-kv-offload --rope-scaling= --rope-scale= \
+                --rope-freq-base= --rope-freq-scale= --yarn-orig-ctx= --yarn-ext-factor= --yarn-attn-factor= \
+                --yarn-beta-slow= --yarn-beta-fast= -ot= --override-tensor= -cmoe --cpu-moe -ncmoe= \
+                --n-cpu-moe= -sm= --split-mode= -mg= --main-gpu= -h --help"
             ;;
         "complete")
             subs=""
@@ -170,17 +178,25 @@ _pyllama_spec() {
                 -md= --model-draft= --spec-draft-model= -hfd= --hf-repo-draft= --spec-draft-hf= \
                 --spec-draft-n-max= --spec-draft-n-min= --draft-p-min= --spec-draft-p-min= \
                 --spec-ngram-simple-size-n= --spec-ngram-simple-size-m= --spec-ngram-simple-min-hits= \
-                --spec-ngram-map-k-size-n= --spec-ngram-map-k-size-m= --spec-ngram-map-k-min-hits= -n= \
-                --n-predict= --temp= --top-k= --top-p= --min-p= --typical= --repeat-penalty= \
-                --repeat-last-n= --presence-penalty= --frequency-penalty= --mirostat= --mirostat-lr= \
-                --mirostat-ent= --ignore-eos -r= --reverse-prompt= --logit-bias= --grammar= --grammar-file= \
-                -j= --json-schema= -jf= --json-schema-file= -m= --model= -hf= --hf-repo= -hff= --hf-file= \
-                -hft= --hf-token= --offline -c= --ctx-size= -t= --threads= -ngl= --gpu-layers= \
-                --n-gpu-layers= -fa= --flash-attn= -b= --batch-size= -ub= --ubatch-size= --mlock --no-mmap \
-                -s= --seed= -v --verbose --log-file= --rpc= -dev= --device= -ts= --tensor-split= \
-                --list-devices -tb= --threads-batch= -C= --cpu-mask= -Cr= --cpu-range= --cpu-strict= --prio= \
-                --poll= -Cb= --cpu-mask-batch= -Crb= --cpu-range-batch= --cpu-strict-batch= --prio-batch= \
-                --poll-batch= -h --help"
+                --spec-ngram-map-k-size-n= --spec-ngram-map-k-size-m= --spec-ngram-map-k-min-hits= \
+                --context-shift --no-context-shift --keep= -n= --n-predict= --temp= --top-k= --top-p= \
+                --min-p= --typical= --repeat-penalty= --repeat-last-n= --presence-penalty= \
+                --frequency-penalty= --mirostat= --mirostat-lr= --mirostat-ent= --ignore-eos -r= \
+                --reverse-prompt= --logit-bias= --grammar= --grammar-file= -j= --json-schema= -jf= \
+                --json-schema-file= --samplers= --sampler-seq= --sampling-seq= --top-n-sigma= --top-nsigma= \
+                --xtc-probability= --xtc-threshold= --dry-multiplier= --dry-base= --dry-allowed-length= \
+                --dry-penalty-last-n= --dry-sequence-breaker= --dynatemp-range= --dynatemp-exp= \
+                --adaptive-target= --adaptive-decay= -m= --model= -hf= --hf-repo= -hff= --hf-file= -hft= \
+                --hf-token= --offline -c= --ctx-size= -t= --threads= -ngl= --gpu-layers= --n-gpu-layers= \
+                -fa= --flash-attn= -b= --batch-size= -ub= --ubatch-size= --mlock --no-mmap -s= --seed= -v \
+                --verbose --log-file= --rpc= -dev= --device= -ts= --tensor-split= --list-devices -tb= \
+                --threads-batch= -C= --cpu-mask= -Cr= --cpu-range= --cpu-strict= --prio= --poll= -Cb= \
+                --cpu-mask-batch= -Crb= --cpu-range-batch= --cpu-strict-batch= --prio-batch= --poll-batch= \
+                -ctk= --cache-type-k= -ctv= --cache-type-v= --swa-full -kvo --kv-offload -nkvo \
+                --no-kv-offload --rope-scaling= --rope-scale= --rope-freq-base= --rope-freq-scale= \
+                --yarn-orig-ctx= --yarn-ext-factor= --yarn-attn-factor= --yarn-beta-slow= --yarn-beta-fast= \
+                -ot= --override-tensor= -cmoe --cpu-moe -ncmoe= --n-cpu-moe= -sm= --split-mode= -mg= \
+                --main-gpu= -h --help"
             ;;
         "completion")
             subs="install show"
@@ -214,7 +230,11 @@ _pyllama_spec() {
                 --verbose --log-file= --rpc= -dev= --device= -ts= --tensor-split= --list-devices -tb= \
                 --threads-batch= -C= --cpu-mask= -Cr= --cpu-range= --cpu-strict= --prio= --poll= -Cb= \
                 --cpu-mask-batch= -Crb= --cpu-range-batch= --cpu-strict-batch= --prio-batch= --poll-batch= \
-                -h --help"
+                -ctk= --cache-type-k= -ctv= --cache-type-v= --swa-full -kvo --kv-offload -nkvo \
+                --no-kv-offload --rope-scaling= --rope-scale= --rope-freq-base= --rope-freq-scale= \
+                --yarn-orig-ctx= --yarn-ext-factor= --yarn-attn-factor= --yarn-beta-slow= --yarn-beta-fast= \
+                -ot= --override-tensor= -cmoe --cpu-moe -ncmoe= --n-cpu-moe= -sm= --split-mode= -mg= \
+                --main-gpu= -h --help"
             ;;
         "info")
             subs=""
@@ -234,7 +254,11 @@ _pyllama_spec() {
                 --mlock --no-mmap -s= --seed= -v --verbose --log-file= --rpc= -dev= --device= -ts= \
                 --tensor-split= --list-devices -tb= --threads-batch= -C= --cpu-mask= -Cr= --cpu-range= \
                 --cpu-strict= --prio= --poll= -Cb= --cpu-mask-batch= -Crb= --cpu-range-batch= \
-                --cpu-strict-batch= --prio-batch= --poll-batch= -h --help"
+                --cpu-strict-batch= --prio-batch= --poll-batch= -ctk= --cache-type-k= -ctv= --cache-type-v= \
+                --swa-full -kvo --kv-offload -nkvo --no-kv-offload --rope-scaling= --rope-scale= \
+                --rope-freq-base= --rope-freq-scale= --yarn-orig-ctx= --yarn-ext-factor= --yarn-attn-factor= \
+                --yarn-beta-slow= --yarn-beta-fast= -ot= --override-tensor= -cmoe --cpu-moe -ncmoe= \
+                --n-cpu-moe= -sm= --split-mode= -mg= --main-gpu= -h --help"
             ;;
         "ps")
             subs=""
@@ -275,13 +299,20 @@ _pyllama_spec() {
                 --top-p= --min-p= --typical= --repeat-penalty= --repeat-last-n= --presence-penalty= \
                 --frequency-penalty= --mirostat= --mirostat-lr= --mirostat-ent= --ignore-eos -r= \
                 --reverse-prompt= --logit-bias= --grammar= --grammar-file= -j= --json-schema= -jf= \
-                --json-schema-file= -m= --model= -hf= --hf-repo= -hff= --hf-file= -hft= --hf-token= \
-                --offline -c= --ctx-size= -t= --threads= -ngl= --gpu-layers= --n-gpu-layers= -fa= \
-                --flash-attn= -b= --batch-size= -ub= --ubatch-size= --mlock --no-mmap -s= --seed= -v \
+                --json-schema-file= --samplers= --sampler-seq= --sampling-seq= --top-n-sigma= --top-nsigma= \
+                --xtc-probability= --xtc-threshold= --dry-multiplier= --dry-base= --dry-allowed-length= \
+                --dry-penalty-last-n= --dry-sequence-breaker= --dynatemp-range= --dynatemp-exp= \
+                --adaptive-target= --adaptive-decay= -m= --model= -hf= --hf-repo= -hff= --hf-file= -hft= \
+                --hf-token= --offline -c= --ctx-size= -t= --threads= -ngl= --gpu-layers= --n-gpu-layers= \
+                -fa= --flash-attn= -b= --batch-size= -ub= --ubatch-size= --mlock --no-mmap -s= --seed= -v \
                 --verbose --log-file= --rpc= -dev= --device= -ts= --tensor-split= --list-devices -tb= \
                 --threads-batch= -C= --cpu-mask= -Cr= --cpu-range= --cpu-strict= --prio= --poll= -Cb= \
                 --cpu-mask-batch= -Crb= --cpu-range-batch= --cpu-strict-batch= --prio-batch= --poll-batch= \
-                -h --help"
+                -ctk= --cache-type-k= -ctv= --cache-type-v= --swa-full -kvo --kv-offload -nkvo \
+                --no-kv-offload --rope-scaling= --rope-scale= --rope-freq-base= --rope-freq-scale= \
+                --yarn-orig-ctx= --yarn-ext-factor= --yarn-attn-factor= --yarn-beta-slow= --yarn-beta-fast= \
+                -ot= --override-tensor= -cmoe --cpu-moe -ncmoe= --n-cpu-moe= -sm= --split-mode= -mg= \
+                --main-gpu= -h --help"
             ;;
         "stop")
             subs=""
@@ -334,6 +365,22 @@ _pyllama_value() {
                 mistral phi3 zephyr ;;
         "chat|--grammar" | "complete|--grammar" | "serve|--grammar")
             _pyllama_values none arithmetic c_identifier chess json json_arr list yes_no ;;
+        "chat|--samplers" | "complete|--samplers" | "serve|--samplers")
+            _pyllama_values none adaptive_p dry infill min_p penalties temperature top_k top_n_sigma top_p \
+                typ_p xtc ;;
+        "chat|-ctk" | "chat|--cache-type-k" | "chat|-ctv" | "chat|--cache-type-v" | "complete|-ctk" | \
+        "complete|--cache-type-k" | "complete|-ctv" | "complete|--cache-type-v" | "imatrix|-ctk" | \
+        "imatrix|--cache-type-k" | "imatrix|-ctv" | "imatrix|--cache-type-v" | "perplexity|-ctk" | \
+        "perplexity|--cache-type-k" | "perplexity|-ctv" | "perplexity|--cache-type-v" | "serve|-ctk" | \
+        "serve|--cache-type-k" | "serve|-ctv" | "serve|--cache-type-v")
+            _pyllama_values none bf16 f16 f32 iq4_nl q4_0 q4_1 q5_0 q5_1 q8_0 ;;
+        "chat|--rope-scaling" | "complete|--rope-scaling" | "imatrix|--rope-scaling" | \
+        "perplexity|--rope-scaling" | "serve|--rope-scaling")
+            _pyllama_values none linear none yarn ;;
+        "chat|-sm" | "chat|--split-mode" | "complete|-sm" | "complete|--split-mode" | "imatrix|-sm" | \
+        "imatrix|--split-mode" | "perplexity|-sm" | "perplexity|--split-mode" | "serve|-sm" | \
+        "serve|--split-mode")
+            _pyllama_values none layer none row tensor ;;
         "list|--models-dir" | "serve|--slot-save-path" | "serve|--models-dir")
             _pyllama_values dir ;;
         "quantize|--output-tensor-type" | "quantize|--token-embedding-type")

@@ -122,6 +122,7 @@ complete -c pyllama -n '__pyllama_using bench' -l prio -d 'Process/thread priori
 complete -c pyllama -n '__pyllama_using bench' -l rpc -d 'RPC servers (`pyllama rpc-server` or llama.cpp\'s rpc-server) whose devices hold part of the model, comma-separated.' -x
 complete -c pyllama -n '__pyllama_using bench' -o dev -l device -d 'Devices to offload to: DEV/DEV...' -x
 complete -c pyllama -n '__pyllama_using bench' -o ts -l tensor-split -d 'Each device\'s share of the layers, e.g.' -x
+complete -c pyllama -n '__pyllama_using bench' -o ot -l override-tensor -d 'Tensor buffer overrides: PATTERN=BUFTYPE items separated by \';\' per configuration, configurations separated by commas (an empty one: none).' -x
 complete -c pyllama -n '__pyllama_using bench' -l list-devices -d 'Print the devices (local, and the --rpc servers\') with their memory and exit.'
 complete -c pyllama -n '__pyllama_using bench' -s r -l repetitions -d 'Timed runs of each test.' -x
 complete -c pyllama -n '__pyllama_using bench' -s o -l output -d 'Output format: md, csv, json, jsonl or sql.' -x -a '(__pyllama_values none csv json jsonl md sql)'
@@ -175,6 +176,20 @@ complete -c pyllama -n '__pyllama_using chat' -l grammar -d 'Constrain output wi
 complete -c pyllama -n '__pyllama_using chat' -l grammar-file -d 'Constrain output with the GBNF grammar in this file.' -x -a '(__pyllama_values file)'
 complete -c pyllama -n '__pyllama_using chat' -s j -l json-schema -d 'Constrain output to JSON matching this JSON schema (\'{}\' = any object).' -x
 complete -c pyllama -n '__pyllama_using chat' -o jf -l json-schema-file -d 'Constrain output to JSON matching the JSON schema in this file.' -x -a '(__pyllama_values file)'
+complete -c pyllama -n '__pyllama_using chat' -l samplers -d 'Samplers in the order they run, separated by \';\' (default: penalties;dry;top_n_sigma;top_k;typ_p;top_p;min_p;xtc;temperature).' -x -a '(__pyllama_values none adaptive_p dry infill min_p penalties temperature top_k top_n_sigma top_p typ_p xtc)'
+complete -c pyllama -n '__pyllama_using chat' -l sampler-seq -l sampling-seq -d 'The sampler order as one letter each (default: edskypmxt).' -x
+complete -c pyllama -n '__pyllama_using chat' -l top-n-sigma -l top-nsigma -d 'Keep tokens within N standard deviations of the best logit (-1 = off).' -x
+complete -c pyllama -n '__pyllama_using chat' -l xtc-probability -d 'XTC: chance of removing the most likely tokens (0 = off).' -x
+complete -c pyllama -n '__pyllama_using chat' -l xtc-threshold -d 'XTC: tokens at least this likely may be removed (above 0.5 = off).' -x
+complete -c pyllama -n '__pyllama_using chat' -l dry-multiplier -d 'DRY repetition penalty multiplier (0 = off).' -x
+complete -c pyllama -n '__pyllama_using chat' -l dry-base -d 'DRY penalty base (values below 1 are ignored).' -x
+complete -c pyllama -n '__pyllama_using chat' -l dry-allowed-length -d 'DRY: repetitions longer than this are penalized.' -x
+complete -c pyllama -n '__pyllama_using chat' -l dry-penalty-last-n -d 'DRY: how many recent tokens to scan (0 = off).' -x
+complete -c pyllama -n '__pyllama_using chat' -l dry-sequence-breaker -d 'A DRY sequence breaker; the first one replaces the defaults (\'\\n\', \':\', \'"\', \'*\'), \'none\' leaves none.' -x
+complete -c pyllama -n '__pyllama_using chat' -l dynatemp-range -d 'Dynamic temperature: the temperature may go this far either side of --temp, by the candidates\' entropy (0 = off).' -x
+complete -c pyllama -n '__pyllama_using chat' -l dynatemp-exp -d 'Dynamic temperature exponent.' -x
+complete -c pyllama -n '__pyllama_using chat' -l adaptive-target -d 'Adaptive-p: pick tokens near this probability, 0.0 to 1.0 (negative = off; runs when --samplers names adaptive_p).' -x
+complete -c pyllama -n '__pyllama_using chat' -l adaptive-decay -d 'Adaptive-p: decay of its running average, 0.0 to 0.99.' -x
 complete -c pyllama -n '__pyllama_using chat' -s m -l model -d 'Local GGUF model file.' -x -a '(__pyllama_values gguf)'
 complete -c pyllama -n '__pyllama_using chat' -o hf -l hf-repo -d 'Hugging Face repo as user/repo[:quant] (default quant: Q4_K_M, else the first GGUF).' -x -a '(__pyllama_values hf)'
 complete -c pyllama -n '__pyllama_using chat' -o hff -l hf-file -d 'Exact GGUF file in the -hf repo (overrides the quant tag).' -x
@@ -206,6 +221,24 @@ complete -c pyllama -n '__pyllama_using chat' -o Crb -l cpu-range-batch -d 'Rang
 complete -c pyllama -n '__pyllama_using chat' -l cpu-strict-batch -d 'Strict CPU placement of the batch threads (default: same as --cpu-strict).' -x
 complete -c pyllama -n '__pyllama_using chat' -l prio-batch -d 'Priority of the batch threads: normal (0), medium (1), high (2), realtime (3) (default: same as --prio).' -x
 complete -c pyllama -n '__pyllama_using chat' -l poll-batch -d 'Polling level of the batch threads (default: same as --poll).' -x
+complete -c pyllama -n '__pyllama_using chat' -o ctk -l cache-type-k -d 'KV cache data type for K: f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1.' -x -a '(__pyllama_values none bf16 f16 f32 iq4_nl q4_0 q4_1 q5_0 q5_1 q8_0)'
+complete -c pyllama -n '__pyllama_using chat' -o ctv -l cache-type-v -d 'KV cache data type for V: f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1 (a quantized type needs flash attention).' -x -a '(__pyllama_values none bf16 f16 f32 iq4_nl q4_0 q4_1 q5_0 q5_1 q8_0)'
+complete -c pyllama -n '__pyllama_using chat' -l swa-full -d 'Use a full-size cache for sliding-window attention layers.'
+complete -c pyllama -n '__pyllama_using chat' -o kvo -l kv-offload -o nkvo -l no-kv-offload -d 'Keep the KV cache (and the attention) on the GPU.'
+complete -c pyllama -n '__pyllama_using chat' -l rope-scaling -d 'RoPE frequency scaling method (default: the model\'s, else linear).' -x -a '(__pyllama_values none linear none yarn)'
+complete -c pyllama -n '__pyllama_using chat' -l rope-scale -d 'RoPE context scaling factor: expands the context by N (sets --rope-freq-scale to 1/N).' -x
+complete -c pyllama -n '__pyllama_using chat' -l rope-freq-base -d 'RoPE base frequency (0 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using chat' -l rope-freq-scale -d 'RoPE frequency scaling factor: expands the context by 1/N (0 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using chat' -l yarn-orig-ctx -d 'YaRN: the model\'s original context size (0 = its training context).' -x
+complete -c pyllama -n '__pyllama_using chat' -l yarn-ext-factor -d 'YaRN: extrapolation mix factor (0.0 = full interpolation, -1 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using chat' -l yarn-attn-factor -d 'YaRN: attention magnitude scale (-1 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using chat' -l yarn-beta-slow -d 'YaRN: high correction dim or alpha (-1 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using chat' -l yarn-beta-fast -d 'YaRN: low correction dim or beta (-1 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using chat' -o ot -l override-tensor -d 'Put the weights whose name matches PATTERN (a regular expression) in buffer type BUFTYPE (CPU, CUDA0, ...), e.g.' -x
+complete -c pyllama -n '__pyllama_using chat' -o cmoe -l cpu-moe -d 'Keep every Mixture-of-Experts expert weight in the CPU.'
+complete -c pyllama -n '__pyllama_using chat' -o ncmoe -l n-cpu-moe -d 'Keep the expert weights of the first N layers in the CPU.' -x
+complete -c pyllama -n '__pyllama_using chat' -o sm -l split-mode -d 'How to split the model across GPUs: none (one GPU), layer (default), row, tensor.' -x -a '(__pyllama_values none layer none row tensor)'
+complete -c pyllama -n '__pyllama_using chat' -o mg -l main-gpu -d 'The GPU for the whole model with -sm none, or for intermediate results and the KV cache with -sm row (default: 0).' -x
 complete -c pyllama -n '__pyllama_using chat' -s h -l help -d 'Show this message and exit.'
 
 # pyllama complete
@@ -233,6 +266,8 @@ complete -c pyllama -n '__pyllama_using complete' -l spec-ngram-simple-min-hits 
 complete -c pyllama -n '__pyllama_using complete' -l spec-ngram-map-k-size-n -d 'ngram-map-k: length of the n-gram looked up.' -x
 complete -c pyllama -n '__pyllama_using complete' -l spec-ngram-map-k-size-m -d 'ngram-map-k: length of the m-gram drafted after it.' -x
 complete -c pyllama -n '__pyllama_using complete' -l spec-ngram-map-k-min-hits -d 'ngram-map-k: times a continuation must have been seen.' -x
+complete -c pyllama -n '__pyllama_using complete' -l context-shift -l no-context-shift -d 'When the context is full, keep the first --keep prompt tokens, drop half of the rest and go on generating (llama.cpp\'s context shift).'
+complete -c pyllama -n '__pyllama_using complete' -l keep -d 'Prompt tokens a context shift keeps, after BOS (-1 = the whole prompt; needs --context-shift).' -x
 complete -c pyllama -n '__pyllama_using complete' -s n -l n-predict -d 'Tokens to generate (-1 = until end of generation or a full context).' -x
 complete -c pyllama -n '__pyllama_using complete' -l temp -d 'Temperature (0 = greedy: always the most likely token).' -x
 complete -c pyllama -n '__pyllama_using complete' -l top-k -d 'Keep the K most likely tokens (0 = off).' -x
@@ -253,6 +288,20 @@ complete -c pyllama -n '__pyllama_using complete' -l grammar -d 'Constrain outpu
 complete -c pyllama -n '__pyllama_using complete' -l grammar-file -d 'Constrain output with the GBNF grammar in this file.' -x -a '(__pyllama_values file)'
 complete -c pyllama -n '__pyllama_using complete' -s j -l json-schema -d 'Constrain output to JSON matching this JSON schema (\'{}\' = any object).' -x
 complete -c pyllama -n '__pyllama_using complete' -o jf -l json-schema-file -d 'Constrain output to JSON matching the JSON schema in this file.' -x -a '(__pyllama_values file)'
+complete -c pyllama -n '__pyllama_using complete' -l samplers -d 'Samplers in the order they run, separated by \';\' (default: penalties;dry;top_n_sigma;top_k;typ_p;top_p;min_p;xtc;temperature).' -x -a '(__pyllama_values none adaptive_p dry infill min_p penalties temperature top_k top_n_sigma top_p typ_p xtc)'
+complete -c pyllama -n '__pyllama_using complete' -l sampler-seq -l sampling-seq -d 'The sampler order as one letter each (default: edskypmxt).' -x
+complete -c pyllama -n '__pyllama_using complete' -l top-n-sigma -l top-nsigma -d 'Keep tokens within N standard deviations of the best logit (-1 = off).' -x
+complete -c pyllama -n '__pyllama_using complete' -l xtc-probability -d 'XTC: chance of removing the most likely tokens (0 = off).' -x
+complete -c pyllama -n '__pyllama_using complete' -l xtc-threshold -d 'XTC: tokens at least this likely may be removed (above 0.5 = off).' -x
+complete -c pyllama -n '__pyllama_using complete' -l dry-multiplier -d 'DRY repetition penalty multiplier (0 = off).' -x
+complete -c pyllama -n '__pyllama_using complete' -l dry-base -d 'DRY penalty base (values below 1 are ignored).' -x
+complete -c pyllama -n '__pyllama_using complete' -l dry-allowed-length -d 'DRY: repetitions longer than this are penalized.' -x
+complete -c pyllama -n '__pyllama_using complete' -l dry-penalty-last-n -d 'DRY: how many recent tokens to scan (0 = off).' -x
+complete -c pyllama -n '__pyllama_using complete' -l dry-sequence-breaker -d 'A DRY sequence breaker; the first one replaces the defaults (\'\\n\', \':\', \'"\', \'*\'), \'none\' leaves none.' -x
+complete -c pyllama -n '__pyllama_using complete' -l dynatemp-range -d 'Dynamic temperature: the temperature may go this far either side of --temp, by the candidates\' entropy (0 = off).' -x
+complete -c pyllama -n '__pyllama_using complete' -l dynatemp-exp -d 'Dynamic temperature exponent.' -x
+complete -c pyllama -n '__pyllama_using complete' -l adaptive-target -d 'Adaptive-p: pick tokens near this probability, 0.0 to 1.0 (negative = off; runs when --samplers names adaptive_p).' -x
+complete -c pyllama -n '__pyllama_using complete' -l adaptive-decay -d 'Adaptive-p: decay of its running average, 0.0 to 0.99.' -x
 complete -c pyllama -n '__pyllama_using complete' -s m -l model -d 'Local GGUF model file.' -x -a '(__pyllama_values gguf)'
 complete -c pyllama -n '__pyllama_using complete' -o hf -l hf-repo -d 'Hugging Face repo as user/repo[:quant] (default quant: Q4_K_M, else the first GGUF).' -x -a '(__pyllama_values hf)'
 complete -c pyllama -n '__pyllama_using complete' -o hff -l hf-file -d 'Exact GGUF file in the -hf repo (overrides the quant tag).' -x
@@ -284,6 +333,24 @@ complete -c pyllama -n '__pyllama_using complete' -o Crb -l cpu-range-batch -d '
 complete -c pyllama -n '__pyllama_using complete' -l cpu-strict-batch -d 'Strict CPU placement of the batch threads (default: same as --cpu-strict).' -x
 complete -c pyllama -n '__pyllama_using complete' -l prio-batch -d 'Priority of the batch threads: normal (0), medium (1), high (2), realtime (3) (default: same as --prio).' -x
 complete -c pyllama -n '__pyllama_using complete' -l poll-batch -d 'Polling level of the batch threads (default: same as --poll).' -x
+complete -c pyllama -n '__pyllama_using complete' -o ctk -l cache-type-k -d 'KV cache data type for K: f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1.' -x -a '(__pyllama_values none bf16 f16 f32 iq4_nl q4_0 q4_1 q5_0 q5_1 q8_0)'
+complete -c pyllama -n '__pyllama_using complete' -o ctv -l cache-type-v -d 'KV cache data type for V: f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1 (a quantized type needs flash attention).' -x -a '(__pyllama_values none bf16 f16 f32 iq4_nl q4_0 q4_1 q5_0 q5_1 q8_0)'
+complete -c pyllama -n '__pyllama_using complete' -l swa-full -d 'Use a full-size cache for sliding-window attention layers.'
+complete -c pyllama -n '__pyllama_using complete' -o kvo -l kv-offload -o nkvo -l no-kv-offload -d 'Keep the KV cache (and the attention) on the GPU.'
+complete -c pyllama -n '__pyllama_using complete' -l rope-scaling -d 'RoPE frequency scaling method (default: the model\'s, else linear).' -x -a '(__pyllama_values none linear none yarn)'
+complete -c pyllama -n '__pyllama_using complete' -l rope-scale -d 'RoPE context scaling factor: expands the context by N (sets --rope-freq-scale to 1/N).' -x
+complete -c pyllama -n '__pyllama_using complete' -l rope-freq-base -d 'RoPE base frequency (0 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using complete' -l rope-freq-scale -d 'RoPE frequency scaling factor: expands the context by 1/N (0 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using complete' -l yarn-orig-ctx -d 'YaRN: the model\'s original context size (0 = its training context).' -x
+complete -c pyllama -n '__pyllama_using complete' -l yarn-ext-factor -d 'YaRN: extrapolation mix factor (0.0 = full interpolation, -1 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using complete' -l yarn-attn-factor -d 'YaRN: attention magnitude scale (-1 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using complete' -l yarn-beta-slow -d 'YaRN: high correction dim or alpha (-1 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using complete' -l yarn-beta-fast -d 'YaRN: low correction dim or beta (-1 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using complete' -o ot -l override-tensor -d 'Put the weights whose name matches PATTERN (a regular expression) in buffer type BUFTYPE (CPU, CUDA0, ...), e.g.' -x
+complete -c pyllama -n '__pyllama_using complete' -o cmoe -l cpu-moe -d 'Keep every Mixture-of-Experts expert weight in the CPU.'
+complete -c pyllama -n '__pyllama_using complete' -o ncmoe -l n-cpu-moe -d 'Keep the expert weights of the first N layers in the CPU.' -x
+complete -c pyllama -n '__pyllama_using complete' -o sm -l split-mode -d 'How to split the model across GPUs: none (one GPU), layer (default), row, tensor.' -x -a '(__pyllama_values none layer none row tensor)'
+complete -c pyllama -n '__pyllama_using complete' -o mg -l main-gpu -d 'The GPU for the whole model with -sm none, or for intermediate results and the KV cache with -sm row (default: 0).' -x
 complete -c pyllama -n '__pyllama_using complete' -s h -l help -d 'Show this message and exit.'
 
 # pyllama completion
@@ -361,6 +428,24 @@ complete -c pyllama -n '__pyllama_using imatrix' -o Crb -l cpu-range-batch -d 'R
 complete -c pyllama -n '__pyllama_using imatrix' -l cpu-strict-batch -d 'Strict CPU placement of the batch threads (default: same as --cpu-strict).' -x
 complete -c pyllama -n '__pyllama_using imatrix' -l prio-batch -d 'Priority of the batch threads: normal (0), medium (1), high (2), realtime (3) (default: same as --prio).' -x
 complete -c pyllama -n '__pyllama_using imatrix' -l poll-batch -d 'Polling level of the batch threads (default: same as --poll).' -x
+complete -c pyllama -n '__pyllama_using imatrix' -o ctk -l cache-type-k -d 'KV cache data type for K: f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1.' -x -a '(__pyllama_values none bf16 f16 f32 iq4_nl q4_0 q4_1 q5_0 q5_1 q8_0)'
+complete -c pyllama -n '__pyllama_using imatrix' -o ctv -l cache-type-v -d 'KV cache data type for V: f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1 (a quantized type needs flash attention).' -x -a '(__pyllama_values none bf16 f16 f32 iq4_nl q4_0 q4_1 q5_0 q5_1 q8_0)'
+complete -c pyllama -n '__pyllama_using imatrix' -l swa-full -d 'Use a full-size cache for sliding-window attention layers.'
+complete -c pyllama -n '__pyllama_using imatrix' -o kvo -l kv-offload -o nkvo -l no-kv-offload -d 'Keep the KV cache (and the attention) on the GPU.'
+complete -c pyllama -n '__pyllama_using imatrix' -l rope-scaling -d 'RoPE frequency scaling method (default: the model\'s, else linear).' -x -a '(__pyllama_values none linear none yarn)'
+complete -c pyllama -n '__pyllama_using imatrix' -l rope-scale -d 'RoPE context scaling factor: expands the context by N (sets --rope-freq-scale to 1/N).' -x
+complete -c pyllama -n '__pyllama_using imatrix' -l rope-freq-base -d 'RoPE base frequency (0 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using imatrix' -l rope-freq-scale -d 'RoPE frequency scaling factor: expands the context by 1/N (0 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using imatrix' -l yarn-orig-ctx -d 'YaRN: the model\'s original context size (0 = its training context).' -x
+complete -c pyllama -n '__pyllama_using imatrix' -l yarn-ext-factor -d 'YaRN: extrapolation mix factor (0.0 = full interpolation, -1 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using imatrix' -l yarn-attn-factor -d 'YaRN: attention magnitude scale (-1 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using imatrix' -l yarn-beta-slow -d 'YaRN: high correction dim or alpha (-1 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using imatrix' -l yarn-beta-fast -d 'YaRN: low correction dim or beta (-1 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using imatrix' -o ot -l override-tensor -d 'Put the weights whose name matches PATTERN (a regular expression) in buffer type BUFTYPE (CPU, CUDA0, ...), e.g.' -x
+complete -c pyllama -n '__pyllama_using imatrix' -o cmoe -l cpu-moe -d 'Keep every Mixture-of-Experts expert weight in the CPU.'
+complete -c pyllama -n '__pyllama_using imatrix' -o ncmoe -l n-cpu-moe -d 'Keep the expert weights of the first N layers in the CPU.' -x
+complete -c pyllama -n '__pyllama_using imatrix' -o sm -l split-mode -d 'How to split the model across GPUs: none (one GPU), layer (default), row, tensor.' -x -a '(__pyllama_values none layer none row tensor)'
+complete -c pyllama -n '__pyllama_using imatrix' -o mg -l main-gpu -d 'The GPU for the whole model with -sm none, or for intermediate results and the KV cache with -sm row (default: 0).' -x
 complete -c pyllama -n '__pyllama_using imatrix' -s h -l help -d 'Show this message and exit.'
 
 # pyllama info
@@ -420,6 +505,24 @@ complete -c pyllama -n '__pyllama_using perplexity' -o Crb -l cpu-range-batch -d
 complete -c pyllama -n '__pyllama_using perplexity' -l cpu-strict-batch -d 'Strict CPU placement of the batch threads (default: same as --cpu-strict).' -x
 complete -c pyllama -n '__pyllama_using perplexity' -l prio-batch -d 'Priority of the batch threads: normal (0), medium (1), high (2), realtime (3) (default: same as --prio).' -x
 complete -c pyllama -n '__pyllama_using perplexity' -l poll-batch -d 'Polling level of the batch threads (default: same as --poll).' -x
+complete -c pyllama -n '__pyllama_using perplexity' -o ctk -l cache-type-k -d 'KV cache data type for K: f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1.' -x -a '(__pyllama_values none bf16 f16 f32 iq4_nl q4_0 q4_1 q5_0 q5_1 q8_0)'
+complete -c pyllama -n '__pyllama_using perplexity' -o ctv -l cache-type-v -d 'KV cache data type for V: f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1 (a quantized type needs flash attention).' -x -a '(__pyllama_values none bf16 f16 f32 iq4_nl q4_0 q4_1 q5_0 q5_1 q8_0)'
+complete -c pyllama -n '__pyllama_using perplexity' -l swa-full -d 'Use a full-size cache for sliding-window attention layers.'
+complete -c pyllama -n '__pyllama_using perplexity' -o kvo -l kv-offload -o nkvo -l no-kv-offload -d 'Keep the KV cache (and the attention) on the GPU.'
+complete -c pyllama -n '__pyllama_using perplexity' -l rope-scaling -d 'RoPE frequency scaling method (default: the model\'s, else linear).' -x -a '(__pyllama_values none linear none yarn)'
+complete -c pyllama -n '__pyllama_using perplexity' -l rope-scale -d 'RoPE context scaling factor: expands the context by N (sets --rope-freq-scale to 1/N).' -x
+complete -c pyllama -n '__pyllama_using perplexity' -l rope-freq-base -d 'RoPE base frequency (0 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using perplexity' -l rope-freq-scale -d 'RoPE frequency scaling factor: expands the context by 1/N (0 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using perplexity' -l yarn-orig-ctx -d 'YaRN: the model\'s original context size (0 = its training context).' -x
+complete -c pyllama -n '__pyllama_using perplexity' -l yarn-ext-factor -d 'YaRN: extrapolation mix factor (0.0 = full interpolation, -1 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using perplexity' -l yarn-attn-factor -d 'YaRN: attention magnitude scale (-1 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using perplexity' -l yarn-beta-slow -d 'YaRN: high correction dim or alpha (-1 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using perplexity' -l yarn-beta-fast -d 'YaRN: low correction dim or beta (-1 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using perplexity' -o ot -l override-tensor -d 'Put the weights whose name matches PATTERN (a regular expression) in buffer type BUFTYPE (CPU, CUDA0, ...), e.g.' -x
+complete -c pyllama -n '__pyllama_using perplexity' -o cmoe -l cpu-moe -d 'Keep every Mixture-of-Experts expert weight in the CPU.'
+complete -c pyllama -n '__pyllama_using perplexity' -o ncmoe -l n-cpu-moe -d 'Keep the expert weights of the first N layers in the CPU.' -x
+complete -c pyllama -n '__pyllama_using perplexity' -o sm -l split-mode -d 'How to split the model across GPUs: none (one GPU), layer (default), row, tensor.' -x -a '(__pyllama_values none layer none row tensor)'
+complete -c pyllama -n '__pyllama_using perplexity' -o mg -l main-gpu -d 'The GPU for the whole model with -sm none, or for intermediate results and the KV cache with -sm row (default: 0).' -x
 complete -c pyllama -n '__pyllama_using perplexity' -s h -l help -d 'Show this message and exit.'
 
 # pyllama ps
@@ -546,6 +649,20 @@ complete -c pyllama -n '__pyllama_using serve' -l grammar -d 'Constrain output w
 complete -c pyllama -n '__pyllama_using serve' -l grammar-file -d 'Constrain output with the GBNF grammar in this file.' -x -a '(__pyllama_values file)'
 complete -c pyllama -n '__pyllama_using serve' -s j -l json-schema -d 'Constrain output to JSON matching this JSON schema (\'{}\' = any object).' -x
 complete -c pyllama -n '__pyllama_using serve' -o jf -l json-schema-file -d 'Constrain output to JSON matching the JSON schema in this file.' -x -a '(__pyllama_values file)'
+complete -c pyllama -n '__pyllama_using serve' -l samplers -d 'Samplers in the order they run, separated by \';\' (default: penalties;dry;top_n_sigma;top_k;typ_p;top_p;min_p;xtc;temperature).' -x -a '(__pyllama_values none adaptive_p dry infill min_p penalties temperature top_k top_n_sigma top_p typ_p xtc)'
+complete -c pyllama -n '__pyllama_using serve' -l sampler-seq -l sampling-seq -d 'The sampler order as one letter each (default: edskypmxt).' -x
+complete -c pyllama -n '__pyllama_using serve' -l top-n-sigma -l top-nsigma -d 'Keep tokens within N standard deviations of the best logit (-1 = off).' -x
+complete -c pyllama -n '__pyllama_using serve' -l xtc-probability -d 'XTC: chance of removing the most likely tokens (0 = off).' -x
+complete -c pyllama -n '__pyllama_using serve' -l xtc-threshold -d 'XTC: tokens at least this likely may be removed (above 0.5 = off).' -x
+complete -c pyllama -n '__pyllama_using serve' -l dry-multiplier -d 'DRY repetition penalty multiplier (0 = off).' -x
+complete -c pyllama -n '__pyllama_using serve' -l dry-base -d 'DRY penalty base (values below 1 are ignored).' -x
+complete -c pyllama -n '__pyllama_using serve' -l dry-allowed-length -d 'DRY: repetitions longer than this are penalized.' -x
+complete -c pyllama -n '__pyllama_using serve' -l dry-penalty-last-n -d 'DRY: how many recent tokens to scan (0 = off).' -x
+complete -c pyllama -n '__pyllama_using serve' -l dry-sequence-breaker -d 'A DRY sequence breaker; the first one replaces the defaults (\'\\n\', \':\', \'"\', \'*\'), \'none\' leaves none.' -x
+complete -c pyllama -n '__pyllama_using serve' -l dynatemp-range -d 'Dynamic temperature: the temperature may go this far either side of --temp, by the candidates\' entropy (0 = off).' -x
+complete -c pyllama -n '__pyllama_using serve' -l dynatemp-exp -d 'Dynamic temperature exponent.' -x
+complete -c pyllama -n '__pyllama_using serve' -l adaptive-target -d 'Adaptive-p: pick tokens near this probability, 0.0 to 1.0 (negative = off; runs when --samplers names adaptive_p).' -x
+complete -c pyllama -n '__pyllama_using serve' -l adaptive-decay -d 'Adaptive-p: decay of its running average, 0.0 to 0.99.' -x
 complete -c pyllama -n '__pyllama_using serve' -s m -l model -d 'Local GGUF model file.' -x -a '(__pyllama_values gguf)'
 complete -c pyllama -n '__pyllama_using serve' -o hf -l hf-repo -d 'Hugging Face repo as user/repo[:quant] (default quant: Q4_K_M, else the first GGUF).' -x -a '(__pyllama_values hf)'
 complete -c pyllama -n '__pyllama_using serve' -o hff -l hf-file -d 'Exact GGUF file in the -hf repo (overrides the quant tag).' -x
@@ -577,6 +694,24 @@ complete -c pyllama -n '__pyllama_using serve' -o Crb -l cpu-range-batch -d 'Ran
 complete -c pyllama -n '__pyllama_using serve' -l cpu-strict-batch -d 'Strict CPU placement of the batch threads (default: same as --cpu-strict).' -x
 complete -c pyllama -n '__pyllama_using serve' -l prio-batch -d 'Priority of the batch threads: normal (0), medium (1), high (2), realtime (3) (default: same as --prio).' -x
 complete -c pyllama -n '__pyllama_using serve' -l poll-batch -d 'Polling level of the batch threads (default: same as --poll).' -x
+complete -c pyllama -n '__pyllama_using serve' -o ctk -l cache-type-k -d 'KV cache data type for K: f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1.' -x -a '(__pyllama_values none bf16 f16 f32 iq4_nl q4_0 q4_1 q5_0 q5_1 q8_0)'
+complete -c pyllama -n '__pyllama_using serve' -o ctv -l cache-type-v -d 'KV cache data type for V: f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1 (a quantized type needs flash attention).' -x -a '(__pyllama_values none bf16 f16 f32 iq4_nl q4_0 q4_1 q5_0 q5_1 q8_0)'
+complete -c pyllama -n '__pyllama_using serve' -l swa-full -d 'Use a full-size cache for sliding-window attention layers.'
+complete -c pyllama -n '__pyllama_using serve' -o kvo -l kv-offload -o nkvo -l no-kv-offload -d 'Keep the KV cache (and the attention) on the GPU.'
+complete -c pyllama -n '__pyllama_using serve' -l rope-scaling -d 'RoPE frequency scaling method (default: the model\'s, else linear).' -x -a '(__pyllama_values none linear none yarn)'
+complete -c pyllama -n '__pyllama_using serve' -l rope-scale -d 'RoPE context scaling factor: expands the context by N (sets --rope-freq-scale to 1/N).' -x
+complete -c pyllama -n '__pyllama_using serve' -l rope-freq-base -d 'RoPE base frequency (0 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using serve' -l rope-freq-scale -d 'RoPE frequency scaling factor: expands the context by 1/N (0 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using serve' -l yarn-orig-ctx -d 'YaRN: the model\'s original context size (0 = its training context).' -x
+complete -c pyllama -n '__pyllama_using serve' -l yarn-ext-factor -d 'YaRN: extrapolation mix factor (0.0 = full interpolation, -1 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using serve' -l yarn-attn-factor -d 'YaRN: attention magnitude scale (-1 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using serve' -l yarn-beta-slow -d 'YaRN: high correction dim or alpha (-1 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using serve' -l yarn-beta-fast -d 'YaRN: low correction dim or beta (-1 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using serve' -o ot -l override-tensor -d 'Put the weights whose name matches PATTERN (a regular expression) in buffer type BUFTYPE (CPU, CUDA0, ...), e.g.' -x
+complete -c pyllama -n '__pyllama_using serve' -o cmoe -l cpu-moe -d 'Keep every Mixture-of-Experts expert weight in the CPU.'
+complete -c pyllama -n '__pyllama_using serve' -o ncmoe -l n-cpu-moe -d 'Keep the expert weights of the first N layers in the CPU.' -x
+complete -c pyllama -n '__pyllama_using serve' -o sm -l split-mode -d 'How to split the model across GPUs: none (one GPU), layer (default), row, tensor.' -x -a '(__pyllama_values none layer none row tensor)'
+complete -c pyllama -n '__pyllama_using serve' -o mg -l main-gpu -d 'The GPU for the whole model with -sm none, or for intermediate results and the KV cache with -sm row (default: 0).' -x
 complete -c pyllama -n '__pyllama_using serve' -s h -l help -d 'Show this message and exit.'
 
 # pyllama stop

@@ -15,6 +15,7 @@ from ..errors import Interrupted, UsageError
 from ..options.cpu import BenchCpuMaskOpt, BenchCpuStrictOpt, BenchPollOpt, PrioOpt
 from ..options.devices import BenchDeviceOpt, BenchTensorSplitOpt, ListDevicesOpt, RpcOpt, list_devices, parse_rpc
 from ..options.load import HfFileOpt, HfRepoOpt, HfTokenOpt, ModelPathOpt, OfflineOpt, VerboseOpt, in_panel, repeatable
+from ..options.placement import BenchOverrideTensorOpt
 
 EXAMPLES = """\
 Examples:
@@ -92,6 +93,7 @@ def bench(
     rpc: RpcOpt = None,
     device: BenchDeviceOpt = None,
     tensor_split: BenchTensorSplitOpt = None,
+    override_tensor: BenchOverrideTensorOpt = None,
     list_devices_only: ListDevicesOpt = False,
     repetitions: Annotated[int, typer.Option("-r", "--repetitions", help="Timed runs of each test.",
                                              rich_help_panel=RUN)] = defaults.DEFAULT_REPETITIONS,

@@ -9,6 +9,10 @@
 - `cpu`: `-tb`, `-C/-Cr`, `--prio`, `--poll`, `--cpu-strict` and their batch variants (part of the load
   flags): how the context's thread pools run.
 - `sampling`: sampling and output-constraint flags of complete, chat and serve.
+- `kv_cache`, `context`, `placement`: llama.cpp's -ctk/-ctv/--swa-full/-kvo, RoPE/YaRN/--keep,
+  -ot/--cpu-moe/--n-cpu-moe/-sm/-mg (part of the load flags).
+- `sampler_chain`: DRY, XTC, top-n-sigma, dynatemp, adaptive-p, --samplers/--sampler-seq (with `sampling`).
+- `llama_env`: llama.cpp's LLAMA_ARG_* environment variables for the shared flags.
 - `speculative`: speculative decoding flags of complete, chat and serve (`--spec-type`, `-md`, ...).
 - `limits`: serve's HTTP limits and shutdown grace (builds `server.settings.ServerLimits`).
 

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from ..core.serving.pool import DEFAULT_MODELS_MAX
+from .llama_env import with_env
 
 SERVER_PANEL = "Server"
 ROUTER_PANEL = "Router mode (many models)"
@@ -90,6 +91,11 @@ ModelsPresetOpt = Annotated[Path | None, typer.Option(
 
 __all__ = ["DEFAULT_MODELS_MAX"]
 
+
+# llama-server's LLAMA_ARG_* environment variables for the server flags that have one.
+# (-m and -hf get theirs in options/load.py, where they are declared.)
+HostOpt, PortOpt, AliasOpt, ParallelOpt, KvUnifiedOpt, EmbeddingsOpt = (
+    with_env(alias) for alias in (HostOpt, PortOpt, AliasOpt, ParallelOpt, KvUnifiedOpt, EmbeddingsOpt))
 
 LogFormatOpt = Annotated[str, typer.Option(
     "--log-format", callback=lambda value: _one_of(value, ("text", "json")), help="The access log's form: one "

@@ -23,7 +23,7 @@ from ..core.generate.sampling import SamplingSettings
 from ..core.model.settings import INT32_MAX
 from ..core.serving.engine import Engine
 from ..core.serving.pool import parse_keep_alive
-from ..errors import ContextOverflow, InputError
+from ..errors import ContextOverflow, InputError, UsageError
 from .errors import APIError
 from .settings import ServerSettings
 
@@ -83,6 +83,22 @@ class GenerationFields(Lenient):
     grammar: str | None = Field(default=None, description="A GBNF grammar the output must match.")
     json_schema: dict[str, Any] | None = Field(default=None, description="llama-server's schema constraint.")
     ignore_eos: bool | None = None
+    # llama.cpp's newer samplers and the chain's order, under llama-server's names and limits.
+    dynatemp_range: float | None = None
+    dynatemp_exponent: float | None = None
+    top_n_sigma: float | None = None
+    xtc_probability: float | None = Field(default=None, ge=0, le=1)
+    xtc_threshold: float | None = Field(default=None, ge=0, le=1)
+    dry_multiplier: float | None = None
+    dry_base: float | None = Field(default=None, description="Below 1: the server's default.")
+    dry_allowed_length: int | None = Field(default=None, ge=0, le=INT32_MAX)
+    dry_penalty_last_n: int | None = Field(default=None, ge=0, le=INT32_MAX)
+    dry_sequence_breakers: list[str] | None = Field(default=None, min_length=1,
+                                                    description="A non-empty JSON array of strings.")
+    adaptive_target: float | None = Field(default=None, le=1)
+    adaptive_decay: float | None = Field(default=None, ge=0, le=0.99)
+    samplers: list[str] | str | None = Field(
+        default=None, description="The chain's order: sampler names, or a string of their letters (e.g. \"kpt\").")
     keep_alive: float | str | None = Field(
         default=None, description="ollama's: how long the model stays loaded after this request, in seconds or "
         "as 5m, 1h; 0 = unload now, -1 = keep (router mode).")
@@ -151,6 +167,7 @@ def sampling(req: GenerationFields, settings: ServerSettings, grammar: str | Non
     changes: dict[str, Any] = {name: getattr(req, name) for name in fields if getattr(req, name) is not None}
     if req.seed is not None:
         changes["seed"] = req.seed % SEED_MODULUS if req.seed >= 0 else -1
+    changes.update(chain_fields(req))
     bias = _logit_bias(req.logit_bias, engine)
     if bias:
         changes["logit_bias"] = settings.sampling.logit_bias + bias
@@ -183,6 +200,29 @@ def _on_a_worker_thread() -> bool:
 
 def grammar_bounds(settings: ServerSettings) -> GrammarBounds:
     return GrammarBounds(settings.limits.max_grammar_size, settings.limits.max_grammar_seconds)
+
+
+_CHAIN_FIELDS = ("dynatemp_range", "dynatemp_exponent", "top_n_sigma", "xtc_probability", "xtc_threshold",
+                 "dry_multiplier", "dry_allowed_length", "dry_penalty_last_n", "adaptive_target", "adaptive_decay")
+
+
+def chain_fields(req: GenerationFields) -> dict[str, Any]:
+    """The request's newer sampler fields and `samplers` order as SamplingSettings fields, read as llama-server
+    reads them (a dry_base below 1 keeps the default; samplers as names or as a string of letters)."""
+    from ..core.generate.sampler_names import samplers_from_letters, samplers_from_names
+
+    changes: dict[str, Any] = {name: getattr(req, name) for name in _CHAIN_FIELDS if getattr(req, name) is not None}
+    if req.dry_base is not None and req.dry_base >= 1:
+        changes["dry_base"] = req.dry_base
+    if req.dry_sequence_breakers is not None:
+        changes["dry_sequence_breakers"] = tuple(req.dry_sequence_breakers)
+    if req.samplers is not None:
+        try:
+            changes["samplers"] = samplers_from_letters(req.samplers, "samplers") if isinstance(req.samplers, str) \
+                else samplers_from_names(req.samplers, "samplers")
+        except UsageError as exc:
+            raise APIError(400, f"{exc.message} ({exc.hint})", param="samplers", code="invalid_value") from None
+    return changes
 
 
 def _logit_bias(value: dict[str, Any] | list[list[Any]] | None, engine: Engine) -> tuple[tuple[int, float], ...]:

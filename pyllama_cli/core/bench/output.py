@@ -53,7 +53,7 @@ _FLOAT = {"avg_ts", "stddev_ts", "speedup"}
 
 # Markdown: display names and widths (negative = left-aligned), as llama-bench prints them.
 _DISPLAY = {"n_gpu_layers": "ngl", "n_threads": "threads", "no_kv_offload": "nkvo", "flash_attn": "fa",
-            "load_mode": "lm", "devices": "dev", "tensor_split": "ts", "peak_rss_bytes": "peak RSS",
+            "load_mode": "lm", "devices": "dev", "tensor_split": "ts", "tensor_buft_overrides": "ot", "peak_rss_bytes": "peak RSS",
             "ttft": "ttft ms", "speedup": "speed-up"}
 _WIDTH = {"model": -30, "t/s": 20, "size": 10, "params": 10, "n_gpu_layers": 3, "n_threads": 7, "n_batch": 7,
           "n_ubatch": 8, "type_k": 6, "type_v": 6, "load_mode": 10, "flash_attn": 3, "test": 15,
@@ -91,7 +91,8 @@ def field_values(r: BenchResult, build: BuildInfo) -> dict[str, str]:
         "n_gpu_layers": str(i.n_gpu_layers), "n_cpu_moe": "0", "split_mode": "layer", "main_gpu": "0",
         "no_kv_offload": str(int(i.no_kv_offload)), "flash_attn": str(FLASH_ATTN_TYPES[i.flash_attn]),
         "devices": "/".join(i.devices) or "auto", "tensor_split": tensor_split_text(i.tensor_split),
-        "tensor_buft_overrides": "none", "load_mode": i.load_mode,
+        "tensor_buft_overrides": ";".join(f"{p}={b}" for p, b in i.tensor_overrides) or "none",
+        "load_mode": i.load_mode,
         "lazy_mode": "auto", "embeddings": "0", "no_op_offload": "0", "no_host": "0", "repack": "1",
         "fit_target": "0", "fit_min_ctx": "0", "n_prompt": str(i.n_prompt), "n_gen": str(i.n_gen),
         "n_depth": str(i.n_depth), "test_time": r.test_time, "avg_ns": str(r.avg_ns), "stddev_ns": str(r.stddev_ns),
@@ -242,6 +243,7 @@ def md_columns(spec: BenchSpec, backend: str, extras: Extras, default_threads: i
         "no_kv_offload": tuple(spec.no_kv_offload) != DEFAULT_NO_KV_OFFLOAD,
         "flash_attn": tuple(spec.flash_attn) != DEFAULT_FLASH_ATTN,
         "devices": tuple(spec.devices) != ((),), "tensor_split": tuple(spec.tensor_split) != ((),),
+        "tensor_buft_overrides": tuple(spec.tensor_overrides) != ((),),
         "load_mode": tuple(spec.load_mode) != DEFAULT_LOAD_MODE,
     }
     cols += [name for name, shown in varying.items() if shown]

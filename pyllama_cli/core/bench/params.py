@@ -84,14 +84,15 @@ def make_spec(flags: Mapping[str, Any]) -> Any:
 def _placement(flags: Mapping[str, Any]) -> dict[str, tuple]:
     """--rpc, and -dev and -ts as llama-bench reads them: configurations separated by commas, the items
     of one by / (`-dev RPC0/RPC1,RPC1 -ts 3/1,1/1` makes four)."""
-    from ..model.settings import parse_devices, parse_rpc, parse_tensor_split
+    from ..model.settings import bench_overrides, parse_devices, parse_rpc, parse_tensor_split
 
     def configs(value: list[str] | None, parse: Any) -> tuple:
         raw = [part for item in value or [] for part in item.split(",") if part.strip()]
         return tuple(parse(part.replace("/", ",")) for part in raw) or ((),)
 
     return {"rpc": parse_rpc(flags["rpc"]), "devices": configs(flags["device"], parse_devices),
-            "tensor_split": configs(flags["tensor_split"], parse_tensor_split)}
+            "tensor_split": configs(flags["tensor_split"], parse_tensor_split),
+            "tensor_overrides": bench_overrides(flags["override_tensor"])}
 
 
 def _cpu(flags: Mapping[str, Any]) -> dict[str, Any]:

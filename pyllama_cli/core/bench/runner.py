@@ -22,6 +22,7 @@ import numpy as np
 from ...errors import ModelLoadError
 from ..model import library
 from ..model.native import Context, Model, lib
+from ..model.placement import TensorOverrides
 from ..model.rpc import ModelDevices
 from ..model.settings import CpuPlacement, LoadSettings, parse_cpu_mask
 from .spec import KV_CACHE_TYPES, LOAD_MODES, BenchResult, BenchSpec, BuildInfo, Instance
@@ -71,6 +72,9 @@ def load_bench_model(inst: Instance, verbose: bool = False) -> Model:
     params.load_mode = LOAD_MODES[inst.load_mode]
     placement = ModelDevices(inst.devices, inst.tensor_split)  # the --rpc servers were added before the run
     placement.apply(params)
+    overrides = TensorOverrides(list(inst.tensor_overrides)) if inst.tensor_overrides else None
+    if overrides is not None:  # kept referenced until the load returns: it owns the C strings
+        overrides.apply(params)
     handle = lib.llama_model_load_from_file(str(inst.model.path).encode(), params)
     if not handle:
         raise ModelLoadError(f"llama.cpp could not load {inst.model.label}",

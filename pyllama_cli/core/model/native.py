@@ -17,7 +17,8 @@ from ...errors import InputError, Interrupted, ModelLoadError
 from ..gguf.ftypes import size_label
 from .library import configure_logging, keeping_gil, lib
 from .mapped_file import MappedFile
-from .memory import check_kv_cache_fits
+from .placement import apply_placement
+from .memory import apply_kv_cache, apply_rope, check_kv_cache_fits, context_failure_hint
 from .settings import LoadSettings
 from .threads import ThreadPools
 
@@ -82,6 +83,7 @@ class Model:
         placement = _placement(settings)
         if placement is not None:
             placement.apply(params)
+        overrides = apply_placement(params, settings)  # noqa: F841 - owns the C strings until the load returns
         interrupted = False
 
         def progress(fraction: float, _user: Any) -> bool:
@@ -295,6 +297,8 @@ class Context:
         params.embeddings = embeddings
         params.kv_unified = kv_unified
         params.no_perf = False
+        apply_kv_cache(params, settings)
+        apply_rope(params, settings)
         for key, value in extra.items():
             setattr(params, key, value)
         check_kv_cache_fits(model, params, settings)
@@ -305,7 +309,7 @@ class Context:
         if not handle:
             raise ModelLoadError(
                 f"llama.cpp could not create a context of {params.n_ctx} tokens for {model.path.name}",
-                hint="lower -c/--ctx-size, or run with --verbose for llama.cpp's reason (often: not enough memory)",
+                hint=context_failure_hint(settings),
             )
         self.handle = handle
         self.threads = ThreadPools(handle, int(params.n_threads), int(params.n_threads_batch), settings.cpu,
@@ -374,6 +378,11 @@ class Context:
 
     def remove_tokens(self, seq_id: int, start: int, end: int = -1) -> bool:
         return bool(lib.llama_memory_seq_rm(self.memory, seq_id, start, end))
+
+    def shift_tokens(self, seq_id: int, keep: int, n_discard: int, n_past: int) -> None:
+        """Drop positions [keep, keep + n_discard) of a sequence and move the later ones back by n_discard."""
+        lib.llama_memory_seq_rm(self.memory, seq_id, keep, keep + n_discard)
+        lib.llama_memory_seq_add(self.memory, seq_id, keep + n_discard, n_past, -n_discard)
 
     def synchronize(self) -> None:
         lib.llama_synchronize(self.handle)

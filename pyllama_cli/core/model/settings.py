@@ -42,6 +42,14 @@ class CpuPlacement:
     poll: int = DEFAULT_POLL  # 0 = no polling .. 100 = mostly polling
     strict: bool = False  # one CPU per thread, in mask order, instead of the whole mask for each
 
+# -ctk/-ctv: the KV cache types llama.cpp's common arguments accept, in its order, with their ggml type ids.
+KV_CACHE_TYPES = {"f32": 0, "f16": 1, "bf16": 30, "q8_0": 8, "q4_0": 2, "q4_1": 3, "iq4_nl": 20, "q5_0": 6, "q5_1": 7}
+DEFAULT_CACHE_TYPE = "f16"
+SPLIT_MODES = {"none": 0, "layer": 1, "row": 2, "tensor": 3}  # llama_split_mode (-sm)
+ROPE_SCALING_TYPES = {"none": 0, "linear": 1, "yarn": 2}  # llama_rope_scaling_type
+# Types llama.cpp stores in blocks (quantized): a V cache of these needs flash attention.
+QUANTIZED_CACHE_TYPES = frozenset({"q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"})
+
 
 @dataclass(frozen=True)
 class LoadSettings:
@@ -62,6 +70,26 @@ class LoadSettings:
     rpc: tuple[str, ...] = ()  # RPC servers (HOST:PORT) whose devices join this process's
     devices: tuple[str, ...] = ()  # -dev: the devices to offload to (("none",) = none); () = llama.cpp's choice
     tensor_split: tuple[float, ...] = ()  # -ts: each device's share of the layers
+    # KV cache (-ctk, -ctv, --swa-full, -kvo/-nkvo)
+    cache_type_k: str = DEFAULT_CACHE_TYPE
+    cache_type_v: str = DEFAULT_CACHE_TYPE
+    swa_full: bool = False
+    kv_offload: bool = True
+    # RoPE and YaRN (--rope-*, --yarn-*): 0 or negative = the model's own value, as in llama.cpp
+    rope_scaling: str | None = None  # none, linear or yarn; None = the model's
+    rope_freq_base: float = 0.0
+    rope_freq_scale: float = 0.0
+    yarn_orig_ctx: int = 0
+    yarn_ext_factor: float = -1.0
+    yarn_attn_factor: float = -1.0
+    yarn_beta_slow: float = -1.0
+    yarn_beta_fast: float = -1.0
+    # Weight placement (-ot, --cpu-moe, --n-cpu-moe, -sm, -mg); None = llama.cpp's default
+    tensor_overrides: tuple[tuple[str, str], ...] = ()  # (pattern, buffer type name)
+    cpu_moe: bool = False
+    n_cpu_moe: int = 0
+    split_mode: str | None = None
+    main_gpu: int | None = None
     cpu: CpuPlacement = CpuPlacement()  # the generation pool's CPUs, priority, polling
     cpu_batch: CpuPlacement | None = None  # the batch pool's (-Cb, --prio-batch, ...); None = same as `cpu`
 
@@ -160,3 +188,26 @@ def parse_cpu_range(text: str, flag: str = "-Cr") -> list[int]:
     if lo > hi:
         raise UsageError(f"{flag} {text!r} ends before it starts", hint=hint)
     return list(range(lo, hi + 1))
+
+
+def parse_overrides(values: list[str] | None, separator: str = ",") -> tuple[tuple[str, str], ...]:
+    """-ot values: PATTERN=BUFTYPE items separated by `separator`, in order."""
+    pairs = []
+    for value in values or ():
+        for item in (part for part in value.split(separator) if part):
+            pattern, sep, buft = item.partition("=")
+            if not sep:
+                raise UsageError(f"-ot {item!r} has no '='", hint="give PATTERN=BUFTYPE, e.g. -ot 'exps=CPU'")
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise UsageError(f"-ot {pattern!r} is not a valid regular expression ({exc})",
+                                 hint="e.g. -ot 'blk\\.[0-9]+\\.ffn_.*_exps=CPU'") from None
+            pairs.append((pattern, buft))
+    return tuple(pairs)
+
+
+def bench_overrides(values: list[str] | None) -> tuple[tuple[tuple[str, str], ...], ...]:
+    """bench's -ot: one configuration per comma-separated group (an empty group: no override)."""
+    groups = [group for value in values or () for group in value.split(",")]
+    return tuple(parse_overrides([group], ";") for group in groups) or ((),)

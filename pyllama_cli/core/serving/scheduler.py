@@ -314,6 +314,7 @@ class ParallelEngine(Engine):
                                   hint="shorten the prompt, or restart with a larger -c/--ctx-size or fewer --parallel")
         job: GenerationJob = stream.job  # type: ignore[assignment]
         slot.sampler = Sampler(self.model, job.sampling)
+        slot.sampler.accept_prompt(prompt)
         reuse = reusable_prefix(slot.cached, prompt) if job.cache_prompt else 0
         self._ctx.remove_tokens(slot.id, reuse, -1)
         slot.cached = prompt[:reuse]

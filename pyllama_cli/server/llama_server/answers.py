@@ -189,27 +189,22 @@ def generation_settings(job: GenerationJob, prep: NativeJobs, stream: bool) -> d
     """The settings the job ran with, under llama-server's names (fixed ones at llama.cpp's defaults)."""
     s = job.sampling
     return {
-        "seed": s.seed, "temperature": s.temperature, "dynatemp_range": 0.0, "dynatemp_exponent": 1.0,
-        "top_k": s.top_k, "top_p": s.top_p, "min_p": s.min_p, "top_n_sigma": -1.0, "xtc_probability": 0.0,
-        "xtc_threshold": 0.1, "typical_p": s.typical_p, "repeat_last_n": s.repeat_last_n,
+        "seed": s.seed, "temperature": s.temperature, "dynatemp_range": s.dynatemp_range,
+        "dynatemp_exponent": s.dynatemp_exponent, "top_k": s.top_k, "top_p": s.top_p, "min_p": s.min_p,
+        "top_n_sigma": s.top_n_sigma, "xtc_probability": s.xtc_probability, "xtc_threshold": s.xtc_threshold,
+        "typical_p": s.typical_p, "repeat_last_n": s.repeat_last_n,
         "repeat_penalty": s.repeat_penalty, "presence_penalty": s.presence_penalty,
-        "frequency_penalty": s.frequency_penalty, "dry_multiplier": 0.0, "dry_base": 1.75, "dry_allowed_length": 2,
-        "dry_penalty_last_n": -1, "mirostat": s.mirostat, "mirostat_tau": s.mirostat_ent,
-        "mirostat_eta": s.mirostat_lr, "adaptive_target": -1.0, "adaptive_decay": 0.9, "stop": list(job.stop),
+        "frequency_penalty": s.frequency_penalty, "dry_multiplier": s.dry_multiplier, "dry_base": s.dry_base,
+        "dry_allowed_length": s.dry_allowed_length, "dry_penalty_last_n": s.dry_penalty_last_n,
+        "dry_sequence_breakers": list(s.dry_sequence_breakers), "mirostat": s.mirostat, "mirostat_tau": s.mirostat_ent,
+        "mirostat_eta": s.mirostat_lr, "adaptive_target": s.adaptive_target, "adaptive_decay": s.adaptive_decay,
+        "stop": list(job.stop),
         "max_tokens": prep.n_predict, "n_predict": prep.n_predict, "n_keep": 0, "n_discard": 0,
         "ignore_eos": s.ignore_eos, "stream": stream, "logit_bias": [list(pair) for pair in s.logit_bias],
         "n_probs": max(job.n_probs, 0), "min_keep": 0, "grammar": s.grammar or "",
-        "samplers": _stages(s),
+        "samplers": list(s.samplers),
         "timings_per_token": prep.request.timings_per_token, "post_sampling_probs": job.post_sampling,
     }
-
-
-def _stages(s: Any) -> list[str]:
-    """The stages of the chain that do something with these settings, in llama.cpp's order."""
-    active = [("penalties", s.repeat_penalty != 1 or s.presence_penalty != 0 or s.frequency_penalty != 0),
-              ("top_k", s.top_k > 0), ("typ_p", s.typical_p < 1), ("top_p", s.top_p < 1), ("min_p", s.min_p > 0),
-              ("temperature", True)]
-    return [name for name, on in active if on]
 
 
 def _stopping_word(engine: Engine, stats: GenerationStats, job: GenerationJob) -> str:

@@ -8,10 +8,9 @@ llama-server's switches (id_slot, cache_prompt, n_probs...) the job carries.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
-from ...core.generate.sampling import SamplingSettings
 from ...core.serving.engine import Engine
 from ...core.serving.jobs import GenerationJob
 from ...errors import InputError
@@ -45,8 +44,7 @@ def prepare_infill(engine: Engine, settings: ServerSettings, req: InfillRequest)
 
 def _jobs(engine: Engine, settings: ServerSettings, req: NativeFields, prompts: list[list[int]]) -> NativeJobs:
     rules.check_slot(engine, req.id_slot)
-    sampling = only_samplers(rules.sampling(_bias_as_pairs(req), settings, rules.grammar(req, settings, None), engine),
-                             req.samplers)
+    sampling = rules.sampling(_bias_as_pairs(req), settings, rules.grammar(req, settings, None), engine)
     requested = rules.requested_tokens(req)
     if requested is None or requested < 0:
         requested = settings.n_predict
@@ -58,38 +56,6 @@ def _jobs(engine: Engine, settings: ServerSettings, req: NativeFields, prompts: 
                           post_sampling=req.post_sampling_probs)
             for ids in prompts]
     return NativeJobs(jobs, req, requested)
-
-
-# llama-server's sampler names, and the letters of its short form ("kypmt"), for the stages pyllama's chain has.
-SAMPLER_LETTERS = {"k": "top_k", "y": "typ_p", "p": "top_p", "m": "min_p", "t": "temperature"}
-SAMPLER_NAMES = {"penalties", "dry", "top_n_sigma", "top_k", "typ_p", "typical_p", "top_p", "min_p", "xtc",
-                 "temperature", "infill", "adaptive_p"}
-
-
-def only_samplers(sampling: SamplingSettings, samplers: list[str] | str | None) -> SamplingSettings:
-    """The chain with only the stages `samplers` names: each stage left out is set to its neutral value
-    (llama.cpp's chain keeps its own order, so the list chooses stages, not their order)."""
-    if samplers is None:
-        return sampling
-    names = {SAMPLER_LETTERS.get(c, c) for c in samplers} if isinstance(samplers, str) else set(samplers)
-    unknown = sorted(n for n in names if n not in SAMPLER_NAMES and n not in SAMPLER_LETTERS.values())
-    if unknown:
-        raise APIError(400, f"samplers: unknown sampler {unknown[0]!r} (known: {', '.join(sorted(SAMPLER_NAMES))})",
-                       param="samplers", code="invalid_value")
-    off: dict[str, Any] = {}
-    if "top_k" not in names:
-        off["top_k"] = 0
-    if not names & {"typ_p", "typical_p"}:
-        off["typical_p"] = 1.0
-    if "top_p" not in names:
-        off["top_p"] = 1.0
-    if "min_p" not in names:
-        off["min_p"] = 0.0
-    if "penalties" not in names:
-        off.update(repeat_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0)
-    if "temperature" not in names and sampling.temperature > 0:
-        off["temperature"] = 1.0
-    return replace(sampling, **off)
 
 
 def _bias_as_pairs(req: NativeFields) -> NativeFields:

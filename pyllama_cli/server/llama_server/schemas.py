@@ -18,7 +18,6 @@ class NativeFields(GenerationFields):
     cache_prompt: bool = Field(default=True, description="Reuse the slot's cached prefix of the prompt.")
     id_slot: int = Field(default=-1, ge=-1, description="Run on this slot (-1: any).")
     return_tokens: bool = Field(default=False, description="Put the generated token ids in `tokens`.")
-    samplers: list[str] | str | None = Field(default=None, description="Accepted; the default chain is used.")
     t_max_predict_ms: int | None = Field(default=None, ge=0, description="Stop generating after this long.")
     response_fields: list[str] | None = Field(default=None, description="Only these fields (paths a/b).")
     return_progress: bool = False
