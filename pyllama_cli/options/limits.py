@@ -44,6 +44,15 @@ _LIMIT_PARAMS = [
         _D.max_connections),
     option_param("keep_alive_timeout", Annotated[float, _opt(
         "--keep-alive-timeout", "Seconds an idle keep-alive connection stays open.", 0.1)], _D.keep_alive_timeout),
+    option_param("stream_buffer_size", Annotated[int, _opt(
+        "--stream-buffer-size", "Bytes one X-Conversation-Id stream may buffer; past it the stream ends with an "
+        "error event (docs/streams.md).", 1024)], _D.stream_buffer_size),
+    option_param("stream_sessions", Annotated[int, _opt(
+        "--stream-sessions", "X-Conversation-Id streams kept at once; when all are still generating a new one "
+        "gets 503.", 1)], _D.stream_sessions),
+    option_param("stream_grace", Annotated[float, _opt(
+        "--stream-grace", "Seconds a finished X-Conversation-Id stream stays readable at /v1/stream.", 0)],
+        _D.stream_grace),
 ]
 
 

@@ -27,6 +27,9 @@ class ServerLimits:
     body_timeout: float = 60.0  # seconds to send a request's body, from the end of its head (408 beyond)
     max_connections: int = 512  # open connections; a request on one beyond gets 503
     keep_alive_timeout: float = 5.0  # seconds an idle keep-alive connection stays open
+    stream_buffer_size: int = 8 * 1024 * 1024  # bytes one X-Conversation-Id stream may buffer (streams/)
+    stream_sessions: int = 64  # X-Conversation-Id streams kept at once, running or finished
+    stream_grace: float = 300.0  # seconds a finished stream stays readable
 
 
 @dataclass(frozen=True)
