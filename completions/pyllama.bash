@@ -242,19 +242,19 @@ _pyllama_spec() {
                 --max-body-size= --chat-template= -np= --parallel= --kv-unified --no-webui --models-dir= \
                 --models-cache --models-max= --sleep-idle-seconds= --models-preset= --reasoning-format= \
                 --reasoning-budget= --shutdown-grace= --max-header-size= --max-headers= --max-url-length= \
-                --header-timeout= --body-timeout= --max-connections= --keep-alive-timeout= --spec-type= -md= \
-                --model-draft= --spec-draft-model= -hfd= --hf-repo-draft= --spec-draft-hf= \
-                --spec-draft-n-max= --spec-draft-n-min= --draft-p-min= --spec-draft-p-min= \
-                --spec-ngram-simple-size-n= --spec-ngram-simple-size-m= --spec-ngram-simple-min-hits= \
-                --spec-ngram-map-k-size-n= --spec-ngram-map-k-size-m= --spec-ngram-map-k-min-hits= -n= \
-                --n-predict= --temp= --top-k= --top-p= --min-p= --typical= --repeat-penalty= \
-                --repeat-last-n= --presence-penalty= --frequency-penalty= --mirostat= --mirostat-lr= \
-                --mirostat-ent= --ignore-eos -r= --reverse-prompt= --logit-bias= --grammar= --grammar-file= \
-                -j= --json-schema= -jf= --json-schema-file= -m= --model= -hf= --hf-repo= -hff= --hf-file= \
-                -hft= --hf-token= --offline -c= --ctx-size= -t= --threads= -ngl= --gpu-layers= \
-                --n-gpu-layers= -fa= --flash-attn= -b= --batch-size= -ub= --ubatch-size= --mlock --no-mmap \
-                -s= --seed= -v --verbose --log-file= --rpc= -dev= --device= -ts= --tensor-split= \
-                --list-devices -h --help"
+                --header-timeout= --body-timeout= --max-connections= --keep-alive-timeout= \
+                --stream-buffer-size= --stream-sessions= --stream-grace= --spec-type= -md= --model-draft= \
+                --spec-draft-model= -hfd= --hf-repo-draft= --spec-draft-hf= --spec-draft-n-max= \
+                --spec-draft-n-min= --draft-p-min= --spec-draft-p-min= --spec-ngram-simple-size-n= \
+                --spec-ngram-simple-size-m= --spec-ngram-simple-min-hits= --spec-ngram-map-k-size-n= \
+                --spec-ngram-map-k-size-m= --spec-ngram-map-k-min-hits= -n= --n-predict= --temp= --top-k= \
+                --top-p= --min-p= --typical= --repeat-penalty= --repeat-last-n= --presence-penalty= \
+                --frequency-penalty= --mirostat= --mirostat-lr= --mirostat-ent= --ignore-eos -r= \
+                --reverse-prompt= --logit-bias= --grammar= --grammar-file= -j= --json-schema= -jf= \
+                --json-schema-file= -m= --model= -hf= --hf-repo= -hff= --hf-file= -hft= --hf-token= \
+                --offline -c= --ctx-size= -t= --threads= -ngl= --gpu-layers= --n-gpu-layers= -fa= \
+                --flash-attn= -b= --batch-size= -ub= --ubatch-size= --mlock --no-mmap -s= --seed= -v \
+                --verbose --log-file= --rpc= -dev= --device= -ts= --tensor-split= --list-devices -h --help"
             ;;
         "stop")
             subs=""

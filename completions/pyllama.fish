@@ -412,6 +412,9 @@ complete -c pyllama -n '__pyllama_using serve' -l header-timeout -d 'Seconds a c
 complete -c pyllama -n '__pyllama_using serve' -l body-timeout -d 'Seconds a client has to send a request\'s body once its head is in (slower gets 408).' -x
 complete -c pyllama -n '__pyllama_using serve' -l max-connections -d 'Open connections served at once; a request on one beyond gets 503.' -x
 complete -c pyllama -n '__pyllama_using serve' -l keep-alive-timeout -d 'Seconds an idle keep-alive connection stays open.' -x
+complete -c pyllama -n '__pyllama_using serve' -l stream-buffer-size -d 'Bytes one X-Conversation-Id stream may buffer; past it the stream ends with an error event (docs/streams.md).' -x
+complete -c pyllama -n '__pyllama_using serve' -l stream-sessions -d 'X-Conversation-Id streams kept at once; when all are still generating a new one gets 503.' -x
+complete -c pyllama -n '__pyllama_using serve' -l stream-grace -d 'Seconds a finished X-Conversation-Id stream stays readable at /v1/stream.' -x
 complete -c pyllama -n '__pyllama_using serve' -l spec-type -d 'Speculative decoding: none, draft-simple, ngram-simple, ngram-map-k, ngram-cache (ngram-cache is not implemented).' -x
 complete -c pyllama -n '__pyllama_using serve' -o md -l model-draft -l spec-draft-model -d 'Draft model for draft-simple (a GGUF with the model\'s vocabulary; given alone, it turns draft-simple on).' -x
 complete -c pyllama -n '__pyllama_using serve' -o hfd -l hf-repo-draft -l spec-draft-hf -d 'Same as -hf, for the draft model: user/repo[:quant].' -x

@@ -7,14 +7,19 @@ replays its bytes from any offset, /v1/streams/lookup reports the ids named, DEL
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
 import pytest
 
+from tests.fixtures.make_gguf import TINY, write_llama_gguf
 from tests.helpers import wait_slots_idle
+from tests.test_router import Router
+from tests.test_router import _start as _start_router
 from tests.test_serve import Server, _start
 
 KEY = "sk-streams"
@@ -184,3 +189,76 @@ def test_a_buffer_past_its_bound_ends_with_an_error_event(bounded: Server) -> No
     assert replayed.endswith(b"data: [DONE]\n\n")
     assert len(replayed) - len(events[-3]) - len(b"\n\ndata: [DONE]\n\n") <= BOUND
     wait_slots_idle(bounded.url)
+
+
+def _drop_and_replay(url: str, path: str, body: dict, conv: str, auth: dict[str, str]) -> tuple[bytes, bytes]:
+    """(the undropped answer's bytes, the replay of the same request dropped after 3 events)."""
+    plain = httpx.post(f"{url}{path}", json=body, headers=auth, timeout=60).content
+    got = b""
+    with httpx.stream("POST", f"{url}{path}", json=body, headers=_headers(conv, auth), timeout=60) as response:
+        for part in response.iter_raw():
+            got += part
+            if got.count(b"\n\n") >= 3:
+                break
+    _wait_done(url, conv, auth)
+    return plain, _replay(url, conv, auth=auth)
+
+
+def test_messages_and_completion_streams_detach_too(server: Server) -> None:
+    messages = {"model": "m", "max_tokens": 16, "stream": True, "temperature": 0,
+                "messages": [{"role": "user", "content": "Tell me a story."}]}
+    plain, replayed = _drop_and_replay(server.url, "/v1/messages", messages, "messages-1", AUTH)
+    assert replayed.count(b"event: content_block_delta") == plain.count(b"event: content_block_delta") > 3
+    assert replayed.endswith(b'event: message_stop\ndata: {"type":"message_stop"}\n\n')
+
+    def texts(sse: bytes) -> str:
+        return "".join(json.loads(line[6:])["content"] for line in sse.decode().split("\n")
+                       if line.startswith("data: {"))
+
+    native = {"prompt": "Once upon a time", "n_predict": 16, "stream": True, "temperature": 0}
+    plain, replayed = _drop_and_replay(server.url, "/completion", native, "native-1", AUTH)
+    assert texts(replayed) == texts(plain) and texts(plain)
+
+
+def test_sigterm_ends_a_detached_stream_with_the_shutdown_error_event(tiny_model: Path, tmp_path: Path) -> None:
+    srv = _start(tiny_model, tmp_path / "stderr.log", "--shutdown-grace", "0.5")
+    try:
+        _drop_after(srv.url, LONG, _headers("cut", {}))
+        with httpx.stream("GET", f"{srv.url}/v1/stream/cut", timeout=30) as reader:
+            srv.proc.terminate()
+            replayed = reader.read()
+        assert srv.proc.wait(timeout=15) == 0
+    finally:
+        srv.stop()
+    error = json.loads(replayed.split(b"\n\n")[-3][len(b"data: "):])["error"]
+    assert error["type"] == "server_shutdown"
+    assert replayed.endswith(b"data: [DONE]\n\n")
+
+
+@pytest.fixture(scope="module")
+def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Router]:
+    folder = tmp_path_factory.mktemp("streams-router")
+    write_llama_gguf(folder / "alpha.gguf", TINY)
+    write_llama_gguf(folder / "beta.gguf", replace(TINY, seed=1))
+    srv = _start_router(folder / "stderr.log", "-m", str(folder / "alpha.gguf"), "-m", str(folder / "beta.gguf"),
+                        "-c", "4096", "--models-max", "1")
+    yield srv
+    srv.stop()
+
+
+def test_router_streams_resume_through_the_parent_and_hold_their_model(router: Router) -> None:
+    for model in ("alpha", "beta"):
+        body = {**BODY, "model": model}
+        plain = httpx.post(f"{router.url}/v1/chat/completions", json=body, timeout=60).content
+        _drop_after(router.url, body, _headers(f"r-{model}::{model}", {}))
+        assert _text(_replay(router.url, f"r-{model}::{model}", auth={})) == _text(plain)
+    _drop_after(router.url, {**LONG, "model": "alpha"}, _headers("held", {}))
+    answered: list[httpx.Response] = []
+    other = threading.Thread(target=lambda: answered.append(router.chat("beta")))
+    other.start()
+    time.sleep(0.5)  # the detached generation holds alpha: --models-max 1 keeps beta waiting
+    assert router.status("alpha") == "loaded" and router.status("beta") != "loaded" and not answered
+    assert httpx.delete(f"{router.url}/v1/stream/held").status_code == 204
+    other.join(timeout=30)
+    assert answered and answered[0].status_code == 200
+    assert router.status("beta") == "loaded"
