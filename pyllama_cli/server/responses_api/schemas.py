@@ -50,5 +50,6 @@ class ResponsesRequest(_Lenient):
     reasoning: ReasoningConfig | None = None
     stream: bool | None = False
     store: bool | None = True
+    background: bool | None = False  # run on without the client: poll, resume, cancel (background.py)
     previous_response_id: str | None = None
     metadata: dict[str, Any] | None = None
