@@ -220,6 +220,13 @@ def test_messages_and_completion_streams_detach_too(server: Server) -> None:
     assert texts(replayed) == texts(plain) and texts(plain)
 
 
+def test_ollama_ndjson_streams_ignore_the_header(server: Server) -> None:
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "options": {"num_predict": 4}}
+    response = httpx.post(f"{server.url}/api/chat", json=body, headers=_headers("ollama-1"), timeout=60)
+    assert response.status_code == 200 and response.headers["content-type"] == "application/x-ndjson"
+    assert _lookup(server.url, ["ollama-1"]) == []
+
+
 def test_sigterm_ends_a_detached_stream_with_the_shutdown_error_event(tiny_model: Path, tmp_path: Path) -> None:
     srv = _start(tiny_model, tmp_path / "stderr.log", "--shutdown-grace", "0.5")
     try:

@@ -37,11 +37,15 @@ def sessions_of(request: Request) -> StreamSessions:
 def detached(request: Request, conversation: str, start: Callable[[], Response]) -> Response:
     """Run `start()` (the family's stream) as the session of `conversation`, and follow it."""
     sessions = sessions_of(request)
-    sessions.make_room(conversation)  # a 503 here comes before the job is submitted
     response = start()
     cancel = getattr(response, "on_disconnect", None)
-    if cancel is None or not isinstance(response, StreamingResponse):
-        return response  # not an SSE stream that can be cut off (NDJSON...): served as it is
+    if cancel is None or not response.headers.get("content-type", "").startswith("text/event-stream"):
+        return response  # not an SSE stream (ollama's NDJSON...): served as it is, bound to its client
+    try:
+        sessions.make_room(conversation)
+    except APIError:  # all sessions still generating: this job is not run
+        cancel()
+        raise
     session = Session(conversation, ReplayBuffer(sessions.max_bytes), cancel)
     sessions.add(session)
     ending = _anthropic_ending if request.url.path.startswith("/v1/messages") else _openai_ending
