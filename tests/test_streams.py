@@ -265,7 +265,10 @@ def test_router_streams_resume_through_the_parent_and_hold_their_model(router: R
     other.start()
     time.sleep(0.5)  # the detached generation holds alpha: --models-max 1 keeps beta waiting
     assert router.status("alpha") == "loaded" and router.status("beta") != "loaded" and not answered
+    [held] = _lookup(router.url, ["held"], {})
+    assert held["is_done"] is False
     assert httpx.delete(f"{router.url}/v1/stream/held").status_code == 204
+    assert _lookup(router.url, ["held", "r-alpha"], {})[0]["conversation_id"] == "r-alpha::alpha"
     other.join(timeout=30)
     assert answered and answered[0].status_code == 200
     assert router.status("beta") == "loaded"
