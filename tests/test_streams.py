@@ -26,6 +26,7 @@ KEY = "sk-streams"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 BODY = {"model": "tiny", "stream": True, "temperature": 0, "max_tokens": 24, "ignore_eos": True,
         "messages": [{"role": "user", "content": "Tell me a story."}]}
+GRACE = 1.0  # the bounded server's seconds a finished stream stays readable
 BOUND = 1024 * 1024  # the bounded server's bytes per stream: LONG fits, LONG with 20 logprobs a token does not
 LONG = {**BODY, "max_tokens": 3800}  # long enough to be running while a test looks
 
@@ -41,7 +42,7 @@ def server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 @pytest.fixture(scope="module")
 def bounded(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     srv = _start(tiny_model, tmp_path_factory.mktemp("serve-streams-bounded") / "stderr.log", "-np", "3",
-                 "--stream-sessions", "2", "--stream-buffer-size", str(BOUND))
+                 "--stream-sessions", "2", "--stream-buffer-size", str(BOUND), "--stream-grace", str(GRACE))
     yield srv
     srv.stop()
 
@@ -176,6 +177,14 @@ def test_with_two_sessions_allowed_a_third_gets_503_while_both_run(bounded: Serv
     again = httpx.post(f"{bounded.url}/v1/chat/completions", json=short, headers=_headers("three", {}), timeout=60)
     assert again.status_code == 200 and again.content.endswith(b"data: [DONE]\n\n")
     httpx.delete(f"{bounded.url}/v1/stream/two")
+
+
+def test_a_finished_stream_is_freed_after_its_grace(bounded: Server) -> None:
+    httpx.post(f"{bounded.url}/v1/chat/completions", json=BODY, headers=_headers("brief", {}), timeout=60)
+    assert _replay(bounded.url, "brief", auth={}).endswith(b"data: [DONE]\n\n")
+    time.sleep(GRACE + 0.3)
+    assert _lookup(bounded.url, ["brief"], {}) == []
+    assert httpx.get(f"{bounded.url}/v1/stream/brief").status_code == 404
 
 
 def test_a_buffer_past_its_bound_ends_with_an_error_event(bounded: Server) -> None:
