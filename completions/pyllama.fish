@@ -617,6 +617,9 @@ complete -c pyllama -n '__pyllama_using serve' -l max-connections -d 'Open conne
 complete -c pyllama -n '__pyllama_using serve' -l keep-alive-timeout -d 'Seconds an idle keep-alive connection stays open.' -x
 complete -c pyllama -n '__pyllama_using serve' -l max-grammar-size -d 'Largest grammar a request\'s JSON schema or grammar may make, in bytes of GBNF (larger gets 400): a long enum slows every slot\'s sampling.' -x
 complete -c pyllama -n '__pyllama_using serve' -l max-grammar-seconds -d 'Longest a request\'s grammar may take to build (schema conversion and parse; longer gets 400).' -x
+complete -c pyllama -n '__pyllama_using serve' -l stream-buffer-size -d 'Bytes one X-Conversation-Id stream may buffer; past it the stream ends with an error event (docs/streams.md).' -x
+complete -c pyllama -n '__pyllama_using serve' -l stream-sessions -d 'X-Conversation-Id streams kept at once; when all are still generating a new one gets 503.' -x
+complete -c pyllama -n '__pyllama_using serve' -l stream-grace -d 'Seconds a finished X-Conversation-Id stream stays readable at /v1/stream.' -x
 complete -c pyllama -n '__pyllama_using serve' -l spec-type -d 'Speculative decoding: none, draft-simple, ngram-simple, ngram-map-k, ngram-cache (ngram-cache is not implemented).' -x
 complete -c pyllama -n '__pyllama_using serve' -o md -l model-draft -l spec-draft-model -d 'Draft model for draft-simple (a GGUF with the model\'s vocabulary; given alone, it turns draft-simple on).' -x
 complete -c pyllama -n '__pyllama_using serve' -o hfd -l hf-repo-draft -l spec-draft-hf -d 'Same as -hf, for the draft model: user/repo[:quant].' -x

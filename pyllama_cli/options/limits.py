@@ -50,6 +50,15 @@ _LIMIT_PARAMS = [
     option_param("max_grammar_seconds", Annotated[float, _opt(
         "--max-grammar-seconds", "Longest a request's grammar may take to build (schema conversion and parse; "
         "longer gets 400).", 0.01)], _D.max_grammar_seconds),
+    option_param("stream_buffer_size", Annotated[int, _opt(
+        "--stream-buffer-size", "Bytes one X-Conversation-Id stream may buffer; past it the stream ends with an "
+        "error event (docs/streams.md).", 1024)], _D.stream_buffer_size),
+    option_param("stream_sessions", Annotated[int, _opt(
+        "--stream-sessions", "X-Conversation-Id streams kept at once; when all are still generating a new one "
+        "gets 503.", 1)], _D.stream_sessions),
+    option_param("stream_grace", Annotated[float, _opt(
+        "--stream-grace", "Seconds a finished X-Conversation-Id stream stays readable at /v1/stream.", 0)],
+        _D.stream_grace),
 ]
 
 

@@ -38,6 +38,8 @@ from .http.hosts import AllowedHostsMiddleware
 from .http.unicode import LoneSurrogateMiddleware
 from .http.docs import docs_urls
 from .settings import ServerSettings
+from .streams.endpoints import add_stream_routes
+from .streams.sessions import StreamSessions
 from .webui import routes as webui
 
 # Every API family, in the order its routes are added, each by its `add_routes(app, models)`; the web
@@ -73,8 +75,11 @@ def create_app(models: ModelSet, settings: ServerSettings) -> FastAPI:
                               "server was started with --api-key.")
     app.state.models = models
     app.state.settings = settings
+    limits = settings.limits
+    app.state.streams = StreamSessions(limits.stream_sessions, limits.stream_buffer_size, limits.stream_grace)
     install_error_handlers(app)
     _add_server_routes(app, models)
+    add_stream_routes(app)  # the replay buffer (X-Conversation-Id): spine-level, not a family
     for family in API_FAMILIES:
         family.add_routes(app, models)
     if settings.webui:

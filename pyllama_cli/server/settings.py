@@ -30,6 +30,9 @@ class ServerLimits:
     keep_alive_timeout: float = 5.0  # seconds an idle keep-alive connection stays open
     max_grammar_size: int = DEFAULT_MAX_GRAMMAR_SIZE  # bytes of GBNF a request's grammar or schema may make
     max_grammar_seconds: float = DEFAULT_MAX_GRAMMAR_SECONDS  # seconds its conversion and parse may take
+    stream_buffer_size: int = 8 * 1024 * 1024  # bytes one X-Conversation-Id stream may buffer (streams/)
+    stream_sessions: int = 64  # X-Conversation-Id streams kept at once, running or finished
+    stream_grace: float = 300.0  # seconds a finished stream stays readable
 
 
 @dataclass(frozen=True)

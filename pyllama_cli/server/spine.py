@@ -22,6 +22,7 @@ from ..core.serving.engine import BROKEN, Engine
 from .errors import APIError, loading_error
 from .model_set import ServedModel
 from .settings import ServerSettings
+from .streams import detach as streams
 
 T = TypeVar("T")
 # A request body this small is turned into a job on the event loop itself (~0.1 ms: a short prompt to
@@ -77,5 +78,7 @@ async def generate(find: Awaitable[ServedModel], request: Request, body: Any, pr
         generating(engine)
         prepared = await off_loop(request, prepare, engine, served.settings, body)
         if body.stream:
+            if conversation := streams.conversation_id(request):  # opted in: the stream outlives its client
+                return streams.detached(request, conversation, lambda: stream(engine, prepared, served.id))
             return stream(engine, prepared, served.id)
         return JSONResponse(await whole(engine, prepared, served.id, request))

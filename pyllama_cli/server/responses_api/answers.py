@@ -59,7 +59,7 @@ class ResponseShape:
             "parallel_tool_calls": req.parallel_tool_calls is not False,
             "tool_choice": _dump(req.tool_choice) or "auto", "tools": [_dump(t) for t in req.tools or ()],
             "text": {"format": _dump(req.text.format) if req.text and req.text.format else {"type": "text"}},
-            "store": req.store is not False, "metadata": req.metadata or {},
+            "store": req.store is not False, "background": bool(req.background), "metadata": req.metadata or {},
             "usage": _usage(answer) if answer is not None else None,
         }
 

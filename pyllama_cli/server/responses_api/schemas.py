@@ -53,6 +53,7 @@ class ResponsesRequest(_Lenient):
     reasoning: ReasoningConfig | None = None
     stream: bool | None = False
     store: bool | None = True
+    background: bool | None = False  # run on without the client: poll, resume, cancel (background.py)
     previous_response_id: str | None = None
     metadata: dict[str, str] | None = None
 
