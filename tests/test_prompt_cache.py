@@ -121,6 +121,18 @@ def test_usage_reports_cached_tokens_on_every_api(on: Server) -> None:
     assert usage["cache_creation_input_tokens"] == 0
 
 
+def test_ollama_counts_the_whole_prompt_and_times_only_what_it_evaluated(on: Server) -> None:
+    # ollama's prompt_eval_count is the prompt's length, as OpenAI's prompt_tokens, whatever the cache held.
+    messages = [{"role": "system", "content": _text(50, 20)}, {"role": "user", "content": "hi"}]
+    body = {"model": "m", "messages": messages, "stream": False, "options": {"num_predict": 2, "temperature": 0}}
+    first, again = (httpx.post(f"{on.url}/api/chat", json=body, timeout=60).json() for _ in range(2))
+    openai = httpx.post(f"{on.url}/v1/chat/completions", json={"messages": messages, "max_tokens": 2},
+                        timeout=60).json()["usage"]
+    assert first["prompt_eval_count"] == again["prompt_eval_count"] == openai["prompt_tokens"]
+    assert openai["prompt_tokens_details"]["cached_tokens"] == openai["prompt_tokens"] - 1
+    assert again["prompt_eval_duration"] < first["prompt_eval_duration"]
+
+
 # ---- the disk tier
 
 DISK_TEXT = _text(20, 25)  # fits the 512 tokens of a slot of -c 1024
@@ -157,8 +169,9 @@ def test_the_disk_tier_survives_a_restart(tiny_model: Path, disk: Path, off: Ser
         srv.stop()
 
 
-@pytest.mark.parametrize("change", [["-c", "1024"], ["--chat-template", "llama3"], ["other model"]],
-                         ids=["context size", "chat template", "model"])
+@pytest.mark.parametrize("change", [["-c", "1024"], ["--chat-template", "llama3"], ["other model"], ["-ctk", "f32"],
+                                    ["--rope-freq-base", "5000"]],
+                         ids=["context size", "chat template", "model", "KV cache type", "RoPE base"])
 def test_an_entry_never_serves_another_model_or_other_settings(change: list[str], tiny_model: Path, disk: Path,
                                                                tmp_path: Path) -> None:
     folder = tmp_path / "cache"

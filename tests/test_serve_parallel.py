@@ -14,7 +14,8 @@ import pytest
 
 from pyllama_cli.core.serving.engine import READY
 from pyllama_cli.core.serving.jobs import GenerationJob, JobStream
-from pyllama_cli.core.serving.scheduler import ARRIVAL_WAIT_S, ParallelEngine
+from pyllama_cli.core.serving.arrivals import ARRIVAL_WAIT_S
+from pyllama_cli.core.serving.scheduler import ParallelEngine
 from pyllama_cli.core.serving.slots import GENERATING, PREFILL, PaddingTrial
 from pyllama_cli.core.generate.sampling import SamplingSettings
 from pyllama_cli.core.model.settings import LoadSettings
@@ -269,7 +270,7 @@ def test_requests_that_arrive_together_start_in_the_same_step(engine: ParallelEn
 
     asyncio.run(scenario())
     assert sorted(s.pending[-1] for s in engine.slots if s.state == PREFILL) == [400, 500]
-    assert engine._arrivals == set()
+    assert len(engine._arrivals) == 0
 
 
 def test_a_step_waits_at_most_the_arrival_window_for_a_request_that_never_comes(engine: ParallelEngine) -> None:
@@ -291,7 +292,7 @@ def test_a_request_that_fails_before_its_submit_is_no_longer_awaited(engine: Par
     with pytest.raises(ValueError), engine.arriving():
         assert len(engine._arrivals) == 1
         raise ValueError("a bad request")
-    assert engine._arrivals == set()
+    assert len(engine._arrivals) == 0
 
 
 def test_a_memory_that_cannot_drop_the_filler_alone_forgets_that_slot_and_stops_padding(

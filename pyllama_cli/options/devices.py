@@ -1,19 +1,21 @@
 """Where a model's layers go, with llama.cpp's flags: `--rpc`, `-dev/--device`, `-ts/--tensor-split`, `--list-devices`.
 
 Declared once here and added to every command that loads a model (`load.py`'s load flags, and
-bench's). Values are parsed here; the devices themselves are looked up by the core when the model
-loads (after the RPC servers are added), so `--help` needs no library.
+bench's). Their values are read by core/model/settings.py (bench's own parameters read them too); the
+devices themselves are looked up by the core when the model loads (after the RPC servers are added),
+so `--help` needs no library.
 """
 
 from __future__ import annotations
 
-import re
 import sys
 from typing import Annotated
 
 import typer
 
-from ..errors import UsageError
+from ..core.model.settings import parse_devices, parse_rpc, parse_tensor_split
+
+__all__ = ["parse_devices", "parse_rpc", "parse_tensor_split"]  # the commands read the flags through here
 
 DEVICE_PANEL = "Devices"
 
@@ -39,40 +41,6 @@ BenchDeviceOpt = Annotated[list[str] | None, typer.Option(
 BenchTensorSplitOpt = Annotated[list[str] | None, typer.Option(
     "-ts", "--tensor-split", metavar="N0/N1/...,...", help="Each device's share of the layers, e.g. 3/1; "
     "configurations separated by commas.", rich_help_panel=DEVICE_PANEL, show_default=False)]
-
-_SPLIT = re.compile(r"[,/]+")
-
-
-def parse_rpc(value: str | None) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    from ..core.model.rpc import parse_endpoints
-
-    return parse_endpoints(value)
-
-
-def parse_devices(value: str | None) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    names = tuple(name.strip() for name in value.split(",") if name.strip())
-    if not names:
-        raise UsageError("-dev names no device", hint="--list-devices shows them")
-    if "none" in names and len(names) > 1:
-        raise UsageError("-dev none cannot be combined with devices")
-    return names
-
-
-def parse_tensor_split(value: str | None) -> tuple[float, ...]:
-    if value is None:
-        return ()
-    try:
-        shares = tuple(float(part) for part in _SPLIT.split(value.strip()) if part)
-    except ValueError:
-        raise UsageError(f"-ts {value!r} is not a list of numbers", hint="e.g. -ts 3,1") from None
-    if not shares or any(share < 0 for share in shares) or sum(shares) <= 0:
-        raise UsageError(f"-ts {value!r} needs non-negative shares, not all 0", hint="e.g. -ts 3,1")
-    return shares
-
 
 def list_devices(rpc: tuple[str, ...]) -> None:
     """Print every device (after adding the RPC servers) with its memory, as llama.cpp's --list-devices."""

@@ -1,22 +1,29 @@
-"""The server's HTTP limits and shutdown grace as flags, for every command that serves (`serve`).
+"""The server's budgets as flags, for every command that serves (`serve`): its HTTP limits and
+shutdown grace, and the prompt cache's memory and disk (--cache-ram, --cache-disk...).
 
 A command declares a `limits: ServerLimits` parameter and decorates itself with `@limit_options()`,
-which adds the flags below (defaults from ServerLimits, written once) and builds the object.
+which adds the limit flags (defaults from ServerLimits, written once) and builds the object; likewise
+a `prompt_cache: CacheSettings` parameter and `@cache_options()` (defaults from
+core/serving/cache/settings.py).
 """
 
 from __future__ import annotations
 
-import re
+import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
+from ..core.serving.cache.settings import (DEFAULT_CACHE_RAM_MIB, DEFAULT_DISK_MAX, DEFAULT_DISK_MIN_TOKENS,
+                                           CacheSettings)
+from ..errors import UsageError
 from ..server.settings import ServerLimits
-from .load import option_param, replace_params
+from .load import option_param, with_flags
+from .serve import parse_size
 
 LIMITS_PANEL = "Server limits"
-_SIZE = re.compile(r"^\s*(\d+)\s*([kmg]?)(i?b)?\s*$", re.IGNORECASE)
 _D = ServerLimits()
 
 
@@ -46,6 +53,21 @@ _LIMIT_PARAMS = [
         _D.max_connections),
     option_param("keep_alive_timeout", Annotated[float, _opt(
         "--keep-alive-timeout", "Seconds an idle keep-alive connection stays open.", 0.1)], _D.keep_alive_timeout),
+    option_param("max_grammar_size", Annotated[int, _opt(
+        "--max-grammar-size", "Largest grammar a request's JSON schema or grammar may make, in bytes of GBNF (larger "
+        "gets 400): a long enum slows every slot's sampling.", 1024)], _D.max_grammar_size),
+    option_param("max_grammar_seconds", Annotated[float, _opt(
+        "--max-grammar-seconds", "Longest a request's grammar may take to build (schema conversion and parse; "
+        "longer gets 400).", 0.01)], _D.max_grammar_seconds),
+    option_param("stream_buffer_size", Annotated[int, _opt(
+        "--stream-buffer-size", "Bytes one X-Conversation-Id stream may buffer; past it the stream ends with an "
+        "error event (docs/streams.md).", 1024)], _D.stream_buffer_size),
+    option_param("stream_sessions", Annotated[int, _opt(
+        "--stream-sessions", "X-Conversation-Id streams kept at once; when all are still generating a new one "
+        "gets 503.", 1)], _D.stream_sessions),
+    option_param("stream_grace", Annotated[float, _opt(
+        "--stream-grace", "Seconds a finished X-Conversation-Id stream stays readable at /v1/stream.", 0)],
+        _D.stream_grace),
 ]
 
 
@@ -56,14 +78,71 @@ def limit_options() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         kwargs["limits"] = ServerLimits(**{p.name: kwargs.pop(p.name) for p in _LIMIT_PARAMS})
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
-        return replace_params(fn, ("limits",), _LIMIT_PARAMS, build)
+        return with_flags(fn, ("limits",), _LIMIT_PARAMS, build)
 
     return decorate
 
 
-def parse_size(text: str, flag: str = "--max-body-size") -> int:
-    """Bytes in '8388608', '8M', '8MiB', '512K'... (powers of 1024)."""
-    match = _SIZE.match(text)
-    if not match:
-        raise typer.BadParameter(f"{text!r} is not a size such as 8388608, 512K or 8MiB", param_hint=f"'{flag}'")
-    return int(match.group(1)) * 1024 ** " kmg".index(match.group(2).lower() or " ")
+# ---- the prompt cache (core/serving/cache)
+
+CACHE_PANEL = "Prompt cache"
+CacheRamOpt = Annotated[int, typer.Option(
+    "-cram", "--cache-ram", min=-1, help="Host memory (MiB) for slot states kept across requests: a prompt that starts "
+    "like a cached one evaluates only the rest (0 = off, -1 = no limit; router mode: shared by all models).",
+    rich_help_panel=CACHE_PANEL)]
+CacheIdleSlotsOpt = Annotated[bool, typer.Option(
+    "--cache-idle-slots/--no-cache-idle-slots", help="With --kv-unified: when a request starts, save the idle "
+    "slots to the cache and clear them, freeing their cells (without it an idle slot is read in place, and saved "
+    "when its cells are cut).",
+    rich_help_panel=CACHE_PANEL)]
+CacheDiskOpt = Annotated[Path | None, typer.Option(
+    "--cache-disk", help="Folder for a disk tier of the prompt cache: states survive a restart and a model's "
+    "unload (off unless given).", rich_help_panel=CACHE_PANEL, show_default=False, file_okay=False)]
+CacheDiskMaxOpt = Annotated[str, typer.Option(
+    "--cache-disk-max", help="Largest size of the --cache-disk folder (bytes, or with K/M/G); the least "
+    "recently used entries go first.", rich_help_panel=CACHE_PANEL)]
+CacheDiskMinTokensOpt = Annotated[int, typer.Option(
+    "--cache-disk-min-tokens", min=1, help="Shortest prefix (tokens) written to --cache-disk.",
+    rich_help_panel=CACHE_PANEL)]
+
+_CACHE_PARAMS = [
+    option_param("cache_ram", CacheRamOpt, DEFAULT_CACHE_RAM_MIB),
+    option_param("cache_idle_slots", CacheIdleSlotsOpt, True),
+    option_param("cache_disk", CacheDiskOpt, None),
+    option_param("cache_disk_max", CacheDiskMaxOpt, DEFAULT_DISK_MAX),
+    option_param("cache_disk_min_tokens", CacheDiskMinTokensOpt, DEFAULT_DISK_MIN_TOKENS),
+]
+
+
+def _cache_folder(path: Path | None) -> Path | None:
+    """--cache-disk's folder, created when missing (a cache is the server's own to keep).
+
+    Raises:
+        UsageError: it cannot be created or written.
+    """
+    if path is None:
+        return None
+    folder = path.expanduser().resolve()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise PermissionError("not writable")
+    except OSError as exc:
+        raise UsageError(f"--cache-disk {path}: cannot use it as the prompt cache folder ({exc.strerror or exc})",
+                         hint="name a folder you can write, or drop --cache-disk") from None
+    return folder
+
+
+def cache_options() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Give a command the prompt cache flags; it declares a `prompt_cache: CacheSettings` parameter."""
+
+    def build(kwargs: dict[str, Any]) -> None:
+        disk = _cache_folder(kwargs.pop("cache_disk"))
+        kwargs["prompt_cache"] = CacheSettings(
+            kwargs.pop("cache_ram"), kwargs.pop("cache_idle_slots"), disk,
+            parse_size(kwargs.pop("cache_disk_max"), "--cache-disk-max"), kwargs.pop("cache_disk_min_tokens"))
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        return with_flags(fn, ("prompt_cache",), _CACHE_PARAMS, build)
+
+    return decorate

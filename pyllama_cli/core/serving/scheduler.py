@@ -19,13 +19,12 @@ The HTTP layer only submits jobs and reads `JobStream`s; it never touches llama.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import replace
 from typing import Any
 
@@ -34,25 +33,13 @@ from ..generate.decide import STOP_INTERRUPTED, Turn, common_prefix, reusable_pr
 from ..generate.speculative import SpeculativeSettings, verify
 from ..generate.stats import GenerationStats
 from ..text.reasoning import ThinkBudget
+from .arrivals import Arrivals
 from .cache.settings import CacheSettings
 from .engine import BROKEN, CLOSED, READY, Engine
 from .jobs import EmbeddingJob, EngineStats, Event, GenerationJob, JobStream, ModelSummary
+from .cut import StepCut, roll_back
 from .post_sampling import post_sampling_prob
 from .slots import GENERATING, IDLE, PREFILL, PaddingTrial, Slot, plan_drafts, plan_prefill
-# How long a step may wait for a request that reached the server but is not submitted yet.
-ARRIVAL_WAIT_S = 0.003
-
-
-class _Arrival:
-    """A request between reaching the server and its submit (see ParallelEngine.arriving)."""
-
-    __slots__ = ("since",)
-
-    def __init__(self) -> None:
-        self.since = time.perf_counter()
-
-
-_ARRIVING: contextvars.ContextVar[_Arrival | None] = contextvars.ContextVar("pyllama_arriving", default=None)
 
 
 class ParallelEngine(Engine):
@@ -80,10 +67,12 @@ class ParallelEngine(Engine):
         self.n_ctx_slot = 0
         self._outbox: list[tuple[JobStream, Event]] = []  # events of this step, delivered together
         self._padding = PaddingTrial()
-        self._arrivals: set[_Arrival] = set()  # requests on their way to submit (guarded by _cond)
+        self._arrivals = Arrivals(self._cond)  # requests on their way to submit (arrivals.py)
         self._pad: tuple[Slot, int] | None = None  # (idle slot, position) of this step's throwaway token
         self._timing_padding = False  # whether this step is one of PaddingTrial's
         self._slot_tasks: list[tuple[int, Callable[[Any, Slot], Any], Future[Any]]] = []  # guarded by _cond
+        self._cut = StepCut()  # aborts the step in flight (cut.py)
+        self._marks: dict[int, int] = {}  # each slot's cached length before this step
 
     # ---------------------------------------------------------------- Engine interface
 
@@ -105,32 +94,13 @@ class ParallelEngine(Engine):
         with self._cond:
             self._queue.append(stream)
             self._stats.queue_depth = len(self._queue)
-            self._arrivals.discard(_ARRIVING.get())  # type: ignore[arg-type]
+            self._arrivals.submitted()
             self._cond.notify()
         return stream
 
-    @contextmanager
-    def arriving(self) -> Iterator[None]:
-        """Requests that reach the server together start in the same step.
-
-        Clients often send requests together (4 streams that end in the same step send their next
-        4 requests at once), but the server parses and tokenizes them one after another. Starting
-        the first alone would put it a step ahead of the others for good, and from then on every
-        step in which one of them ends runs with a slot short. So while a slot is free, a step
-        waits (at most ARRIVAL_WAIT_S per request) for requests already inside this block.
-        """
-        arrival = _Arrival()
-        with self._cond:
-            self._arrivals.add(arrival)
-        token = _ARRIVING.set(arrival)
-        try:
-            yield
-        finally:
-            _ARRIVING.reset(token)
-            with self._cond:
-                if arrival in self._arrivals:  # it ended without a submit (a bad request)
-                    self._arrivals.discard(arrival)
-                    self._cond.notify()
+    def arriving(self) -> AbstractContextManager[None]:
+        """Requests that reach the server together start in the same step (arrivals.py)."""
+        return self._arrivals.arriving()
 
     def stats(self) -> EngineStats:
         with self._cond:
@@ -166,6 +136,8 @@ class ParallelEngine(Engine):
             for stream in [*(slot.stream for slot in self.slots), *self._queue]:
                 if stream is not None:
                     stream.cancel(reason)
+            if reason is not None:
+                self._cut.request()  # a cut that waited for the step in flight could miss its deadline
             self._cond.notify()
 
     def break_down(self, error: BaseException) -> None:
@@ -189,6 +161,7 @@ class ParallelEngine(Engine):
             for slot in self.slots:
                 if slot.stream is not None:
                     slot.stream.cancel()
+            self._cut.request()
             self._cond.notify()
         self._join_and_free(self._thread, timeout)
 
@@ -202,6 +175,7 @@ class ParallelEngine(Engine):
         self.session, self._ctx = session, session.ctx
         # Without a unified cache each sequence gets an equal share of the context, as llama-server does.
         self.n_ctx_slot = self._ctx.n_ctx if self.kv_unified else self._ctx.n_ctx // self.n_slots
+        self._cut.install(self._ctx)
         try:
             self._batch = Batch(max(session.ctx.n_batch, self.n_slots), n_seq_max=1)
             self._open_speculation()
@@ -250,6 +224,7 @@ class ParallelEngine(Engine):
                 self._run_slot_tasks()
                 self._assign_waiting()
                 self._wait_for_arrivals()
+                self._cut.clear()  # requested for requests cut by now: dropped next
             self._drop_cancelled()
             if self._build_batch():
                 self._decode_and_sample()
@@ -301,9 +276,9 @@ class ParallelEngine(Engine):
 
     def _wait_for_arrivals(self) -> None:
         """Hold this step (with _cond held) while a slot is free for requests still on their way
-        to submit, up to ARRIVAL_WAIT_S after the newest of them reached the server (see arriving)."""
+        to submit, up to arrivals.ARRIVAL_WAIT_S after the newest of them reached the server (see arriving)."""
         while self._arrivals and not self._stopping and any(slot.state == IDLE for slot in self.slots):
-            remaining = max(a.since for a in self._arrivals) + ARRIVAL_WAIT_S - time.perf_counter()
+            remaining = self._arrivals.seconds_left()
             if remaining <= 0:
                 return
             self._cond.wait(remaining)
@@ -317,6 +292,7 @@ class ParallelEngine(Engine):
                                   hint="shorten the prompt, or restart with a larger -c/--ctx-size or fewer --parallel")
         job: GenerationJob = stream.job  # type: ignore[assignment]
         slot.sampler = Sampler(self.model, job.sampling)
+        slot.sampler.accept_prompt(prompt)
         reuse = reusable_prefix(slot.cached, prompt) if job.cache_prompt else 0
         if self.prompt_cache is not None:
             reuse, _ = self.prompt_cache.prepare(self._ctx, slot, self.slots, prompt, reuse, job.cache_prompt)
@@ -353,6 +329,7 @@ class ParallelEngine(Engine):
         """
         batch = self._batch
         batch.clear()
+        self._marks = {slot.id: len(slot.cached) for slot in self.slots}
         room = self._ctx.n_batch - sum(slot.state == GENERATING for slot in self.slots)
         room -= plan_drafts(self.slots, self.speculative, self.n_ctx_slot, room)
         candidate = self._pad_candidate()
@@ -409,6 +386,10 @@ class ParallelEngine(Engine):
         try:
             self._ctx.decode(self._batch)
         except Exception as exc:  # noqa: BLE001 - fail the slots in this batch, keep serving
+            if self._cut.requested:  # aborted (cut.py): its cut requests end, the others go on next step
+                for slot in roll_back(self._ctx, self.slots, self._marks):
+                    self._finish(slot, STOP_INTERRUPTED)
+                return
             for slot in self.slots:
                 if slot.state != IDLE and slot.in_batch:
                     self._fail(slot, exc)

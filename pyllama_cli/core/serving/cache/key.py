@@ -18,12 +18,14 @@ FORMAT = 1  # of the entries' layout (disk.py); a change makes every older entry
 
 
 def cache_key(path: Path, *, n_ctx_slot: int, kv_unified: bool, flash_attn: str, template: str,
-              type_k: str = "f16", type_v: str = "f16", lora: tuple[str, ...] = ()) -> dict[str, Any]:
-    """The key of an engine's entries: its model file and the settings its states depend on."""
+              type_k: str = "f16", type_v: str = "f16", rope: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The key of an engine's entries: its model file and the settings its states depend on. `type_k`
+    and `type_v` are the cells' types (-ctk, -ctv: a state's bytes are read as those); `rope` the
+    RoPE and YaRN settings (the K cells hold keys already rotated by them)."""
     stat = path.stat()
     return {"format": FORMAT, "library": _library_version(), "model": path.name, "model_size": stat.st_size,
             "model_mtime_ns": stat.st_mtime_ns, "n_ctx_slot": n_ctx_slot, "kv_unified": kv_unified,
-            "flash_attn": flash_attn, "type_k": type_k, "type_v": type_v, "lora": list(lora),
+            "flash_attn": flash_attn, "type_k": type_k, "type_v": type_v, "rope": dict(rope or {}),
             "template_sha256": hashlib.sha256(template.encode()).hexdigest()}
 
 

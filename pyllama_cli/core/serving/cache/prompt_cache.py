@@ -34,6 +34,9 @@ from .settings import CacheSettings
 ROUTES = ("slot", "other_slot", "ram", "disk", "none")
 MIN_GAIN = 8  # tokens a restore or copy must save over the slot's own prefix
 MIN_SAVE_TOKENS = 32  # shorter slot contents are not worth an entry
+# LoadSettings' RoPE and YaRN fields (-ctk/-ctv are keyed by name): each changes what the K cells hold.
+_ROPE_FIELDS = ("rope_scaling", "rope_freq_base", "rope_freq_scale", "yarn_orig_ctx", "yarn_ext_factor",
+                "yarn_attn_factor", "yarn_beta_slow", "yarn_beta_fast")
 
 
 @dataclass
@@ -219,6 +222,8 @@ def open_prompt_cache(settings: CacheSettings, engine: Any, model: Any) -> Promp
     if getattr(lib, "llama_model_n_swa", None) is not None and lib.llama_model_n_swa(model.handle) > 0:
         return None
     template = settings.template if settings.template is not None else (model.chat_template() or "")
+    load = engine.settings
     key = cache_key(engine.path, n_ctx_slot=engine.n_ctx_slot, kv_unified=engine.kv_unified,
-                    flash_attn=str(engine.settings.flash_attn), template=template)
+                    flash_attn=str(load.flash_attn), template=template, type_k=load.cache_type_k,
+                    type_v=load.cache_type_v, rope={name: getattr(load, name) for name in _ROPE_FIELDS})
     return PromptCache(settings, key, f"{engine.path.name}#{id(engine)}", kv_unified=engine.kv_unified)
