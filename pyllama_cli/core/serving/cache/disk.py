@@ -4,8 +4,9 @@ One file per entry, `<key digest>-<tokens digest>.pcache`:
 
     magic (8 bytes) | header length (4 bytes, little-endian) | header (JSON) | tokens (int32) | state
 
-The header holds the engine's key (key.py), the token count, the state's size and a CRC-32 of
-tokens and state. An engine reads only files with its key digest in the name, and loads an entry
+The header holds the engine's key (key.py), the LoRA adapter set (scales) the cells were computed
+with, the token count, the state's size and a CRC-32 of tokens and state; an entry serves only a
+request with the same adapter set. An engine reads only files with its key digest in the name, and loads an entry
 only when the header's key equals its own and the CRC matches; anything else is skipped with one
 log line and never handed to llama.cpp. Files are written whole or not at all (paths.atomic_write),
 in a background thread, and the folder is kept under --cache-disk-max by removing the least
@@ -31,7 +32,7 @@ import numpy as np
 from ...paths import atomic_write
 from .key import key_digest
 from .native import Buffer, host_buffer
-from .ram import shared_prefix
+from .ram import Scales, shared_prefix
 
 MAGIC = b"PYLPCACH"
 SUFFIX = ".pcache"
@@ -53,7 +54,7 @@ class DiskStore:
         self.folder, self.key, self.max_bytes, self.min_tokens = folder, key, max_bytes, min_tokens
         self.digest = key_digest(key)
         self.counts = DiskCounts()
-        self._index: dict[Path, np.ndarray] = {}  # this engine's entries and their tokens
+        self._index: dict[Path, tuple[np.ndarray, Scales]] = {}  # this engine's entries: tokens, adapter set
         self._lock = threading.Lock()
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pyllama-cache-disk")
         folder.mkdir(parents=True, exist_ok=True)
@@ -61,27 +62,29 @@ class DiskStore:
 
     # ---- lookups (scheduler thread)
 
-    def best(self, prompt: np.ndarray) -> tuple[Path | None, int]:
+    def best(self, prompt: np.ndarray, lora: Scales = ()) -> tuple[Path | None, int]:
         with self._lock:
             found, length = None, 0
-            for path, tokens in self._index.items():
-                if (n := shared_prefix(tokens, prompt)) > length:
+            for path, (tokens, made_with) in self._index.items():
+                if made_with == lora and (n := shared_prefix(tokens, prompt)) > length:
                     found, length = path, n
             return found, length
 
-    def covers(self, tokens: np.ndarray) -> bool:
-        """Whether an entry starts with all of `tokens`."""
+    def covers(self, tokens: np.ndarray, lora: Scales = ()) -> bool:
+        """Whether an entry of adapter set `lora` starts with all of `tokens`."""
         with self._lock:
-            return any(len(t) >= len(tokens) and shared_prefix(t, tokens) == len(tokens) for t in self._index.values())
+            return any(made_with == lora and len(t) >= len(tokens) and shared_prefix(t, tokens) == len(tokens)
+                       for t, made_with in self._index.values())
 
-    def load(self, path: Path) -> tuple[np.ndarray, Buffer] | None:
-        """The entry's tokens and state, or None (logged, and forgotten) when it is not a sound entry of this key."""
+    def load(self, path: Path, lora: Scales = ()) -> tuple[np.ndarray, Buffer] | None:
+        """The entry's tokens and state, or None (logged, and forgotten) when it is not a sound entry of
+        this key and adapter set."""
         try:
             entry = _read(path, with_state=True)
         except (OSError, ValueError) as exc:
             return self._skip(path, str(exc))
         header, tokens, state = entry
-        if header.get("key") != self.key:
+        if header.get("key") != self.key or _scales(header) != lora:
             return self._skip(path, "it was made for another model or other settings")
         try:
             os.utime(path)  # recently used: the last to go
@@ -92,9 +95,9 @@ class DiskStore:
 
     # ---- writes (a background thread)
 
-    def save(self, tokens: np.ndarray, state: Buffer) -> None:
+    def save(self, tokens: np.ndarray, state: Buffer, lora: Scales = ()) -> None:
         if len(tokens) >= self.min_tokens:
-            self._writer.submit(self._write, tokens.copy(), state)
+            self._writer.submit(self._write, tokens.copy(), state, lora)
 
     def flush(self, timeout: float = 30.0) -> None:
         """Wait for the writes queued so far."""
@@ -103,10 +106,10 @@ class DiskStore:
     def close(self) -> None:
         self._writer.shutdown(wait=True)
 
-    def _write(self, tokens: np.ndarray, state: Buffer) -> None:
-        name = f"{self.digest}-{hashlib.sha256(tokens.tobytes()).hexdigest()[:24]}{SUFFIX}"
-        path = self.folder / name
-        header = json.dumps({"key": self.key, "n_tokens": len(tokens), "n_bytes": len(state),
+    def _write(self, tokens: np.ndarray, state: Buffer, lora: Scales) -> None:
+        named = hashlib.sha256(tokens.tobytes() + (repr(lora).encode() if lora else b"")).hexdigest()[:24]
+        path = self.folder / f"{self.digest}-{named}{SUFFIX}"
+        header = json.dumps({"key": self.key, "lora": list(lora), "n_tokens": len(tokens), "n_bytes": len(state),
                              "crc32": zlib.crc32(state, zlib.crc32(tokens.tobytes()))}).encode()
         try:
             with atomic_write(path, "a prompt cache entry") as temp, open(temp, "wb") as f:
@@ -118,11 +121,11 @@ class DiskStore:
             return
         self.counts.writes += 1
         with self._lock:
-            for old in [p for p, t in self._index.items() if len(t) <= len(tokens)
+            for old in [p for p, (t, made_with) in self._index.items() if made_with == lora and len(t) <= len(tokens)
                         and shared_prefix(t, tokens) == len(t) and p != path]:
                 del self._index[old]  # dominated by the new entry
                 old.unlink(missing_ok=True)
-            self._index[path] = tokens
+            self._index[path] = (tokens, lora)
         self._bound()
 
     def _bound(self) -> None:
@@ -160,7 +163,7 @@ class DiskStore:
             if header.get("key") != self.key:
                 self._skip(path, "it was made for another model or other settings")
                 continue
-            self._index[path] = tokens
+            self._index[path] = (tokens, _scales(header))
         if foreign:
             log.warning("prompt cache: %d entries in %s belong to other models or settings", foreign, self.folder)
 
@@ -187,6 +190,11 @@ class DiskStore:
     def entries(self) -> int:
         with self._lock:
             return len(self._index)
+
+
+def _scales(header: dict[str, Any]) -> Scales:
+    """The adapter set an entry's header names (an entry without one was made without adapters)."""
+    return tuple(float(scale) for scale in header.get("lora", ()))
 
 
 def _read(path: Path, *, with_state: bool) -> tuple[dict[str, Any], np.ndarray, Buffer]:

@@ -11,7 +11,9 @@ The routes, in the order a tie is settled:
 * `disk`: an entry of the disk tier (disk.py), which then joins the RAM tier;
 * `none`: nothing holds any of it.
 
-A route other than `slot` is taken only when it saves at least MIN_GAIN tokens over `slot`. Before a
+Cells depend on the LoRA adapter set (the scales) that computed them: every route serves only a
+request with the set that made them (a slot's `lora`, an entry's), so a prefix cached under one set
+never serves another. A route other than `slot` is taken only when it saves at least MIN_GAIN tokens over `slot`. Before a
 slot's cells are cut or replaced, they are saved (RAM, and disk for long ones) unless an entry
 already holds them. Restored cells are those of the same tokens under the same model and settings
 (key.py), so a restore gives the logits a prefill would have.
@@ -28,7 +30,7 @@ import numpy as np
 
 from .disk import DiskStore
 from .native import read_sequence, share_prefix, write_sequence
-from .ram import Entry, as_tokens, shared_prefix, shared_store
+from .ram import Entry, Scales, as_tokens, shared_prefix, shared_store
 from .settings import CacheSettings
 
 ROUTES = ("slot", "other_slot", "ram", "disk", "none")
@@ -69,19 +71,21 @@ class PromptCache:
         self.counters = CacheCounters()
 
     def prepare(self, ctx: Any, slot: Any, slots: Sequence[Any], prompt: list[int], own: int,
-                cache_prompt: bool = True) -> tuple[int, str]:
-        """Make `slot`'s sequence hold the longest prefix of `prompt` found (its own keeps `own`); returns
-        how many prompt tokens it holds and the route that supplied them. slot.cached is the caller's.
-        A request with cache_prompt false reuses nothing, but what the slot held is kept."""
+                cache_prompt: bool = True, lora: Scales = ()) -> tuple[int, str]:
+        """Make `slot`'s sequence hold the longest prefix of `prompt` found for adapter set `lora` (its own
+        keeps `own`: 0 when the slot's cells were made under another set); returns how many prompt tokens
+        it holds and the route that supplied them. slot.cached and slot.lora are the caller's, still the
+        previous request's here. A request with cache_prompt false reuses nothing, but what the slot
+        held is kept."""
         if not cache_prompt:
             self.save(ctx, slot)
             ctx.remove_tokens(slot.id, 0, -1)
             return 0, "none"
         tokens = as_tokens(prompt)
-        best = self._best(slot, slots, tokens)
+        best = self._best(slot, slots, tokens, lora)
         if best is not None and best.n >= own + MIN_GAIN:
             self.save(ctx, slot)
-            n = self._take(ctx, slot, best, tokens)
+            n = self._take(ctx, slot, best, tokens, lora)
             if n > 0:
                 return self._count(best.route, n)
             self.counters.failed_restores += 1
@@ -92,12 +96,14 @@ class PromptCache:
         return self._count("slot" if own > 0 else "none", own)
 
     def save(self, ctx: Any, slot: Any) -> None:
-        """Keep what the slot's sequence holds (unless an entry already starts with all of it)."""
+        """Keep what the slot's sequence holds, under the adapter set that made it (unless an entry
+        already starts with all of it)."""
         if len(slot.cached) < MIN_SAVE_TOKENS:
             return
-        tokens = as_tokens(slot.cached)
-        to_ram = self.ram is not None and not self.ram.covers(self.owner, tokens)
-        to_disk = self.disk is not None and len(tokens) >= self.disk.min_tokens and not self.disk.covers(tokens)
+        tokens, lora = as_tokens(slot.cached), _lora_of(slot)
+        to_ram = self.ram is not None and not self.ram.covers(self.owner, tokens, lora)
+        to_disk = (self.disk is not None and len(tokens) >= self.disk.min_tokens
+                   and not self.disk.covers(tokens, lora))
         if not (to_ram or to_disk):
             return
         data = read_sequence(ctx, slot.id)
@@ -105,9 +111,9 @@ class PromptCache:
             return
         self.counters.saves += 1
         if to_ram:
-            self.ram.put(Entry(self.owner, tokens, data))  # type: ignore[union-attr]
+            self.ram.put(Entry(self.owner, tokens, data, lora))  # type: ignore[union-attr]
         if to_disk:
-            self.disk.save(tokens, data)  # type: ignore[union-attr]
+            self.disk.save(tokens, data, lora)  # type: ignore[union-attr]
 
     def free_idle_slots(self, ctx: Any, slots: Sequence[Any]) -> None:
         """--cache-idle-slots with --kv-unified (llama-server's rule): once a request starts, idle slots
@@ -126,10 +132,11 @@ class PromptCache:
         if self.disk is not None:
             if ctx is not None:
                 for slot in slots:
-                    if len(slot.cached) >= self.disk.min_tokens and not self.disk.covers(as_tokens(slot.cached)):
+                    tokens, lora = as_tokens(slot.cached), _lora_of(slot)
+                    if len(tokens) >= self.disk.min_tokens and not self.disk.covers(tokens, lora):
                         data = read_sequence(ctx, slot.id)
                         if data:
-                            self.disk.save(as_tokens(slot.cached), data)
+                            self.disk.save(tokens, data, lora)
             self.disk.close()
         if self.ram is not None:
             self.ram.drop_owner(self.owner)
@@ -161,23 +168,23 @@ class PromptCache:
 
     # ---- choosing and taking a route
 
-    def _best(self, slot: Any, slots: Sequence[Any], prompt: np.ndarray) -> _Candidate | None:
+    def _best(self, slot: Any, slots: Sequence[Any], prompt: np.ndarray, lora: Scales) -> _Candidate | None:
         found: list[_Candidate] = []
         for other in slots:
-            if other is not slot and other.cached:
+            if other is not slot and other.cached and _lora_of(other) == lora:
                 found.append(_Candidate(shared_prefix(as_tokens(other.cached), prompt), "other_slot", other))
         if self.ram is not None:
-            entry, n = self.ram.best(self.owner, prompt)
+            entry, n = self.ram.best(self.owner, prompt, lora)
             found.append(_Candidate(n, "ram", entry))
         if self.disk is not None:
-            path, n = self.disk.best(prompt)
+            path, n = self.disk.best(prompt, lora)
             found.append(_Candidate(n, "disk", path))
         for candidate in found:  # the last prompt token is evaluated again, for its logits
             candidate.n = min(candidate.n, len(prompt) - 1)
         found = [c for c in found if c.n > 0 and c.source is not None]
         return max(found, key=lambda c: (c.n, -ROUTES.index(c.route))) if found else None
 
-    def _take(self, ctx: Any, slot: Any, best: _Candidate, prompt: np.ndarray) -> int:
+    def _take(self, ctx: Any, slot: Any, best: _Candidate, prompt: np.ndarray, lora: Scales) -> int:
         """Put the candidate's cells into the slot's sequence, cut to its `n` tokens; 0 when that failed."""
         if best.route == "other_slot":
             if self.kv_unified:
@@ -187,12 +194,12 @@ class PromptCache:
         elif best.route == "ram":
             ok = write_sequence(ctx, slot.id, best.source.data)
         else:
-            loaded = self.disk.load(best.source)  # type: ignore[union-attr]
+            loaded = self.disk.load(best.source, lora)  # type: ignore[union-attr]
             if loaded is None or shared_prefix(loaded[0], prompt) < best.n:
                 return 0
             ok = write_sequence(ctx, slot.id, loaded[1])
             if ok and self.ram is not None:
-                self.ram.put(Entry(self.owner, loaded[0].copy(), loaded[1]))
+                self.ram.put(Entry(self.owner, loaded[0].copy(), loaded[1], lora))
         if ok and ctx.remove_tokens(slot.id, best.n, -1):
             return best.n
         ctx.remove_tokens(slot.id, 0, -1)  # a memory that cannot cut a sequence (recurrent) starts over
@@ -208,6 +215,11 @@ class PromptCache:
                 else:
                     self.counters.misses[tier] += 1
         return n, route
+
+
+def _lora_of(slot: Any) -> Scales:
+    """The adapter set that made the slot's cells (() on an engine without adapters)."""
+    return tuple(getattr(slot, "lora", ()))
 
 
 def open_prompt_cache(settings: CacheSettings, engine: Any, model: Any) -> PromptCache | None:

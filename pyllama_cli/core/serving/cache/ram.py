@@ -1,8 +1,8 @@
 """The host-memory tier: sequence states keyed by their tokens, least recently used out first.
 
 One `RamStore` serves every engine of a process (a router's models share one --cache-ram budget).
-Each entry belongs to an owner (one engine) and serves only that owner's lookups; an engine that
-unloads drops its entries. The budget counts the bytes of the states and of their token arrays.
+Each entry belongs to an owner (one engine) and serves only that owner's lookups, and only a request
+with the LoRA adapter set (the scales) that made it; an engine that unloads drops its entries. The budget counts the bytes of the states and of their token arrays.
 An entry whose tokens are a prefix of a newer entry's is dropped when that one arrives: restoring
 the newer one and cutting it serves every prompt the older one could.
 """
@@ -30,11 +30,15 @@ def shared_prefix(a: np.ndarray, b: np.ndarray) -> int:
     return int(differ[0]) if len(differ) else n
 
 
+Scales = tuple[float, ...]  # a LoRA adapter set: each adapter's scale (() without adapters)
+
+
 @dataclass
 class Entry:
     owner: str
     tokens: np.ndarray  # int32
     data: Any  # llama_state_seq_get_data's bytes (native.Buffer)
+    lora: Scales = ()  # the adapter set its cells were computed with
 
     @property
     def size(self) -> int:
@@ -60,22 +64,24 @@ class RamStore:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _next_id: int = 0
 
-    def best(self, owner: str, prompt: np.ndarray) -> tuple[Entry | None, int]:
-        """The owner's entry sharing the longest prefix with `prompt`, and that length (marked as used)."""
+    def best(self, owner: str, prompt: np.ndarray, lora: Scales = ()) -> tuple[Entry | None, int]:
+        """The owner's entry of adapter set `lora` sharing the longest prefix with `prompt`, and that
+        length (marked as used)."""
         with self._lock:
             found, length, found_id = None, 0, -1
             for entry_id, entry in self._entries.items():
-                if entry.owner == owner and (n := shared_prefix(entry.tokens, prompt)) > length:
+                if entry.owner == owner and entry.lora == lora and (n := shared_prefix(entry.tokens, prompt)) > length:
                     found, length, found_id = entry, n, entry_id
             if found is not None:
                 self._entries.move_to_end(found_id)
             return found, length
 
-    def covers(self, owner: str, tokens: np.ndarray) -> bool:
-        """Whether an entry of the owner starts with all of `tokens` (saving them again adds nothing)."""
+    def covers(self, owner: str, tokens: np.ndarray, lora: Scales = ()) -> bool:
+        """Whether an entry of the owner and adapter set starts with all of `tokens` (saving them again
+        adds nothing)."""
         with self._lock:
-            return any(e.owner == owner and len(e.tokens) >= len(tokens) and shared_prefix(e.tokens, tokens) == len(tokens)
-                       for e in self._entries.values())
+            return any(e.owner == owner and e.lora == lora and len(e.tokens) >= len(tokens)
+                       and shared_prefix(e.tokens, tokens) == len(tokens) for e in self._entries.values())
 
     def put(self, entry: Entry) -> bool:
         """Keep `entry`, evicting the least recently used entries past the budget; False when it alone
@@ -84,7 +90,7 @@ class RamStore:
             return False
         with self._lock:
             for entry_id, old in list(self._entries.items()):
-                if old.owner == entry.owner and len(old.tokens) <= len(entry.tokens) \
+                if old.owner == entry.owner and old.lora == entry.lora and len(old.tokens) <= len(entry.tokens) \
                         and shared_prefix(old.tokens, entry.tokens) == len(old.tokens):
                     self._remove(entry_id)  # dominated: the new entry serves whatever it served
             self._entries[self._next_id] = entry
