@@ -18,15 +18,31 @@ FORMAT = 1  # of the entries' layout (disk.py); a change makes every older entry
 
 
 def cache_key(path: Path, *, n_ctx_slot: int, kv_unified: bool, flash_attn: str, template: str,
-              type_k: str = "f16", type_v: str = "f16", rope: dict[str, Any] | None = None) -> dict[str, Any]:
+              type_k: str = "f16", type_v: str = "f16", rope: dict[str, Any] | None = None,
+              adapters: Any = None) -> dict[str, Any]:
     """The key of an engine's entries: its model file and the settings its states depend on. `type_k`
     and `type_v` are the cells' types (-ctk, -ctv: a state's bytes are read as those); `rope` the
-    RoPE and YaRN settings (the K cells hold keys already rotated by them)."""
+    RoPE and YaRN settings (the K cells hold keys already rotated by them); `adapters` the LoRA and
+    control vector files (an AdapterSettings: each entry also records the LoRA scales it was made with)."""
     stat = path.stat()
     return {"format": FORMAT, "library": _library_version(), "model": path.name, "model_size": stat.st_size,
             "model_mtime_ns": stat.st_mtime_ns, "n_ctx_slot": n_ctx_slot, "kv_unified": kv_unified,
             "flash_attn": flash_attn, "type_k": type_k, "type_v": type_v, "rope": dict(rope or {}),
-            "template_sha256": hashlib.sha256(template.encode()).hexdigest()}
+            "adapters": _adapter_key(adapters), "template_sha256": hashlib.sha256(template.encode()).hexdigest()}
+
+
+def _adapter_key(adapters: Any) -> dict[str, Any]:
+    """The adapter files by name, size and time; a control vector's scale and layers (fixed at load)."""
+    if adapters is None:
+        return {}
+    return {"lora": [_file(a.path) for a in adapters.loras],
+            "control_vectors": [[*_file(c.path), c.scale] for c in adapters.control_vectors],
+            "cvec_layer_range": list(adapters.cvec_layer_range or ())}
+
+
+def _file(path: Path) -> list[Any]:
+    stat = Path(path).stat()
+    return [Path(path).name, stat.st_size, stat.st_mtime_ns]
 
 
 def key_digest(key: dict[str, Any]) -> str:

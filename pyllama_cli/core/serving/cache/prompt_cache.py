@@ -237,5 +237,6 @@ def open_prompt_cache(settings: CacheSettings, engine: Any, model: Any) -> Promp
     load = engine.settings
     key = cache_key(engine.path, n_ctx_slot=engine.n_ctx_slot, kv_unified=engine.kv_unified,
                     flash_attn=str(load.flash_attn), template=template, type_k=load.cache_type_k,
-                    type_v=load.cache_type_v, rope={name: getattr(load, name) for name in _ROPE_FIELDS})
+                    type_v=load.cache_type_v, rope={name: getattr(load, name) for name in _ROPE_FIELDS},
+                    adapters=getattr(load, "adapters", None))
     return PromptCache(settings, key, f"{engine.path.name}#{id(engine)}", kv_unified=engine.kv_unified)
