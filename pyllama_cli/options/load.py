@@ -31,6 +31,7 @@ from ..core.model.settings import (
     LoadSettings,
 )
 from ..errors import UsageError
+from .adapters import ADAPTER_PARAMS, adapter_settings
 from .devices import (
     DeviceOpt,
     ListDevicesOpt,
@@ -142,6 +143,7 @@ _LOAD_PARAMS = [
     option_param("device", DeviceOpt, None),
     option_param("tensor_split", TensorSplitOpt, None),
     option_param("list_devices", ListDevicesOpt, False),
+    *ADAPTER_PARAMS,
 ]
 
 
@@ -169,7 +171,7 @@ def load_settings(kwargs: dict[str, Any]) -> LoadSettings:
         n_ctx=kwargs.pop("ctx_size"), n_threads=kwargs.pop("threads"), n_gpu_layers=kwargs.pop("n_gpu_layers"),
         flash_attn=flash, n_batch=kwargs.pop("batch_size"), n_ubatch=kwargs.pop("ubatch_size"),
         mlock=kwargs.pop("mlock"), mmap=not kwargs.pop("no_mmap"), seed=kwargs.pop("seed"),
-        verbose=kwargs.pop("verbose"), log_file=kwargs.pop("log_file"),
+        verbose=kwargs.pop("verbose"), log_file=kwargs.pop("log_file"), adapters=adapter_settings(kwargs),
     )
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...errors import InputError, Interrupted, ModelLoadError
+from .adapters import ModelAdapters
 from .library import configure_logging, keeping_gil, lib
 from .mapped_file import MappedFile
 from .memory import check_kv_cache_fits
@@ -57,6 +58,7 @@ class Model:
         # few thousand tokens over and over, so each is fetched from llama.cpp once.
         self._pieces: dict[tuple[int, bool], bytes] = {}
         self._eog: dict[int, bool] = {}
+        self.adapters = ModelAdapters()  # --lora and --control-vector, set by load()
 
     @classmethod
     def load(
@@ -108,6 +110,12 @@ class Model:
         model = cls(handle, path)
         if settings.mmap and not vocab_only:
             model.mapped = MappedFile(path)
+        if not vocab_only:
+            try:
+                model.adapters = ModelAdapters.load(model, settings.adapters)
+            except BaseException:
+                model.close()
+                raise
         return model
 
     def check_file(self) -> None:
@@ -299,6 +307,11 @@ class Context:
         self.n_batch = int(params.n_batch)
         self.n_ubatch = int(params.n_ubatch)
         self.memory = lib.llama_get_memory(handle)
+        try:
+            model.adapters.apply(handle)
+        except BaseException:
+            self.close()
+            raise
 
     def close(self) -> None:
         if self.handle:

@@ -9,6 +9,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from .adapters import AdapterSettings
+
 DEFAULT_N_CTX = 0  # 0 = the model's trained context length
 DEFAULT_N_BATCH = 2048
 DEFAULT_N_UBATCH = 512
@@ -42,6 +44,7 @@ class LoadSettings:
     rpc: tuple[str, ...] = ()  # RPC servers (HOST:PORT) whose devices join this process's
     devices: tuple[str, ...] = ()  # -dev: the devices to offload to (("none",) = none); () = llama.cpp's choice
     tensor_split: tuple[float, ...] = ()  # -ts: each device's share of the layers
+    adapters: AdapterSettings = AdapterSettings()  # --lora, --control-vector and their scales
 
     def resolved_threads(self) -> int:
         return self.n_threads if self.n_threads > 0 else default_threads()
