@@ -30,6 +30,7 @@ from ..core.text.reasoning import (
 )
 from ..errors import ContextOverflow, InputError
 from .errors import APIError, to_api_error
+from .lora.routes import job_lora
 from .llama.chat import ChatExtras, chat_shape, extras_of
 from .schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, GenerationFields
 from .settings import ServerSettings
@@ -67,7 +68,7 @@ def prepare_chat(engine: Engine, settings: ServerSettings, req: ChatCompletionRe
         prompt=tuple(ids), sampling=_sampling(req, settings, grammar, engine),
         max_tokens=_budget(requested, len(ids), engine, settings, "messages"), stop=_stops(req.stop, settings),
         n_probs=(req.top_logprobs or 0) if req.logprobs else -1, id_slot=req.id_slot, cache_prompt=req.cache_prompt,
-        progress=req.return_progress, think_budget=budget_spec,
+        progress=req.return_progress, think_budget=budget_spec, lora=job_lora(engine, req.lora),
     )
     return PreparedChat(job, plan, bool(req.logprobs), extras_of(req, prompt), thinking)
 
@@ -111,7 +112,8 @@ def prepare_completion(engine: Engine, settings: ServerSettings, req: Completion
     for ids in prompt_tokens(engine, req.prompt, "prompt"):
         jobs.append(GenerationJob(prompt=tuple(ids), sampling=sampling,
                                   max_tokens=_budget(requested, len(ids), engine, settings, "prompt"), stop=stop,
-                                  n_probs=req.logprobs if req.logprobs is not None else -1))
+                                  n_probs=req.logprobs if req.logprobs is not None else -1,
+                                  lora=job_lora(engine, req.lora)))
     return jobs
 
 

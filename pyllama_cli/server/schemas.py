@@ -116,6 +116,8 @@ class GenerationFields(_Lenient):
     grammar: str | None = Field(default=None, description="A GBNF grammar the output must match.")
     json_schema: dict[str, Any] | None = Field(default=None, description="llama-server's schema constraint.")
     ignore_eos: bool | None = None
+    lora: Any = Field(default=None, description="llama-server's per-request LoRA scales: [{\"id\": 0, \"scale\": 0.5}]; "
+                      "adapters not listed run at 0 (default: the global scales of /lora-adapters).")
     keep_alive: float | str | None = Field(
         default=None, description="ollama's: how long the model stays loaded after this request, in seconds or "
         "as 5m, 1h; 0 = unload now, -1 = keep (router mode).")

@@ -49,6 +49,8 @@ class LoraAdapter:
     path: Path
     scale: float
     handle: Any
+    task_name: str = ""  # the adapter's adapter.lora.task_name and prompt_prefix, as llama-server lists them
+    prompt_prefix: str = ""
 
 
 @dataclass(frozen=True)
@@ -98,11 +100,20 @@ def load_loras(model: Any, settings: AdapterSettings, model_arch: str) -> list[L
                     f"LoRA adapter {item.path.name} does not fit {model.path.name}",
                     hint="its tensors are missing from or shaped unlike the model's: use an adapter made for "
                     "this base model (--verbose shows llama.cpp's reason)")
-            loaded.append(LoraAdapter(index, item.path, item.scale, handle))
+            loaded.append(LoraAdapter(index, item.path, item.scale, handle, _meta(handle, "adapter.lora.task_name"),
+                                      _meta(handle, "adapter.lora.prompt_prefix")))
     except BaseException:
         free_loras(loaded)
         raise
     return loaded
+
+
+def _meta(handle: Any, key: str) -> str:
+    from .library import lib
+
+    buf = ctypes.create_string_buffer(1024)
+    n = lib.llama_adapter_meta_val_str(handle, key.encode(), buf, ctypes.sizeof(buf))
+    return buf.value.decode("utf-8", errors="replace") if n >= 0 else ""
 
 
 def free_loras(loras: list[LoraAdapter]) -> None:

@@ -45,6 +45,7 @@ class GenerationJob:
     progress: bool = False
     post_sampling: bool = False
     think_budget: BudgetSpec | None = None  # close the think block after this many tokens
+    lora: tuple[float, ...] | None = None  # the request's scale of each LoRA adapter (None: the global scales)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,10 @@ with nothing to draft adds one token, as without speculation.
 
 Requests beyond N wait in a FIFO queue. A new request goes to the idle slot whose cached tokens
 share the longest prefix with its prompt, and only the rest of the prompt is evaluated.
+
+LoRA adapters apply to the whole context, so a step runs the slots of one adapter set only (the
+sets of the busy slots take turns, step by step), and a slot's cached tokens are reused only by a
+request with the adapter set that made them (see lora_sets.py).
 The HTTP layer only submits jobs and reads `JobStream`s; it never touches llama.cpp.
 """
 
@@ -37,6 +41,7 @@ from ..text.reasoning import ThinkBudget
 from .engine import BROKEN, CLOSED, READY, Engine
 from .jobs import EmbeddingJob, EngineStats, Event, GenerationJob, JobStream, ModelSummary
 from .post_sampling import post_sampling_prob
+from .lora_sets import LoraTurns
 from .slots import GENERATING, IDLE, PREFILL, PaddingTrial, Slot, plan_drafts
 # How long a step may wait for a request that reached the server but is not submitted yet.
 ARRIVAL_WAIT_S = 0.003
@@ -81,6 +86,7 @@ class ParallelEngine(Engine):
         self._pad: tuple[Slot, int] | None = None  # (idle slot, position) of this step's throwaway token
         self._timing_padding = False  # whether this step is one of PaddingTrial's
         self._slot_tasks: list[tuple[int, Callable[[Any, Slot], Any], Future[Any]]] = []  # guarded by _cond
+        self.lora = LoraTurns()  # the LoRA adapters and whose turn it is (set by _load)
 
     # ---------------------------------------------------------------- Engine interface
 
@@ -206,6 +212,7 @@ class ParallelEngine(Engine):
             session.close()
             raise
         self.summary = ModelSummary.of(self.path, session.model, self._ctx, n_ctx=self.n_ctx_slot, embeddings=False)
+        self.lora = LoraTurns(session.model.adapters)
 
     def _open_speculation(self) -> None:
         from ..generate.speculative import open_speculation
@@ -306,7 +313,9 @@ class ParallelEngine(Engine):
                                   hint="shorten the prompt, or restart with a larger -c/--ctx-size or fewer --parallel")
         job: GenerationJob = stream.job  # type: ignore[assignment]
         slot.sampler = Sampler(self.model, job.sampling)
-        reuse = reusable_prefix(slot.cached, prompt) if job.cache_prompt else 0
+        lora = self.lora.scales_of(job)
+        reuse = reusable_prefix(slot.cached, prompt) if job.cache_prompt and lora == slot.lora else 0
+        slot.lora = lora
         self._ctx.remove_tokens(slot.id, reuse, -1)
         slot.cached = prompt[:reuse]
         slot.pending = prompt[reuse:]
@@ -341,12 +350,15 @@ class ParallelEngine(Engine):
         batch.clear()
         room = self._ctx.n_batch - sum(slot.state == GENERATING for slot in self.slots)
         room -= plan_drafts(self.slots, self.speculative, self.n_ctx_slot, room)
-        candidate = self._pad_candidate()
+        turn = self.lora.next_turn(self._ctx, [slot for slot in self.slots if slot.state != IDLE])
+        candidate = self._pad_candidate() if turn is None else None
         self._timing_padding = candidate is not None and self._padding.decision is None
         pad_slot = candidate if candidate is not None and self._padding.choose() else None
         self._pad = None
         for slot in self.slots:
             slot.batch_index, slot.in_batch = -1, False
+            if turn is not None and slot.state != IDLE and slot.lora != turn:
+                continue  # another adapter set's turn: this slot waits for its own
             if slot is pad_slot:
                 self._pad = (slot, len(slot.cached))
                 batch.add(0, len(slot.cached), (slot.id,), False)

@@ -34,6 +34,7 @@ class Slot:
     requests_served: int = 0
     drafter: Any = None  # this slot's speculative drafter (None: no speculation)
     drafts: list[int] = field(default_factory=list)  # tokens drafted after last_token in this step's batch
+    lora: tuple[float, ...] = ()  # the LoRA scales the request runs with, and that made the cached tokens
 
     def plan_draft(self, n_ctx: int, n_max: int, n_min: int) -> list[int]:
         """What to draft after `last_token` this step (nothing without a drafter or room for one)."""

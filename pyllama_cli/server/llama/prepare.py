@@ -18,6 +18,7 @@ from ...errors import InputError
 from ..errors import APIError
 from ..prepare import _budget, _grammar, _requested_tokens, _sampling, _stops
 from ..settings import ServerSettings
+from ..lora.routes import job_lora
 from .chat import check_slot
 from .schemas import InfillRequest, NativeCompletionRequest, NativeFields
 
@@ -56,7 +57,7 @@ def _jobs(engine: Engine, settings: ServerSettings, req: NativeFields, prompts: 
                           max_tokens=_budget(requested, len(ids), engine, settings, "prompt"),
                           n_probs=req.n_probs if req.n_probs > 0 else -1, id_slot=req.id_slot,
                           cache_prompt=req.cache_prompt, progress=req.return_progress,
-                          post_sampling=req.post_sampling_probs)
+                          post_sampling=req.post_sampling_probs, lora=job_lora(engine, req.lora))
             for ids in prompts]
     return NativeJobs(jobs, req, requested)
 
