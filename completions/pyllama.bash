@@ -131,7 +131,7 @@ _pyllama() {
 _pyllama_spec() {
     case $1 in
         "")
-            subs="bench chat complete completion detokenize info list perplexity ps pull quantize rm \
+            subs="bench chat complete completion detokenize embed info list perplexity ps pull quantize rm \
                 rpc-server serve stop tokenize"
             opts="--version -h --help"
             ;;
@@ -159,7 +159,8 @@ _pyllama_spec() {
                 -hft= --hf-token= --offline -c= --ctx-size= -t= --threads= -ngl= --gpu-layers= \
                 --n-gpu-layers= -fa= --flash-attn= -b= --batch-size= -ub= --ubatch-size= --mlock --no-mmap \
                 -s= --seed= -v --verbose --log-file= --rpc= -dev= --device= -ts= --tensor-split= \
-                --list-devices -h --help"
+                --list-devices --lora= --lora-scaled= --lora-init-without-apply --control-vector= \
+                --control-vector-scaled= --control-vector-layer-range= -h --help"
             ;;
         "complete")
             subs=""
@@ -176,7 +177,8 @@ _pyllama_spec() {
                 -hft= --hf-token= --offline -c= --ctx-size= -t= --threads= -ngl= --gpu-layers= \
                 --n-gpu-layers= -fa= --flash-attn= -b= --batch-size= -ub= --ubatch-size= --mlock --no-mmap \
                 -s= --seed= -v --verbose --log-file= --rpc= -dev= --device= -ts= --tensor-split= \
-                --list-devices -h --help"
+                --list-devices --lora= --lora-scaled= --lora-init-without-apply --control-vector= \
+                --control-vector-scaled= --control-vector-layer-range= -h --help"
             ;;
         "completion")
             subs="install show"
@@ -195,6 +197,16 @@ _pyllama_spec() {
             opts="--stdin -v --verbose -m= --model= -hf= --hf-repo= -hff= --hf-file= -hft= --hf-token= \
                 --offline -h --help"
             ;;
+        "embed")
+            subs=""
+            opts="-p= --prompt= -f= --file= --embd-separator= --embd-output-format= --pooling= \
+                --embd-normalize= -m= --model= -hf= --hf-repo= -hff= --hf-file= -hft= --hf-token= --offline \
+                -c= --ctx-size= -t= --threads= -ngl= --gpu-layers= --n-gpu-layers= -fa= --flash-attn= -b= \
+                --batch-size= -ub= --ubatch-size= --mlock --no-mmap -s= --seed= -v --verbose --log-file= \
+                --rpc= -dev= --device= -ts= --tensor-split= --list-devices --lora= --lora-scaled= \
+                --lora-init-without-apply --control-vector= --control-vector-scaled= \
+                --control-vector-layer-range= -h --help"
+            ;;
         "info")
             subs=""
             opts="--json --template --metadata -m= --model= -hf= --hf-repo= -hff= --hf-file= -hft= \
@@ -211,7 +223,8 @@ _pyllama_spec() {
                 -hff= --hf-file= -hft= --hf-token= --offline -c= --ctx-size= -t= --threads= -ngl= \
                 --gpu-layers= --n-gpu-layers= -fa= --flash-attn= -b= --batch-size= -ub= --ubatch-size= \
                 --mlock --no-mmap -s= --seed= -v --verbose --log-file= --rpc= -dev= --device= -ts= \
-                --tensor-split= --list-devices -h --help"
+                --tensor-split= --list-devices --lora= --lora-scaled= --lora-init-without-apply \
+                --control-vector= --control-vector-scaled= --control-vector-layer-range= -h --help"
             ;;
         "ps")
             subs=""
@@ -239,22 +252,24 @@ _pyllama_spec() {
         "serve")
             subs=""
             opts="--host= --port= -a= --alias= --api-key= --cors-origin= --slot-save-path= --embeddings \
-                --max-body-size= --chat-template= -np= --parallel= --kv-unified --no-webui --models-dir= \
-                --models-cache --models-max= --sleep-idle-seconds= --models-preset= --reasoning-format= \
-                --reasoning-budget= --shutdown-grace= --max-header-size= --max-headers= --max-url-length= \
-                --header-timeout= --body-timeout= --max-connections= --keep-alive-timeout= --spec-type= -md= \
-                --model-draft= --spec-draft-model= -hfd= --hf-repo-draft= --spec-draft-hf= \
-                --spec-draft-n-max= --spec-draft-n-min= --draft-p-min= --spec-draft-p-min= \
-                --spec-ngram-simple-size-n= --spec-ngram-simple-size-m= --spec-ngram-simple-min-hits= \
-                --spec-ngram-map-k-size-n= --spec-ngram-map-k-size-m= --spec-ngram-map-k-min-hits= -n= \
-                --n-predict= --temp= --top-k= --top-p= --min-p= --typical= --repeat-penalty= \
-                --repeat-last-n= --presence-penalty= --frequency-penalty= --mirostat= --mirostat-lr= \
-                --mirostat-ent= --ignore-eos -r= --reverse-prompt= --logit-bias= --grammar= --grammar-file= \
-                -j= --json-schema= -jf= --json-schema-file= -m= --model= -hf= --hf-repo= -hff= --hf-file= \
-                -hft= --hf-token= --offline -c= --ctx-size= -t= --threads= -ngl= --gpu-layers= \
-                --n-gpu-layers= -fa= --flash-attn= -b= --batch-size= -ub= --ubatch-size= --mlock --no-mmap \
-                -s= --seed= -v --verbose --log-file= --rpc= -dev= --device= -ts= --tensor-split= \
-                --list-devices -h --help"
+                --pooling= --embd-normalize= --rerank --reranking --max-body-size= --chat-template= -np= \
+                --parallel= --kv-unified --no-webui --models-dir= --models-cache --models-max= \
+                --sleep-idle-seconds= --models-preset= --reasoning-format= --reasoning-budget= \
+                --shutdown-grace= --max-header-size= --max-headers= --max-url-length= --header-timeout= \
+                --body-timeout= --max-connections= --keep-alive-timeout= --spec-type= -md= --model-draft= \
+                --spec-draft-model= -hfd= --hf-repo-draft= --spec-draft-hf= --spec-draft-n-max= \
+                --spec-draft-n-min= --draft-p-min= --spec-draft-p-min= --spec-ngram-simple-size-n= \
+                --spec-ngram-simple-size-m= --spec-ngram-simple-min-hits= --spec-ngram-map-k-size-n= \
+                --spec-ngram-map-k-size-m= --spec-ngram-map-k-min-hits= -n= --n-predict= --temp= --top-k= \
+                --top-p= --min-p= --typical= --repeat-penalty= --repeat-last-n= --presence-penalty= \
+                --frequency-penalty= --mirostat= --mirostat-lr= --mirostat-ent= --ignore-eos -r= \
+                --reverse-prompt= --logit-bias= --grammar= --grammar-file= -j= --json-schema= -jf= \
+                --json-schema-file= -m= --model= -hf= --hf-repo= -hff= --hf-file= -hft= --hf-token= \
+                --offline -c= --ctx-size= -t= --threads= -ngl= --gpu-layers= --n-gpu-layers= -fa= \
+                --flash-attn= -b= --batch-size= -ub= --ubatch-size= --mlock --no-mmap -s= --seed= -v \
+                --verbose --log-file= --rpc= -dev= --device= -ts= --tensor-split= --list-devices --lora= \
+                --lora-scaled= --lora-init-without-apply --control-vector= --control-vector-scaled= \
+                --control-vector-layer-range= -h --help"
             ;;
         "stop")
             subs=""
@@ -273,31 +288,32 @@ _pyllama_spec() {
 _pyllama_value() {
     case "$1|$2" in
         "bench|-m" | "bench|--model" | "chat|-m" | "chat|--model" | "complete|-m" | "complete|--model" | \
-        "detokenize|-m" | "detokenize|--model" | "info|-m" | "info|--model" | "perplexity|-m" | \
-        "perplexity|--model" | "quantize|-m" | "quantize|--model" | "serve|-m" | "serve|--model" | \
-        "tokenize|-m" | "tokenize|--model")
+        "detokenize|-m" | "detokenize|--model" | "embed|-m" | "embed|--model" | "info|-m" | "info|--model" | \
+        "perplexity|-m" | "perplexity|--model" | "quantize|-m" | "quantize|--model" | "serve|-m" | \
+        "serve|--model" | "tokenize|-m" | "tokenize|--model")
             _pyllama_values gguf ;;
         "bench|-hf" | "bench|--hf-repo" | "chat|-hf" | "chat|--hf-repo" | "complete|-hf" | \
-        "complete|--hf-repo" | "detokenize|-hf" | "detokenize|--hf-repo" | "info|-hf" | "info|--hf-repo" | \
-        "perplexity|-hf" | "perplexity|--hf-repo" | "pull|-hf" | "pull|--hf-repo" | "quantize|-hf" | \
-        "quantize|--hf-repo" | "serve|-hf" | "serve|--hf-repo" | "tokenize|-hf" | "tokenize|--hf-repo")
+        "complete|--hf-repo" | "detokenize|-hf" | "detokenize|--hf-repo" | "embed|-hf" | "embed|--hf-repo" | \
+        "info|-hf" | "info|--hf-repo" | "perplexity|-hf" | "perplexity|--hf-repo" | "pull|-hf" | \
+        "pull|--hf-repo" | "quantize|-hf" | "quantize|--hf-repo" | "serve|-hf" | "serve|--hf-repo" | \
+        "tokenize|-hf" | "tokenize|--hf-repo")
             _pyllama_values hf ;;
         "bench|-ctk" | "bench|--cache-type-k" | "bench|-ctv" | "bench|--cache-type-v")
             _pyllama_values none bf16 f16 iq4_nl q4_0 q4_1 q5_0 q5_1 q8_0 ;;
         "bench|-fa" | "bench|--flash-attn" | "chat|-fa" | "chat|--flash-attn" | "complete|-fa" | \
-        "complete|--flash-attn" | "perplexity|-fa" | "perplexity|--flash-attn" | "serve|-fa" | \
-        "serve|--flash-attn")
+        "complete|--flash-attn" | "embed|-fa" | "embed|--flash-attn" | "perplexity|-fa" | \
+        "perplexity|--flash-attn" | "serve|-fa" | "serve|--flash-attn")
             _pyllama_values none auto off on ;;
         "bench|-o" | "bench|--output")
             _pyllama_values none csv json jsonl md sql ;;
         "bench|--compare" | "bench|--plot" | "chat|-sysf" | "chat|--system-prompt-file" | \
         "chat|--grammar-file" | "chat|-jf" | "chat|--json-schema-file" | "chat|--log-file" | "complete|-f" | \
         "complete|--file" | "complete|--prompt-cache" | "complete|--grammar-file" | "complete|-jf" | \
-        "complete|--json-schema-file" | "complete|--log-file" | "perplexity|-f" | "perplexity|--file" | \
-        "perplexity|--kl-divergence-base" | "perplexity|--hellaswag" | "perplexity|--winogrande" | \
-        "perplexity|--log-file" | "quantize|--imatrix" | "quantize|--log-file" | "serve|--models-preset" | \
-        "serve|--grammar-file" | "serve|-jf" | "serve|--json-schema-file" | "serve|--log-file" | \
-        "tokenize|-f" | "tokenize|--file")
+        "complete|--json-schema-file" | "complete|--log-file" | "embed|-f" | "embed|--file" | \
+        "embed|--log-file" | "perplexity|-f" | "perplexity|--file" | "perplexity|--kl-divergence-base" | \
+        "perplexity|--hellaswag" | "perplexity|--winogrande" | "perplexity|--log-file" | \
+        "quantize|--imatrix" | "quantize|--log-file" | "serve|--models-preset" | "serve|--grammar-file" | \
+        "serve|-jf" | "serve|--json-schema-file" | "serve|--log-file" | "tokenize|-f" | "tokenize|--file")
             _pyllama_values file ;;
         "chat|--chat-template" | "complete|--chat-template" | "serve|--chat-template" | \
         "tokenize|--chat-template")

@@ -11,7 +11,7 @@ function __pyllama_path
     set -l path
     for token in $tokens
         string match -q -- '-*' $token; and continue
-        contains -- (string join ' ' -- $path $token) 'bench' 'chat' 'complete' 'completion' 'completion install' 'completion show' 'detokenize' 'info' 'list' 'perplexity' 'ps' 'pull' 'quantize' 'rm' 'rpc-server' 'serve' 'stop' 'tokenize'; or break
+        contains -- (string join ' ' -- $path $token) 'bench' 'chat' 'complete' 'completion' 'completion install' 'completion show' 'detokenize' 'embed' 'info' 'list' 'perplexity' 'ps' 'pull' 'quantize' 'rm' 'rpc-server' 'serve' 'stop' 'tokenize'; or break
         set path $path $token
     end
     string join ' ' -- $path
@@ -79,6 +79,7 @@ complete -c pyllama -n '__pyllama_using' -a 'chat' -d 'Chat with a model using i
 complete -c pyllama -n '__pyllama_using' -a 'complete' -d 'Complete a prompt and stream the generated text to stdout (only the text: `> out.txt`...'
 complete -c pyllama -n '__pyllama_using' -a 'completion' -d 'Shell completion for pyllama: install it, or print the script.'
 complete -c pyllama -n '__pyllama_using' -a 'detokenize' -d 'Print the text that token ids stand for: the inverse of `pyllama tokenize`.'
+complete -c pyllama -n '__pyllama_using' -a 'embed' -d 'Print the embeddings of prompts, as llama-embedding does: pipe them on (jq, numpy, a...'
 complete -c pyllama -n '__pyllama_using' -a 'info' -d 'Show what a GGUF model holds: architecture, size, quantization, vocab, template.'
 complete -c pyllama -n '__pyllama_using' -a 'list' -d 'List the GGUF models in the Hugging Face cache and in --models-dir folders (a split...'
 complete -c pyllama -n '__pyllama_using' -a 'perplexity' -d 'Score a model on a text as llama-perplexity does: same chunks, same PPL to every...'
@@ -189,6 +190,12 @@ complete -c pyllama -n '__pyllama_using chat' -l rpc -d 'RPC servers (`pyllama r
 complete -c pyllama -n '__pyllama_using chat' -o dev -l device -d 'Devices to offload to, comma-separated (none = no offload; default: every GPU and RPC server).' -x
 complete -c pyllama -n '__pyllama_using chat' -o ts -l tensor-split -d 'Each device\'s share of the layers, e.g.' -x
 complete -c pyllama -n '__pyllama_using chat' -l list-devices -d 'Print the devices (local, and the --rpc servers\') with their memory and exit.'
+complete -c pyllama -n '__pyllama_using chat' -l lora -d 'LoRA adapter to apply at scale 1 (repeat, or comma-separated for several).' -x
+complete -c pyllama -n '__pyllama_using chat' -l lora-scaled -d 'LoRA adapter with its scale (repeat, or comma-separated).' -x
+complete -c pyllama -n '__pyllama_using chat' -l lora-init-without-apply -d 'Load the LoRA adapters at scale 0 (serve: apply them later with POST /lora-adapters).'
+complete -c pyllama -n '__pyllama_using chat' -l control-vector -d 'Control vector to add at scale 1 (repeat, or comma-separated).' -x
+complete -c pyllama -n '__pyllama_using chat' -l control-vector-scaled -d 'Control vector with its scale (repeat, or comma-separated).' -x
+complete -c pyllama -n '__pyllama_using chat' -l control-vector-layer-range -d 'Layers to apply the control vectors to, both inclusive (default: all).' -x
 complete -c pyllama -n '__pyllama_using chat' -s h -l help -d 'Show this message and exit.'
 
 # pyllama complete
@@ -256,6 +263,12 @@ complete -c pyllama -n '__pyllama_using complete' -l rpc -d 'RPC servers (`pylla
 complete -c pyllama -n '__pyllama_using complete' -o dev -l device -d 'Devices to offload to, comma-separated (none = no offload; default: every GPU and RPC server).' -x
 complete -c pyllama -n '__pyllama_using complete' -o ts -l tensor-split -d 'Each device\'s share of the layers, e.g.' -x
 complete -c pyllama -n '__pyllama_using complete' -l list-devices -d 'Print the devices (local, and the --rpc servers\') with their memory and exit.'
+complete -c pyllama -n '__pyllama_using complete' -l lora -d 'LoRA adapter to apply at scale 1 (repeat, or comma-separated for several).' -x
+complete -c pyllama -n '__pyllama_using complete' -l lora-scaled -d 'LoRA adapter with its scale (repeat, or comma-separated).' -x
+complete -c pyllama -n '__pyllama_using complete' -l lora-init-without-apply -d 'Load the LoRA adapters at scale 0 (serve: apply them later with POST /lora-adapters).'
+complete -c pyllama -n '__pyllama_using complete' -l control-vector -d 'Control vector to add at scale 1 (repeat, or comma-separated).' -x
+complete -c pyllama -n '__pyllama_using complete' -l control-vector-scaled -d 'Control vector with its scale (repeat, or comma-separated).' -x
+complete -c pyllama -n '__pyllama_using complete' -l control-vector-layer-range -d 'Layers to apply the control vectors to, both inclusive (default: all).' -x
 complete -c pyllama -n '__pyllama_using complete' -s h -l help -d 'Show this message and exit.'
 
 # pyllama completion
@@ -280,6 +293,41 @@ complete -c pyllama -n '__pyllama_using detokenize' -o hff -l hf-file -d 'Exact 
 complete -c pyllama -n '__pyllama_using detokenize' -o hft -l hf-token -d 'Hugging Face token for gated or private repos (default: $HF_TOKEN).' -x
 complete -c pyllama -n '__pyllama_using detokenize' -l offline -d 'Resolve -hf from the local cache only, with no network call (also HF_HUB_OFFLINE=1).'
 complete -c pyllama -n '__pyllama_using detokenize' -s h -l help -d 'Show this message and exit.'
+
+# pyllama embed
+complete -c pyllama -n '__pyllama_using embed' -s p -l prompt -d 'The text to embed: one prompt per line (see --embd-separator).' -x
+complete -c pyllama -n '__pyllama_using embed' -s f -l file -d 'Read the prompts from FILE (default: -p, else standard input).' -x -a '(__pyllama_values file)'
+complete -c pyllama -n '__pyllama_using embed' -l embd-separator -d 'What separates prompts (default: a newline).' -x
+complete -c pyllama -n '__pyllama_using embed' -l embd-output-format -d 'Output: raw, array, json, json+ (raw: one embedding per line).' -x
+complete -c pyllama -n '__pyllama_using embed' -l pooling -d 'Pooling: none, mean, cls, last, rank (default: the model\'s own, else mean).' -x
+complete -c pyllama -n '__pyllama_using embed' -l embd-normalize -d 'Normalisation: -1 none, 0 max absolute as int16, 1 taxicab, 2 euclidean, >2 p-norm.' -x
+complete -c pyllama -n '__pyllama_using embed' -s m -l model -d 'Local GGUF model file.' -x -a '(__pyllama_values gguf)'
+complete -c pyllama -n '__pyllama_using embed' -o hf -l hf-repo -d 'Hugging Face repo as user/repo[:quant] (default quant: Q4_K_M, else the first GGUF).' -x -a '(__pyllama_values hf)'
+complete -c pyllama -n '__pyllama_using embed' -o hff -l hf-file -d 'Exact GGUF file in the -hf repo (overrides the quant tag).' -x
+complete -c pyllama -n '__pyllama_using embed' -o hft -l hf-token -d 'Hugging Face token for gated or private repos (default: $HF_TOKEN).' -x
+complete -c pyllama -n '__pyllama_using embed' -l offline -d 'Resolve -hf from the local cache only, with no network call (also HF_HUB_OFFLINE=1).'
+complete -c pyllama -n '__pyllama_using embed' -s c -l ctx-size -d 'Context size in tokens (0 = the model\'s trained context).' -x
+complete -c pyllama -n '__pyllama_using embed' -s t -l threads -d 'CPU threads (-1 = physical cores).' -x
+complete -c pyllama -n '__pyllama_using embed' -o ngl -l gpu-layers -l n-gpu-layers -d 'Layers to offload to the GPU (-1 = all).' -x
+complete -c pyllama -n '__pyllama_using embed' -o fa -l flash-attn -d 'Flash attention: auto, on or off.' -x -a '(__pyllama_values none auto off on)'
+complete -c pyllama -n '__pyllama_using embed' -s b -l batch-size -d 'Logical batch size (tokens per llama_decode).' -x
+complete -c pyllama -n '__pyllama_using embed' -o ub -l ubatch-size -d 'Physical batch size.' -x
+complete -c pyllama -n '__pyllama_using embed' -l mlock -d 'Keep the model in RAM (no swapping).'
+complete -c pyllama -n '__pyllama_using embed' -l no-mmap -d 'Read the model into memory instead of mapping it.'
+complete -c pyllama -n '__pyllama_using embed' -s s -l seed -d 'Random seed (-1 = random).' -x
+complete -c pyllama -n '__pyllama_using embed' -s v -l verbose -d 'Show llama.cpp\'s own log on stderr.'
+complete -c pyllama -n '__pyllama_using embed' -l log-file -d 'Append llama.cpp\'s log to this file.' -x -a '(__pyllama_values file)'
+complete -c pyllama -n '__pyllama_using embed' -l rpc -d 'RPC servers (`pyllama rpc-server` or llama.cpp\'s rpc-server) whose devices hold part of the model, comma-separated.' -x
+complete -c pyllama -n '__pyllama_using embed' -o dev -l device -d 'Devices to offload to, comma-separated (none = no offload; default: every GPU and RPC server).' -x
+complete -c pyllama -n '__pyllama_using embed' -o ts -l tensor-split -d 'Each device\'s share of the layers, e.g.' -x
+complete -c pyllama -n '__pyllama_using embed' -l list-devices -d 'Print the devices (local, and the --rpc servers\') with their memory and exit.'
+complete -c pyllama -n '__pyllama_using embed' -l lora -d 'LoRA adapter to apply at scale 1 (repeat, or comma-separated for several).' -x
+complete -c pyllama -n '__pyllama_using embed' -l lora-scaled -d 'LoRA adapter with its scale (repeat, or comma-separated).' -x
+complete -c pyllama -n '__pyllama_using embed' -l lora-init-without-apply -d 'Load the LoRA adapters at scale 0 (serve: apply them later with POST /lora-adapters).'
+complete -c pyllama -n '__pyllama_using embed' -l control-vector -d 'Control vector to add at scale 1 (repeat, or comma-separated).' -x
+complete -c pyllama -n '__pyllama_using embed' -l control-vector-scaled -d 'Control vector with its scale (repeat, or comma-separated).' -x
+complete -c pyllama -n '__pyllama_using embed' -l control-vector-layer-range -d 'Layers to apply the control vectors to, both inclusive (default: all).' -x
+complete -c pyllama -n '__pyllama_using embed' -s h -l help -d 'Show this message and exit.'
 
 # pyllama info
 complete -c pyllama -n '__pyllama_using info' -l json -d 'Print JSON instead of text.'
@@ -327,6 +375,12 @@ complete -c pyllama -n '__pyllama_using perplexity' -l rpc -d 'RPC servers (`pyl
 complete -c pyllama -n '__pyllama_using perplexity' -o dev -l device -d 'Devices to offload to, comma-separated (none = no offload; default: every GPU and RPC server).' -x
 complete -c pyllama -n '__pyllama_using perplexity' -o ts -l tensor-split -d 'Each device\'s share of the layers, e.g.' -x
 complete -c pyllama -n '__pyllama_using perplexity' -l list-devices -d 'Print the devices (local, and the --rpc servers\') with their memory and exit.'
+complete -c pyllama -n '__pyllama_using perplexity' -l lora -d 'LoRA adapter to apply at scale 1 (repeat, or comma-separated for several).' -x
+complete -c pyllama -n '__pyllama_using perplexity' -l lora-scaled -d 'LoRA adapter with its scale (repeat, or comma-separated).' -x
+complete -c pyllama -n '__pyllama_using perplexity' -l lora-init-without-apply -d 'Load the LoRA adapters at scale 0 (serve: apply them later with POST /lora-adapters).'
+complete -c pyllama -n '__pyllama_using perplexity' -l control-vector -d 'Control vector to add at scale 1 (repeat, or comma-separated).' -x
+complete -c pyllama -n '__pyllama_using perplexity' -l control-vector-scaled -d 'Control vector with its scale (repeat, or comma-separated).' -x
+complete -c pyllama -n '__pyllama_using perplexity' -l control-vector-layer-range -d 'Layers to apply the control vectors to, both inclusive (default: all).' -x
 complete -c pyllama -n '__pyllama_using perplexity' -s h -l help -d 'Show this message and exit.'
 
 # pyllama ps
@@ -392,6 +446,9 @@ complete -c pyllama -n '__pyllama_using serve' -l api-key -d 'Require \'Authoriz
 complete -c pyllama -n '__pyllama_using serve' -l cors-origin -d 'Also allow browser requests from this origin (repeatable; \'*\' = any origin, as llama-server does).' -x
 complete -c pyllama -n '__pyllama_using serve' -l slot-save-path -d 'Folder for /slots/ID?action=save|restore files (off unless given).' -x -a '(__pyllama_values dir)'
 complete -c pyllama -n '__pyllama_using serve' -l embeddings -d 'Serve an embedding model: /v1/embeddings only.'
+complete -c pyllama -n '__pyllama_using serve' -l pooling -d 'Pooling of embeddings: none, mean, cls, last, rank (default: the model\'s own, else mean).' -x
+complete -c pyllama -n '__pyllama_using serve' -l embd-normalize -d 'Normalisation of embeddings: -1 none, 0 max absolute as int16, 1 taxicab, 2 euclidean, >2 p-norm.' -x
+complete -c pyllama -n '__pyllama_using serve' -l rerank -l reranking -d 'Serve a reranker: POST /rerank, /reranking and /v1/rerank (rank pooling).'
 complete -c pyllama -n '__pyllama_using serve' -l max-body-size -d 'Largest request body accepted (bytes, or with K/M/G; larger gets 413).' -x
 complete -c pyllama -n '__pyllama_using serve' -l chat-template -d 'Chat template: a built-in name (chatml, llama3, ...), a .jinja file or Jinja text (default: the model\'s own).' -x -a '(__pyllama_values file chatml gemma llama2 llama2-sys llama2-sys-bos llama2-sys-strip llama3 mistral phi3 zephyr)'
 complete -c pyllama -n '__pyllama_using serve' -o np -l parallel -d 'Slots: requests generated at once, batched together (continuous batching); more wait in a queue.' -x
@@ -464,6 +521,12 @@ complete -c pyllama -n '__pyllama_using serve' -l rpc -d 'RPC servers (`pyllama 
 complete -c pyllama -n '__pyllama_using serve' -o dev -l device -d 'Devices to offload to, comma-separated (none = no offload; default: every GPU and RPC server).' -x
 complete -c pyllama -n '__pyllama_using serve' -o ts -l tensor-split -d 'Each device\'s share of the layers, e.g.' -x
 complete -c pyllama -n '__pyllama_using serve' -l list-devices -d 'Print the devices (local, and the --rpc servers\') with their memory and exit.'
+complete -c pyllama -n '__pyllama_using serve' -l lora -d 'LoRA adapter to apply at scale 1 (repeat, or comma-separated for several).' -x
+complete -c pyllama -n '__pyllama_using serve' -l lora-scaled -d 'LoRA adapter with its scale (repeat, or comma-separated).' -x
+complete -c pyllama -n '__pyllama_using serve' -l lora-init-without-apply -d 'Load the LoRA adapters at scale 0 (serve: apply them later with POST /lora-adapters).'
+complete -c pyllama -n '__pyllama_using serve' -l control-vector -d 'Control vector to add at scale 1 (repeat, or comma-separated).' -x
+complete -c pyllama -n '__pyllama_using serve' -l control-vector-scaled -d 'Control vector with its scale (repeat, or comma-separated).' -x
+complete -c pyllama -n '__pyllama_using serve' -l control-vector-layer-range -d 'Layers to apply the control vectors to, both inclusive (default: all).' -x
 complete -c pyllama -n '__pyllama_using serve' -s h -l help -d 'Show this message and exit.'
 
 # pyllama stop

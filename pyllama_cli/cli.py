@@ -22,6 +22,7 @@ COMMANDS = [
     ("serve", "serve", "serve"),
     ("bench", "bench", "bench"),
     ("perplexity", "perplexity", "perplexity"),
+    ("embed", "embed", "embed"),
     ("tokenize", "tokenize", "tokenize"),
     ("detokenize", "tokenize", "detokenize"),
     ("quantize", "quantize", "quantize"),
@@ -46,8 +47,8 @@ def build_app(only: str | None = None) -> typer.Typer:
     """The Typer app with every command, or with just `only` (faster start-up for a known command)."""
     application = typer.Typer(
         name="pyllama",
-        help="llama.cpp's command-line tools in Python: chat, complete, serve, bench, perplexity, tokenize, "
-        "quantize, info, rpc-server; list, pull, rm, ps and stop manage local models.",
+        help="llama.cpp's command-line tools in Python: chat, complete, serve, bench, perplexity, embed, "
+        "tokenize, quantize, info, rpc-server; list, pull, rm, ps and stop manage local models.",
         no_args_is_help=True,
         add_completion=False,
         pretty_exceptions_enable=False,

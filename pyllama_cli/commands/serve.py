@@ -12,6 +12,8 @@ from ..console import download_tqdm
 from ..core.model.resolve import ModelRequest, resolve_model
 from ..core.model.settings import LoadSettings
 from ..errors import UsageError
+from ..core.embed.pooling import check_pooling, pooling_type
+from ..options.embedding import DEFAULT_EMBD_NORMALIZE, EmbdNormalizeOpt, PoolingOpt, RerankOpt
 from ..options.limits import limit_options
 from ..options.load import ChatTemplateOpt, in_panel, model_options, own_option
 from ..options.sampling import SamplingOptions, sampling_options
@@ -78,6 +80,9 @@ def serve(
     cors_origin: CorsOriginOpt = None,
     slot_save_path: SlotSavePathOpt = None,
     embeddings: EmbeddingsOpt = False,
+    pooling: PoolingOpt = None,
+    embd_normalize: EmbdNormalizeOpt = DEFAULT_EMBD_NORMALIZE,
+    rerank: RerankOpt = False,
     max_body_size: MaxBodySizeOpt = "8MiB",
     chat_template: in_panel(ChatTemplateOpt, SERVER_PANEL) = None,
     parallel: ParallelOpt = 1,
@@ -111,6 +116,7 @@ def serve(
         from ..core.text.chat_template import resolve_template
 
         resolve_template(None, chat_template)  # an unknown name fails before the model loads
+    embeddings, pooling = embeddings or rerank, "rank" if rerank else pooling  # llama-server's --rerank
     if embeddings and speculative.settings.enabled:
         raise UsageError("--spec-type and -md speed up generation; an --embeddings server generates nothing",
                          hint="drop --spec-type/-md, or serve a generating model without --embeddings")
@@ -125,6 +131,7 @@ def serve(
         max_body_size=parse_size(max_body_size), chat_template=chat_template, webui=not no_webui,
         limits=limits, speculative=spec, slot_save_path=slot_save_path.resolve() if slot_save_path else None,
         reasoning_format=reasoning_format, reasoning_budget=reasoning_budget,
+        pooling=pooling_type(pooling), embd_normalize=embd_normalize,
     )
     if router:
         _serve_router(ctx, model, paths, repos, load, settings, host, port, embeddings=embeddings, alias=alias,
@@ -134,6 +141,8 @@ def serve(
     one = ModelRequest(model=paths[0] if paths else None, hf_repo=repos[0] if repos else None,
                        hf_file=model.hf_file, hf_token=model.hf_token, offline=model.offline)
     resolved = resolve_model(one, tqdm_class=download_tqdm())
+    if embeddings:
+        check_pooling(resolved.path, settings.pooling)  # before loading: llama.cpp aborts on a pooling it lacks
     _add_rpc_servers(load)
     settings = _with_alias(settings, alias or _default_alias(resolved.path))
     socks = server.listen_for(host, port, settings)

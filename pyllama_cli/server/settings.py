@@ -47,3 +47,5 @@ class ServerSettings:
     slot_save_path: Path | None = None  # where /slots/ID?action=save|restore files live (None: off)
     reasoning_format: str = FORMAT_DEEPSEEK  # "none": thinking stays in the answer's text
     reasoning_budget: int = UNLIMITED  # thinking tokens before the block is closed (-1: no limit)
+    pooling: int = -1  # --pooling as llama.cpp's pooling type (-1: the model's own); 4 (rank) with --rerank
+    embd_normalize: int = 2  # --embd-normalize

@@ -361,6 +361,9 @@ class Context:
         ptr = lib.llama_get_logits_ith(self.handle, i)
         return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,))
 
+    def pooling_type(self) -> int:
+        return int(lib.llama_pooling_type(self.handle))
+
     def clear_memory(self) -> None:
         lib.llama_memory_clear(self.memory, True)
 

@@ -1,0 +1,135 @@
+"""`pyllama embed` (llama-embedding's pooling, normalisation and formats) and serve's --pooling."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.helpers import CliResult, run_cli
+from tests.test_serve import Server, spawn_serve
+
+FAST = ("-t", "1", "-c", "512")
+PROMPTS = "hello world\nthe quick brown fox\nyes"
+POOLINGS = ["none", "mean", "cls", "last"]
+
+
+def embed(model: Path, *args: str, prompt: str = PROMPTS) -> CliResult:
+    return run_cli("embed", "-m", str(model), *FAST, "-p", prompt, *args)
+
+
+def vectors(model: Path, *args: str, prompt: str = PROMPTS) -> np.ndarray:
+    result = embed(model, "--embd-output-format", "array", *args, prompt=prompt)
+    assert result.exit_code == 0, result.stderr
+    return np.array(json.loads(result.stdout))
+
+
+def test_raw_is_one_line_of_n_embd_numbers_per_prompt(tiny_model: Path) -> None:
+    result = embed(tiny_model)
+    assert result.exit_code == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) == 3 and result.stdout.endswith("\n")
+    rows = np.array([[float(x) for x in line.split(" ")] for line in lines])
+    assert rows.shape == (3, 256)
+    assert np.allclose(np.linalg.norm(rows, axis=1), 1.0, atol=1e-5)
+    assert all(len(x.split(".")[1]) == 7 for x in lines[0].split(" "))  # "%1.7f", as llama-embedding
+
+
+def test_every_format_holds_the_same_numbers(tiny_model: Path) -> None:
+    array = vectors(tiny_model)
+    listed = json.loads(embed(tiny_model, "--embd-output-format", "json").stdout)
+    assert [d["index"] for d in listed["data"]] == [0, 1, 2] and listed["object"] == "list"
+    assert np.array_equal(np.array([d["embedding"] for d in listed["data"]]), array)
+    plus = json.loads(embed(tiny_model, "--embd-output-format", "json+").stdout)
+    cos = np.array(plus["cosineSimilarity"])
+    assert cos.shape == (3, 3) and np.allclose(np.diag(cos), 1.0)
+    assert np.allclose(cos, np.round(array @ array.T, 2), atol=0.011)
+
+
+def test_each_pooling_gives_its_own_vectors(tiny_model: Path) -> None:
+    pooled = {p: vectors(tiny_model, "--pooling", p) for p in POOLINGS}
+    n_tokens = [len(run_cli("tokenize", "-m", str(tiny_model), "--ids", line).stdout.split(","))
+                for line in PROMPTS.split("\n")]
+    assert pooled["none"].shape == (sum(n_tokens), 256)  # a vector per token
+    assert {p: pooled[p].shape for p in POOLINGS[1:]} == {p: (3, 256) for p in POOLINGS[1:]}
+    # cls takes each prompt's first token (BOS: the same for all), last its last token.
+    assert np.allclose(pooled["cls"], pooled["cls"][0])
+    ends = np.cumsum(n_tokens) - 1
+    assert np.allclose(pooled["last"], pooled["none"][ends], atol=1e-6)
+    assert not np.allclose(pooled["mean"], pooled["last"])
+
+
+def test_normalisations(tiny_model: Path) -> None:
+    raw = vectors(tiny_model, "--embd-normalize", "-1")
+    assert np.allclose(vectors(tiny_model, "--embd-normalize", "1"), raw / np.abs(raw).sum(1, keepdims=True), atol=1e-7)
+    scaled = vectors(tiny_model, "--embd-normalize", "0")
+    assert np.array_equal(scaled, np.round(scaled)) and np.abs(scaled).max() == 32760
+    assert np.allclose(vectors(tiny_model, "--embd-normalize", "3"),
+                       raw / (np.abs(raw) ** 3).sum(1, keepdims=True) ** (1 / 3), atol=1e-7)
+
+
+def test_embed_reads_a_file_with_a_separator(tiny_model: Path, tmp_path: Path) -> None:
+    (tmp_path / "p.txt").write_text("hello world<#>yes\n")
+    result = run_cli("embed", "-m", str(tiny_model), *FAST, "-f", str(tmp_path / "p.txt"), "--embd-separator", "<#>",
+                     "--embd-output-format", "array")
+    assert np.array_equal(np.array(json.loads(result.stdout)), vectors(tiny_model, prompt="hello world\nyes"))
+
+
+@pytest.mark.parametrize(("args", "lines"), [
+    (("--pooling", "rank"), ["Error: --pooling rank needs a classification head, and tiny.gguf has none",
+                             "Hint: rank pooling is for rerankers; use --pooling mean, cls, last or none"]),
+    (("--pooling", "avg"), ["Error: --pooling 'avg' is not a pooling type",
+                            "Hint: use one of none, mean, cls, last, rank"]),
+    (("--embd-output-format", "csv"), ["Error: --embd-output-format 'csv' is not a format",
+                                       "Hint: use one of raw, array, json, json+"]),
+])
+def test_bad_embed_flags_are_one_error(tiny_model: Path, args: tuple[str, ...], lines: list[str]) -> None:
+    result = embed(tiny_model, *args)
+    assert (result.exit_code, result.stdout, result.stderr.splitlines()) == (1, "", lines)
+
+
+@pytest.fixture(scope="module")
+def cls_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    log = tmp_path_factory.mktemp("serve-cls") / "stderr.log"
+    srv = spawn_serve(log, ["-m", str(tiny_model), "-c", "512", "--embeddings", "--pooling", "last",
+                            "--embd-normalize", "1"])
+    yield srv
+    srv.stop()
+
+
+def test_serve_pools_and_normalises_as_embed(cls_server: Server, tiny_model: Path) -> None:
+    answer = httpx.post(f"{cls_server.url}/v1/embeddings", json={"input": PROMPTS.split("\n")}, timeout=60).json()
+    served = np.array([d["embedding"] for d in answer["data"]])
+    assert np.allclose(served, vectors(tiny_model, "--pooling", "last", "--embd-normalize", "1"), atol=1e-7)
+
+
+def test_serve_refuses_a_pooling_the_model_cannot_do(tiny_model: Path) -> None:
+    result = run_cli("serve", "-m", str(tiny_model), "--embeddings", "--pooling", "rank", "--port", "0")
+    assert result.exit_code == 1
+    assert result.stderr.splitlines()[0] == "Error: --pooling rank needs a classification head, and tiny.gguf has none"
+
+
+# ---------------------------------------------------------------- against llama-embedding itself
+
+LLAMA_EMBEDDING = Path(os.environ.get("LLAMA_CPP_BIN", "/nonexistent")) / "llama-embedding"
+
+
+@pytest.mark.reference
+@pytest.mark.skipif(not LLAMA_EMBEDDING.is_file(), reason="set LLAMA_CPP_BIN to a folder with llama-embedding")
+@pytest.mark.parametrize("pooling", POOLINGS)
+@pytest.mark.parametrize("normalize", ["2", "-1"])
+def test_embeddings_equal_llama_embedding_s(tiny_model: Path, pooling: str, normalize: str) -> None:
+    args = ("--pooling", pooling, "--embd-normalize", normalize)
+    proc = subprocess.run([str(LLAMA_EMBEDDING), "-m", str(tiny_model), *FAST, "-p", PROMPTS, *args,
+                           "--embd-output-format", "array"], capture_output=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr.decode(errors="replace")[-2000:]
+    theirs = np.array(json.loads(proc.stdout.decode().strip()))
+    ours = vectors(tiny_model, *args)
+    assert ours.shape == theirs.shape
+    assert np.abs(ours - theirs).max() <= 1e-5
