@@ -31,6 +31,7 @@ from .http.leases import LeaseMiddleware
 from .metrics import CONTENT_TYPE, Metrics, MetricsMiddleware
 from .llama import routes as llama_routes
 from .lora import routes as lora_routes
+from .rerank import routes as rerank_routes
 from .http.middleware import BodyLimitMiddleware, CorsMiddleware
 from .models import ModelSet
 from .prepare import (
@@ -98,6 +99,7 @@ def create_app(models: ModelSet, settings: ServerSettings) -> FastAPI:
     _add_routes(app, models)
     llama_routes.add_routes(app)
     lora_routes.add_routes(app, models)
+    rerank_routes.add_routes(app, models)
     add_webui_routes(app, settings)
     app.state.metrics = Metrics(route.path for route in app.routes)
     # Added innermost first: metrics see every answer, CORS headers go on errors too.

@@ -129,4 +129,5 @@ class EmbeddingEngine(Engine):
             s.embedding_inputs += len(job.inputs) if outcome == "done" else 0
 
     def _embed(self, job: EmbeddingJob, stream: JobStream) -> list[np.ndarray]:
-        return embed_inputs(self.session.ctx, job.inputs, self.embd_normalize, lambda: stream.cancelled)
+        mode = self.embd_normalize if job.normalize is None else job.normalize
+        return embed_inputs(self.session.ctx, job.inputs, mode, lambda: stream.cancelled)

@@ -53,6 +53,7 @@ class EmbeddingJob:
     """One pooled, L2-normalised embedding per input (token ids)."""
 
     inputs: tuple[tuple[int, ...], ...]
+    normalize: int | None = None  # --embd-normalize's modes; None: the server's (a rerank's scores: -1, none)
 
 
 @dataclass(frozen=True)
