@@ -70,8 +70,9 @@ def request_scales(n_adapters: int, entries: Any, field: str = "lora") -> tuple[
 
 
 def job_lora(engine: Any, entries: Any) -> tuple[float, ...] | None:
-    """A request's `lora` field as the job's scales (None when the request has none: the global scales)."""
-    if entries is None:
+    """A request's `lora` field as the job's scales (None when the request has none, or an empty list, as
+    llama-server reads it: the global scales)."""
+    if entries is None or entries == []:
         return None
     turns = getattr(engine, "lora", None)
     loras = turns.adapters.loras if turns is not None and turns.adapters is not None else []
