@@ -251,12 +251,12 @@ _pyllama_spec() {
             ;;
         "serve")
             subs=""
-            opts="--host= --port= -a= --alias= --api-key= --cors-origin= --slot-save-path= --embeddings \
-                --pooling= --embd-normalize= --rerank --reranking --max-body-size= --chat-template= -np= \
-                --parallel= --kv-unified --no-webui --models-dir= --models-cache --models-max= \
-                --sleep-idle-seconds= --models-preset= --reasoning-format= --reasoning-budget= \
-                --shutdown-grace= --max-header-size= --max-headers= --max-url-length= --header-timeout= \
-                --body-timeout= --max-connections= --keep-alive-timeout= --spec-type= -md= --model-draft= \
+            opts="--host= --port= -a= --alias= --api-key= --cors-origin= --slot-save-path= --max-body-size= \
+                --chat-template= -np= --parallel= --kv-unified --no-webui --models-dir= --models-cache \
+                --models-max= --sleep-idle-seconds= --models-preset= --reasoning-format= --reasoning-budget= \
+                --embeddings --pooling= --embd-normalize= --rerank --reranking --shutdown-grace= \
+                --max-header-size= --max-headers= --max-url-length= --header-timeout= --body-timeout= \
+                --max-connections= --keep-alive-timeout= --spec-type= -md= --model-draft= \
                 --spec-draft-model= -hfd= --hf-repo-draft= --spec-draft-hf= --spec-draft-n-max= \
                 --spec-draft-n-min= --draft-p-min= --spec-draft-p-min= --spec-ngram-simple-size-n= \
                 --spec-ngram-simple-size-m= --spec-ngram-simple-min-hits= --spec-ngram-map-k-size-n= \

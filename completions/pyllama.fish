@@ -445,10 +445,6 @@ complete -c pyllama -n '__pyllama_using serve' -s a -l alias -d 'Model id client
 complete -c pyllama -n '__pyllama_using serve' -l api-key -d 'Require \'Authorization: Bearer KEY\' (all routes but /health).' -x
 complete -c pyllama -n '__pyllama_using serve' -l cors-origin -d 'Also allow browser requests from this origin (repeatable; \'*\' = any origin, as llama-server does).' -x
 complete -c pyllama -n '__pyllama_using serve' -l slot-save-path -d 'Folder for /slots/ID?action=save|restore files (off unless given).' -x -a '(__pyllama_values dir)'
-complete -c pyllama -n '__pyllama_using serve' -l embeddings -d 'Serve an embedding model: /v1/embeddings only.'
-complete -c pyllama -n '__pyllama_using serve' -l pooling -d 'Pooling of embeddings: none, mean, cls, last, rank (default: the model\'s own, else mean).' -x
-complete -c pyllama -n '__pyllama_using serve' -l embd-normalize -d 'Normalisation of embeddings: -1 none, 0 max absolute as int16, 1 taxicab, 2 euclidean, >2 p-norm.' -x
-complete -c pyllama -n '__pyllama_using serve' -l rerank -l reranking -d 'Serve a reranker: POST /rerank, /reranking and /v1/rerank (rank pooling).'
 complete -c pyllama -n '__pyllama_using serve' -l max-body-size -d 'Largest request body accepted (bytes, or with K/M/G; larger gets 413).' -x
 complete -c pyllama -n '__pyllama_using serve' -l chat-template -d 'Chat template: a built-in name (chatml, llama3, ...), a .jinja file or Jinja text (default: the model\'s own).' -x -a '(__pyllama_values file chatml gemma llama2 llama2-sys llama2-sys-bos llama2-sys-strip llama3 mistral phi3 zephyr)'
 complete -c pyllama -n '__pyllama_using serve' -o np -l parallel -d 'Slots: requests generated at once, batched together (continuous batching); more wait in a queue.' -x
@@ -461,6 +457,10 @@ complete -c pyllama -n '__pyllama_using serve' -l sleep-idle-seconds -d 'Unload 
 complete -c pyllama -n '__pyllama_using serve' -l models-preset -d 'INI file of per-model settings: [MODEL_ID] or [*] sections of flag = value (c, np, chat-template, alias, temp, ...).' -x -a '(__pyllama_values file)'
 complete -c pyllama -n '__pyllama_using serve' -l reasoning-format -d 'Thinking between the template\'s markers (<think>...</think>): \'deepseek\' puts it in reasoning_content, thinking blocks and reasoning items; \'none\' leaves it in the answer\'s text.' -x
 complete -c pyllama -n '__pyllama_using serve' -l reasoning-budget -d 'Thinking tokens before the think block is closed and the answer follows: -1 = unlimited, 0 = none.' -x
+complete -c pyllama -n '__pyllama_using serve' -l embeddings -d 'Serve an embedding model: /v1/embeddings only.'
+complete -c pyllama -n '__pyllama_using serve' -l pooling -d 'Pooling of embeddings: none, mean, cls, last, rank (default: the model\'s own, else mean).' -x
+complete -c pyllama -n '__pyllama_using serve' -l embd-normalize -d 'Normalisation of embeddings: -1 none, 0 max absolute as int16, 1 taxicab, 2 euclidean, >2 p-norm.' -x
+complete -c pyllama -n '__pyllama_using serve' -l rerank -l reranking -d 'Serve a reranker: POST /rerank, /reranking and /v1/rerank (rank pooling).'
 complete -c pyllama -n '__pyllama_using serve' -l shutdown-grace -d 'Seconds running requests get to finish after SIGTERM/Ctrl-C; then streams end with a server_shutdown error event and waiting requests get 503.' -x
 complete -c pyllama -n '__pyllama_using serve' -l max-header-size -d 'Largest total size of a request\'s header fields in bytes (larger gets 431).' -x
 complete -c pyllama -n '__pyllama_using serve' -l max-headers -d 'Most header fields in one request (more gets 431).' -x

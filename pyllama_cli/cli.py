@@ -22,7 +22,7 @@ COMMANDS = [
     ("serve", "serve", "serve"),
     ("bench", "bench", "bench"),
     ("perplexity", "perplexity", "perplexity"),
-    ("embed", "embed", "embed"),
+    ("embed", "embedding.embed", "embed"),
     ("tokenize", "tokenize", "tokenize"),
     ("detokenize", "tokenize", "detokenize"),
     ("quantize", "quantize", "quantize"),

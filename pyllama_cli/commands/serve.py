@@ -12,8 +12,7 @@ from ..console import download_tqdm
 from ..core.model.resolve import ModelRequest, resolve_model
 from ..core.model.settings import LoadSettings
 from ..errors import UsageError
-from ..core.embed.pooling import check_pooling, pooling_type
-from ..options.embedding import DEFAULT_EMBD_NORMALIZE, EmbdNormalizeOpt, PoolingOpt, RerankOpt
+from ..options.embedding import EmbeddingMode, embedding_options
 from ..options.limits import limit_options
 from ..options.load import ChatTemplateOpt, in_panel, model_options, own_option
 from ..options.sampling import SamplingOptions, sampling_options
@@ -27,7 +26,6 @@ from ..options.serve import (
     AliasOpt,
     ApiKeyOpt,
     CorsOriginOpt,
-    EmbeddingsOpt,
     HfReposOpt,
     HostOpt,
     KvUnifiedOpt,
@@ -66,6 +64,7 @@ _SIZE = re.compile(r"^\s*(\d+)\s*([kmg]?)(i?b)?\s*$", re.IGNORECASE)
 @sampling_options()
 @speculative_options()
 @limit_options()
+@embedding_options()
 def serve(
     ctx: typer.Context,
     model: ModelRequest,
@@ -79,10 +78,7 @@ def serve(
     api_key: ApiKeyOpt = None,
     cors_origin: CorsOriginOpt = None,
     slot_save_path: SlotSavePathOpt = None,
-    embeddings: EmbeddingsOpt = False,
-    pooling: PoolingOpt = None,
-    embd_normalize: EmbdNormalizeOpt = DEFAULT_EMBD_NORMALIZE,
-    rerank: RerankOpt = False,
+    embeddings: EmbeddingMode = EmbeddingMode(),
     max_body_size: MaxBodySizeOpt = "8MiB",
     chat_template: in_panel(ChatTemplateOpt, SERVER_PANEL) = None,
     parallel: ParallelOpt = 1,
@@ -116,7 +112,6 @@ def serve(
         from ..core.text.chat_template import resolve_template
 
         resolve_template(None, chat_template)  # an unknown name fails before the model loads
-    embeddings, pooling = embeddings or rerank, "rank" if rerank else pooling  # llama-server's --rerank
     if embeddings and speculative.settings.enabled:
         raise UsageError("--spec-type and -md speed up generation; an --embeddings server generates nothing",
                          hint="drop --spec-type/-md, or serve a generating model without --embeddings")
@@ -130,8 +125,7 @@ def serve(
         stop=sampling.stop, api_key=api_key or None, cors_origins=tuple(cors_origin or ()),
         max_body_size=parse_size(max_body_size), chat_template=chat_template, webui=not no_webui,
         limits=limits, speculative=spec, slot_save_path=slot_save_path.resolve() if slot_save_path else None,
-        reasoning_format=reasoning_format, reasoning_budget=reasoning_budget,
-        pooling=pooling_type(pooling), embd_normalize=embd_normalize,
+        reasoning_format=reasoning_format, reasoning_budget=reasoning_budget, **embeddings.fields,
     )
     if router:
         _serve_router(ctx, model, paths, repos, load, settings, host, port, embeddings=embeddings, alias=alias,
@@ -141,8 +135,6 @@ def serve(
     one = ModelRequest(model=paths[0] if paths else None, hf_repo=repos[0] if repos else None,
                        hf_file=model.hf_file, hf_token=model.hf_token, offline=model.offline)
     resolved = resolve_model(one, tqdm_class=download_tqdm())
-    if embeddings:
-        check_pooling(resolved.path, settings.pooling)  # before loading: llama.cpp aborts on a pooling it lacks
     _add_rpc_servers(load)
     settings = _with_alias(settings, alias or _default_alias(resolved.path))
     socks = server.listen_for(host, port, settings)

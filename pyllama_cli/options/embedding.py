@@ -1,14 +1,18 @@
 """The embedding flags of `embed` and `serve`, as llama.cpp names them: --pooling, --embd-normalize,
-and serve's --rerank (alias --reranking)."""
+and serve's --embeddings and --rerank (alias --reranking), which `embedding_options` gathers."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated, Any
 
 import typer
 
 from ..core.embed.compute import DEFAULT_EMBD_NORMALIZE
-from ..core.embed.pooling import POOLING_NAMES
+from ..core.embed.pooling import POOLING_NAMES, RANK, UNSPECIFIED, pooling_type
+from .load import option_param, replace_params
+from .serve import EmbeddingsOpt
 
 EMBEDDING_PANEL = "Embeddings"
 
@@ -22,4 +26,42 @@ RerankOpt = Annotated[bool, typer.Option(
     "--rerank", "--reranking", help="Serve a reranker: POST /rerank, /reranking and /v1/rerank (rank pooling).",
     rich_help_panel=EMBEDDING_PANEL)]
 
-__all__ = ["DEFAULT_EMBD_NORMALIZE", "EmbdNormalizeOpt", "PoolingOpt", "RerankOpt"]
+
+@dataclass(frozen=True)
+class EmbeddingMode:
+    """Whether serve computes embeddings (--embeddings, or --rerank), and how; true when it does."""
+
+    enabled: bool = False
+    pooling: int = UNSPECIFIED  # llama.cpp's pooling type (-1: the model's own); rank with --rerank
+    normalize: int = DEFAULT_EMBD_NORMALIZE
+
+    def __bool__(self) -> bool:
+        return self.enabled
+
+    @property
+    def fields(self) -> dict[str, int]:
+        """The ServerSettings fields it sets."""
+        return {"pooling": self.pooling, "embd_normalize": self.normalize}
+
+
+_PARAMS = [
+    option_param("embeddings_flag", EmbeddingsOpt, False),
+    option_param("pooling", PoolingOpt, None),
+    option_param("embd_normalize", EmbdNormalizeOpt, DEFAULT_EMBD_NORMALIZE),
+    option_param("rerank", RerankOpt, False),
+]
+
+
+def embedding_options() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Give serve --embeddings, --pooling, --embd-normalize and --rerank as one `embeddings: EmbeddingMode`."""
+
+    def build(kwargs: dict[str, Any]) -> None:
+        rerank, pooling_name = kwargs.pop("rerank"), kwargs.pop("pooling")
+        pooling = RANK if rerank else pooling_type(pooling_name)
+        kwargs["embeddings"] = EmbeddingMode(kwargs.pop("embeddings_flag") or rerank, pooling,
+                                             kwargs.pop("embd_normalize"))
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        return replace_params(fn, ("embeddings",), _PARAMS, build)
+
+    return decorate

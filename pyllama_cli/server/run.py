@@ -115,6 +115,10 @@ def serve(sock: socket.socket | list[socket.socket], path: Path, load: LoadSetti
     def on_failure(_: BaseException) -> None:
         server.should_exit = True
 
+    if embeddings:  # before loading: llama.cpp aborts on a pooling the model cannot do
+        from ..core.embed.pooling import check_pooling
+
+        check_pooling(path, settings.pooling)
     engine = make_engine(path, load, embeddings, parallel, kv_unified, settings.speculative, settings.pooling,
                          settings.embd_normalize, on_ready=on_ready, on_failure=on_failure)
     if load.rpc and hasattr(engine, "break_down"):

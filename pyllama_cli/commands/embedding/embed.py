@@ -7,15 +7,15 @@ from typing import Annotated
 
 import typer
 
-from ..console import model_progress, write_all
-from ..core.embed.compute import DEFAULT_EMBD_NORMALIZE
-from ..core.embed.output import FORMATS
-from ..core.embed.pooling import POOLING_NAMES
-from ..core.model.resolve import ModelRequest
-from ..core.model.session import open_model
-from ..core.model.settings import LoadSettings
-from ..errors import InputError, UsageError
-from ..options.load import model_options
+from ...console import model_progress, write_all
+from ...core.embed.compute import DEFAULT_EMBD_NORMALIZE
+from ...core.embed.output import FORMATS
+from ...core.embed.pooling import POOLING_NAMES
+from ...core.model.resolve import ModelRequest
+from ...core.model.session import open_model
+from ...core.model.settings import LoadSettings
+from ...errors import InputError, UsageError
+from ...options.load import model_options
 
 EXAMPLES = """\
 Examples:
@@ -52,9 +52,9 @@ def embed(
         ">2 p-norm.", rich_help_panel=OUTPUT_PANEL, min=-1)] = DEFAULT_EMBD_NORMALIZE,
 ) -> None:
     """Print the embeddings of prompts, as llama-embedding does: pipe them on (jq, numpy, a file)."""
-    from ..core.embed.compute import embed_inputs
-    from ..core.embed.output import format_embeddings
-    from ..core.embed.pooling import embedding_context, pooling_type
+    from ...core.embed.compute import embed_inputs
+    from ...core.embed.output import format_embeddings
+    from ...core.embed.pooling import embedding_context, pooling_type
 
     if output_format not in FORMATS:
         raise UsageError(f"--embd-output-format {output_format!r} is not a format",
