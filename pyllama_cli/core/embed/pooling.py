@@ -17,6 +17,9 @@ POOLING_NAMES = tuple(POOLING_TYPES)
 UNSPECIFIED = -1
 RANK = POOLING_TYPES["rank"]
 _HEAD_TENSORS = ("cls.weight", "cls.output.weight")
+# Inputs that may share one decode (sequences of the context, whose KV cache they share): llama.cpp's
+# limit, as llama-embedding uses it.
+MAX_SEQUENCES = 256
 
 
 def pooling_type(name: str | None) -> int:
@@ -53,10 +56,11 @@ def embedding_context(model: Any, settings: Any, pooling: int) -> Any:
 
     check_pooling(model.path, pooling)
     settings = replace(settings, n_ubatch=settings.n_batch)
+    shared = {"embeddings": True, "n_seq_max": MAX_SEQUENCES, "kv_unified": True}
     if pooling != UNSPECIFIED:
-        return Context(model, settings, embeddings=True, pooling_type=pooling)
-    ctx = Context(model, settings, embeddings=True)
+        return Context(model, settings, pooling_type=pooling, **shared)
+    ctx = Context(model, settings, **shared)
     if lib.llama_pooling_type(ctx.handle) == lib.LLAMA_POOLING_TYPE_NONE:
         ctx.close()
-        ctx = Context(model, settings, embeddings=True, pooling_type=lib.LLAMA_POOLING_TYPE_MEAN)
+        ctx = Context(model, settings, pooling_type=lib.LLAMA_POOLING_TYPE_MEAN, **shared)
     return ctx
