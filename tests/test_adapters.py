@@ -108,6 +108,18 @@ def test_a_model_file_is_no_adapter(tiny_model: Path) -> None:
                                              "(general.type None, adapter.type None)")
 
 
+def test_chat_takes_lora_and_control_vectors(tiny_model: Path, adapters: dict[str, Path]) -> None:
+    def chat(*args: str) -> str:
+        result = run_cli("chat", "-m", str(tiny_model), *FAST, "-n", "8", "--temp", "0", *args, stdin="hi\n")
+        assert result.exit_code == 0, result.stderr
+        return result.stdout
+
+    base = chat()
+    assert chat("--lora", str(adapters["a"])) != base
+    assert chat("--control-vector", str(adapters["cvec"])) != base
+    assert chat("--lora", str(adapters["a"]), "--lora-init-without-apply") == base
+
+
 def test_perplexity_takes_lora(tiny_model: Path, adapters: dict[str, Path], tmp_path: Path) -> None:
     text = tmp_path / "t.txt"
     text.write_text("the quick brown fox jumps over the lazy dog " * 40)
