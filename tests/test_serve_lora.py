@@ -121,3 +121,27 @@ def test_per_request_scales_equal_llama_server_s(lora_server: Server, tiny_model
         # Lists that name an adapter: the two servers' global scales differ (see docs/server.md, LoRA).
         for lora in [[{"id": 0, "scale": 0.0}], *SETS[1:], [{"id": 1, "scale": 0.25}]]:
             assert _text(_complete(lora_server.url, lora)) == _text(_complete(url, lora)), lora
+
+
+def test_router_presets_take_lora_and_a_reranker_is_one_more_model(tiny_model: Path, loras: list[Path],
+                                                                    tmp_path: Path) -> None:
+    from tests.fixtures.make_reranker import write_reranker_gguf
+
+    reranker = write_reranker_gguf(tmp_path / "reranker.gguf")
+    preset = tmp_path / "presets.ini"
+    preset.write_text(f"[tiny]\nlora = {loras[0]}\n")
+    srv = spawn_serve(tmp_path / "stderr.log", ["-m", str(tiny_model), "-m", str(reranker), "-c", "512",
+                                                "--models-preset", str(preset)])
+    try:
+        body = {"model": "tiny", "prompt": PROMPT, "n_predict": 12, "temperature": 0}
+        adapted = _text(httpx.post(f"{srv.url}/completion", json=body, timeout=60))
+        plain = _text(httpx.post(f"{srv.url}/completion", json={**body, "lora": [{"id": 0, "scale": 0}]}, timeout=60))
+        assert adapted != plain
+        listed = httpx.get(f"{srv.url}/lora-adapters", params={"model": "tiny"}).json()
+        assert [(a["id"], a["path"], a["scale"]) for a in listed] == [(0, str(loras[0]), 1.0)]
+        ranked = httpx.post(f"{srv.url}/v1/rerank", json={"model": "reranker", "query": "fox",
+                                                          "documents": ["a fox", "hello"]}, timeout=60)
+        assert ranked.status_code == 200, ranked.text
+        assert sorted(r["index"] for r in ranked.json()["results"]) == [0, 1]
+    finally:
+        srv.stop()

@@ -20,7 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ...core.model.adapters import AdapterFile, AdapterSettings
 from ...errors import UsageError
+
+def preset_loras(value: str) -> AdapterSettings:
+    """`lora = a.gguf, b.gguf`: the model's LoRA adapters at scale 1 (paths relative to the working folder)."""
+    return AdapterSettings(loras=tuple(AdapterFile(Path(item.strip()).expanduser().resolve())
+                                       for item in value.split(",") if item.strip()))
+
 
 # key (every spelling) -> (setting, type). Settings: LoadSettings fields, `parallel`, sampling fields
 # (SamplingSettings), the server's own (`n_predict`, `chat_template`, `aliases`) and `model`, `load_on_startup`.
@@ -47,6 +54,7 @@ _KEYS: dict[tuple[str, ...], tuple[str, type]] = {
     ("s", "seed"): ("seed", int),
     ("m", "model", "LLAMA_ARG_MODEL"): ("model", Path),
     ("load-on-startup",): ("load_on_startup", bool),
+    ("lora", "LLAMA_ARG_LORA"): ("adapters", preset_loras),
 }
 KEYS = {spelling: target for spellings, target in _KEYS.items() for spelling in spellings}
 # The command-line parameter each setting comes from, for "a flag given on the command line wins".
@@ -55,7 +63,7 @@ CLI_PARAMS = {"n_ctx": "ctx_size", "parallel": "parallel", "n_threads": "threads
               "chat_template": "chat_template", "n_predict": "n_predict", "temperature": "temp", "top_k": "top_k",
               "top_p": "top_p", "min_p": "min_p", "typical_p": "typical", "repeat_penalty": "repeat_penalty",
               "repeat_last_n": "repeat_last_n", "presence_penalty": "presence_penalty",
-              "frequency_penalty": "frequency_penalty", "seed": "seed"}
+              "frequency_penalty": "frequency_penalty", "seed": "seed", "adapters": "lora"}
 _TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
 
 
