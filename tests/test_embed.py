@@ -144,3 +144,32 @@ def test_embeddings_equal_llama_embedding_s(tiny_model: Path, pooling: str, norm
     ours = vectors(tiny_model, *args)
     assert ours.shape == theirs.shape
     assert np.abs(ours - theirs).max() <= 1e-5
+
+
+@pytest.mark.reference
+@pytest.mark.skipif(not LLAMA_EMBEDDING.is_file(), reason="set LLAMA_CPP_BIN to a folder with llama-embedding")
+@pytest.mark.parametrize("pooling", ["mean", "cls", "last"])
+def test_served_embeddings_equal_llama_embedding_s(tiny_model: Path, pooling: str) -> None:
+    import time
+
+    from fastapi.testclient import TestClient
+
+    from pyllama_cli.core.embed.pooling import pooling_type
+    from pyllama_cli.core.model.settings import LoadSettings
+    from pyllama_cli.core.serving.embedding_engine import EmbeddingEngine
+    from pyllama_cli.server.app import create_app
+    from pyllama_cli.server.models import OneModel
+    from pyllama_cli.server.settings import ServerSettings
+
+    engine = EmbeddingEngine(tiny_model, LoadSettings(n_ctx=512, n_threads=1), pooling=pooling_type(pooling))
+    settings = ServerSettings(alias="tiny")
+    with TestClient(create_app(OneModel(engine, settings), settings)) as client:
+        deadline = time.monotonic() + 60
+        while client.get("/health").status_code != 200:
+            assert time.monotonic() < deadline, "the model did not load"
+            time.sleep(0.02)
+        answer = client.post("/v1/embeddings", json={"input": PROMPTS.split("\n")}).json()
+    served = np.array([d["embedding"] for d in answer["data"]])
+    theirs = llama_embedding_array(tiny_model, "--pooling", pooling)
+    assert served.shape == theirs.shape
+    assert np.abs(served - theirs).max() <= 1e-5
