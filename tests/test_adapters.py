@@ -62,6 +62,17 @@ def test_each_adapter_set_gives_its_own_text(tiny_model: Path, adapters: dict[st
         == texts["base"]
 
 
+def test_a_draft_model_runs_without_the_target_s_adapters(tiny_model: Path, adapters: dict[str, Path],
+                                                         tmp_path: Path) -> None:
+    # The draft is another model (here with a wider feed-forward): the target's adapter does not fit it, and
+    # the verified text is the adapted target's.
+    from dataclasses import replace
+
+    draft = write_llama_gguf(tmp_path / "draft.gguf", replace(TINY, n_ff=768, seed=5))
+    lora = ("--lora", str(adapters["a"]))
+    assert _ok(complete(tiny_model, *lora, "-md", str(draft))) == _ok(complete(tiny_model, *lora))
+
+
 def test_an_adapter_for_another_architecture_is_one_error_naming_both(tiny_model: Path,
                                                                       adapters: dict[str, Path]) -> None:
     result = complete(tiny_model, "--lora", str(adapters["qwen2"]))

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..model.adapters import ModelAdapters, set_loras
+from .slots import IDLE
 
 Scales = tuple[float, ...]
 
@@ -35,11 +36,13 @@ class LoraTurns:
             return ()
         return tuple(job.lora) if job.lora is not None else tuple(self.adapters.scales())  # type: ignore[union-attr]
 
-    def next_turn(self, ctx: Any, busy: Sequence[Any]) -> Scales | None:
+    def next_turn(self, ctx: Any, slots: Sequence[Any]) -> Scales | None:
         """The set whose slots run this step, set on `ctx`; None when the model has no adapters."""
-        if not self.active or not busy:
+        if not self.active:
             return None
-        sets = sorted({slot.lora for slot in busy})
+        sets = sorted({slot.lora for slot in slots if slot.state != IDLE})
+        if not sets:
+            return None
         later = [s for s in sets if self._last is not None and s > self._last]
         turn = later[0] if later else sets[0]
         self._last = turn

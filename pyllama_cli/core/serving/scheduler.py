@@ -350,7 +350,7 @@ class ParallelEngine(Engine):
         batch.clear()
         room = self._ctx.n_batch - sum(slot.state == GENERATING for slot in self.slots)
         room -= plan_drafts(self.slots, self.speculative, self.n_ctx_slot, room)
-        turn = self.lora.next_turn(self._ctx, [slot for slot in self.slots if slot.state != IDLE])
+        turn = self.lora.next_turn(self._ctx, self.slots)
         candidate = self._pad_candidate() if turn is None else None
         self._timing_padding = candidate is not None and self._padding.decision is None
         pad_slot = candidate if candidate is not None and self._padding.choose() else None
