@@ -199,12 +199,12 @@ _pyllama_spec() {
             ;;
         "embed")
             subs=""
-            opts="-p= --prompt= -f= --file= --embd-separator= --embd-output-format= --pooling= \
-                --embd-normalize= -m= --model= -hf= --hf-repo= -hff= --hf-file= -hft= --hf-token= --offline \
-                -c= --ctx-size= -t= --threads= -ngl= --gpu-layers= --n-gpu-layers= -fa= --flash-attn= -b= \
-                --batch-size= -ub= --ubatch-size= --mlock --no-mmap -s= --seed= -v --verbose --log-file= \
-                --rpc= -dev= --device= -ts= --tensor-split= --list-devices --lora= --lora-scaled= \
-                --lora-init-without-apply --control-vector= --control-vector-scaled= \
+            opts="-p= --prompt= -f= --file= --embd-separator= --cls-separator= --embd-output-format= \
+                --pooling= --embd-normalize= -m= --model= -hf= --hf-repo= -hff= --hf-file= -hft= --hf-token= \
+                --offline -c= --ctx-size= -t= --threads= -ngl= --gpu-layers= --n-gpu-layers= -fa= \
+                --flash-attn= -b= --batch-size= -ub= --ubatch-size= --mlock --no-mmap -s= --seed= -v \
+                --verbose --log-file= --rpc= -dev= --device= -ts= --tensor-split= --list-devices --lora= \
+                --lora-scaled= --lora-init-without-apply --control-vector= --control-vector-scaled= \
                 --control-vector-layer-range= -h --help"
             ;;
         "info")

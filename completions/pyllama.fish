@@ -298,6 +298,7 @@ complete -c pyllama -n '__pyllama_using detokenize' -s h -l help -d 'Show this m
 complete -c pyllama -n '__pyllama_using embed' -s p -l prompt -d 'The text to embed: one prompt per line (see --embd-separator).' -x
 complete -c pyllama -n '__pyllama_using embed' -s f -l file -d 'Read the prompts from FILE (default: -p, else standard input).' -x -a '(__pyllama_values file)'
 complete -c pyllama -n '__pyllama_using embed' -l embd-separator -d 'What separates prompts (default: a newline).' -x
+complete -c pyllama -n '__pyllama_using embed' -l cls-separator -d 'With --pooling rank: what separates a query from its document (default: a tab).' -x
 complete -c pyllama -n '__pyllama_using embed' -l embd-output-format -d 'Output: raw, array, json, json+ (raw: one embedding per line).' -x
 complete -c pyllama -n '__pyllama_using embed' -l pooling -d 'Pooling: none, mean, cls, last, rank (default: the model\'s own, else mean).' -x
 complete -c pyllama -n '__pyllama_using embed' -l embd-normalize -d 'Normalisation: -1 none, 0 max absolute as int16, 1 taxicab, 2 euclidean, >2 p-norm.' -x

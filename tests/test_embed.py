@@ -173,3 +173,41 @@ def test_served_embeddings_equal_llama_embedding_s(tiny_model: Path, pooling: st
     theirs = llama_embedding_array(tiny_model, "--pooling", pooling)
     assert served.shape == theirs.shape
     assert np.abs(served - theirs).max() <= 1e-5
+
+
+RANK_PROMPTS = "what is a fox\tthe quick brown fox\nwhat is a fox\thello world\nhello\thello world"
+
+
+@pytest.fixture(scope="module")
+def reranker(models_dir: Path) -> Path:
+    from tests.fixtures.make_reranker import write_reranker_gguf
+
+    return write_reranker_gguf(models_dir / "embed-reranker.gguf")
+
+
+def test_rank_pooling_prints_the_head_s_scores(reranker: Path) -> None:
+    result = embed(reranker, "--pooling", "rank", "--embd-normalize", "-1", prompt=RANK_PROMPTS)
+    assert result.exit_code == 0, result.stderr
+    rows = np.array([[float(x) for x in line.split(" ")] for line in result.stdout.splitlines()])
+    assert rows.shape == (3, 2)  # one line per pair, one column per label ("yes", "no")
+    assert np.allclose(rows.sum(axis=1), 1.0, atol=1e-6)  # qwen3's head ends in a softmax
+    assert len(set(rows[:, 0])) == 3
+
+
+@pytest.mark.reference
+@pytest.mark.skipif(not LLAMA_EMBEDDING.is_file(), reason="set LLAMA_CPP_BIN to a folder with llama-embedding")
+def test_rank_scores_equal_llama_embedding_s(reranker: Path) -> None:
+    args = ("--pooling", "rank", "--embd-normalize", "-1")
+    ours = vectors(reranker, *args, prompt=RANK_PROMPTS)
+    theirs = None
+    for _ in range(20):  # see llama_embedding_array
+        proc = subprocess.run([str(LLAMA_EMBEDDING), "-m", str(reranker), *FAST, "-p", RANK_PROMPTS, *args,
+                               "--embd-output-format", "array"], capture_output=True, timeout=120)
+        # llama-embedding writes n_embd columns, only the head's n_cls_out (2) of which are scores (the
+        # rest is whatever memory follows them: not JSON numbers at times), so the first two are read.
+        rows = proc.stdout.decode(errors="replace").strip().removeprefix("[[").split("],[")
+        if len(rows) == 3 and rows[-1].endswith("]]"):
+            theirs = np.array([[float(x) for x in row.split(",")[:2]] for row in rows])
+            break
+    assert theirs is not None, "llama-embedding cut its output 20 times in a row"
+    assert np.abs(ours - theirs).max() <= 1e-5

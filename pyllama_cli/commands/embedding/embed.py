@@ -22,6 +22,7 @@ Examples:
   pyllama embed -m embedder.gguf -p "hello world"
   pyllama embed -m embedder.gguf -f lines.txt --embd-output-format json | jq '.data[0].embedding[:4]'
   pyllama embed -m embedder.gguf -p "a<#>b" --embd-separator "<#>" --pooling last --embd-output-format json+
+  pyllama embed -m reranker.gguf --pooling rank --embd-normalize -1 -p "$(printf 'what is a fox\ta fox is an animal')"
 """
 
 INPUT_PANEL = "Input"
@@ -41,6 +42,9 @@ def embed(
     separator: Annotated[str, typer.Option(
         "--embd-separator", help="What separates prompts (default: a newline).", rich_help_panel=INPUT_PANEL,
         show_default=False)] = "\n",
+    cls_separator: Annotated[str, typer.Option(
+        "--cls-separator", help="With --pooling rank: what separates a query from its document (default: a tab).",
+        rich_help_panel=INPUT_PANEL, show_default=False)] = "\t",
     output_format: Annotated[str, typer.Option(
         "--embd-output-format", help=f"Output: {', '.join(FORMATS)} (raw: one embedding per line).",
         rich_help_panel=OUTPUT_PANEL)] = "raw",
@@ -54,7 +58,8 @@ def embed(
     """Print the embeddings of prompts, as llama-embedding does: pipe them on (jq, numpy, a file)."""
     from ...core.embed.compute import embed_inputs
     from ...core.embed.output import format_embeddings
-    from ...core.embed.pooling import embedding_context, pooling_type
+    from ...core.embed.pooling import RANK, embedding_context, pooling_type
+    from ...core.embed.rerank import embedding_prompt_tokens
 
     if output_format not in FORMATS:
         raise UsageError(f"--embd-output-format {output_format!r} is not a format",
@@ -63,8 +68,8 @@ def embed(
     prompts = _read_prompts(prompt, file).split(separator)
     with open_model(model, load, progress=model_progress()) as session:
         session.ctx = embedding_context(session.model, _batch_for_context(load), kind)
-        inputs = [session.model.tokenize(text.encode("utf-8"), add_special=True, parse_special=True).tolist()
-                  for text in prompts]
+        rank = session.ctx.pooling_type() == RANK
+        inputs = [embedding_prompt_tokens(session.model, text, rank, cls_separator) for text in prompts]
         vectors = embed_inputs(session.ctx, inputs, normalize)
     text = format_embeddings(vectors, output_format, normalize, len(prompts))
     sys.stdout.flush()
