@@ -136,13 +136,22 @@ def print_ratio_table(rows: Sequence[tuple[str, float, float, str]], *, higher_i
     print("(ratio = pyllama / llama.cpp; " + ("higher is better)" if higher_is_better else "lower is better)"))
 
 
-def print_pp_tg_report(runs: dict, labels: tuple[str, str]) -> None:
+def load_note() -> str:
+    """The machine's load averages (1, 5, 15 min) and cores, for the report: figures from a busy machine say so."""
+    try:
+        one, five, fifteen = os.getloadavg()
+    except OSError:
+        return "load average unknown"
+    return f"load average {one:.2f} {five:.2f} {fifteen:.2f} on {os.cpu_count()} CPUs"
+
+
+def print_pp_tg_report(runs: dict, labels: tuple[str, str], targets: tuple[str, str] = (">= 0.97", ">= 0.97")) -> None:
     """The ratio table of a pp/tg comparison against llama-bench, its per-round ratios and best rounds.
 
     `runs` holds each tool's ("ref", "ours") t/s per round under "pp" and "tg"; `labels` name the rows.
     """
-    rows = [(label, median(runs["ref"][kind]), median(runs["ours"][kind]), ">= 0.97")
-            for label, kind in zip(labels, ("pp", "tg"))]
+    rows = [(label, median(runs["ref"][kind]), median(runs["ours"][kind]), target)
+            for label, kind, target in zip(labels, ("pp", "tg"), targets)]
     print_ratio_table(rows, higher_is_better=True)
     # Each round's two runs are neighbours in time: their ratio cancels slow drifts in machine load.
     for kind in ("pp", "tg"):

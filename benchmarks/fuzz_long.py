@@ -13,6 +13,10 @@ The same checks as tests/test_reliability.py, with many more cases:
     bad grammars and schemas, llama-server's /completion, /infill and /slots actions, Anthropic's
     /v1/messages (errors in its own shape), /v1/responses, /render's Markdown; on a router: unknown
     ids on every route, bad keep_alive, /models/*), each with the answer it must get;
+  * probe: the classes of input an independent probe broke the server with (tests/fixtures/probe_inputs.py):
+    a lone surrogate on every route, huge Responses metadata, huge JSON-schema enums, symlinked and
+    cut-short slot files, a foreign Host header, and a router of models whose names need escaping in
+    /metrics' labels (every line must parse as Prometheus' text format);
   * limits: the raw-socket heads of LIMIT_CASES (huge headers, a huge URL, too many fields), each
     with the status it must get, then /health; one entry per case;
   * gguf: every targeted mutation of the tiny model's header plus --gguf-random blind ones, each
@@ -39,7 +43,7 @@ from typing import Any
 
 import _common  # noqa: F401 - puts the repository on sys.path
 
-from tests.fixtures import fuzzing
+from tests.fixtures import fuzzing, probe_inputs
 from tests.fixtures.make_gguf import TINY, write_llama_gguf
 
 
@@ -53,13 +57,13 @@ SCHEMA_SERVERS = {
 }
 # Raw request heads and the status each must get (the server must answer /health after each).
 LIMIT_CASES = {
-    "64 KiB header": (b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 65536 + b"\r\n\r\n", 431),
-    "16 MiB header, unfinished": (b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (16 << 20), 431),
+    "64 KiB header": (b"GET /health HTTP/1.1\r\nHost: localhost\r\nX-Big: " + b"a" * 65536 + b"\r\n\r\n", 431),
+    "16 MiB header, unfinished": (b"GET /health HTTP/1.1\r\nHost: localhost\r\nX-Big: " + b"a" * (16 << 20), 431),
     "1000 header fields": (b"GET /health HTTP/1.1\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(1000)) + b"\r\n",
                            431),
-    "64 KiB URL": (b"GET /health?q=" + b"a" * 65536 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414),
+    "64 KiB URL": (b"GET /health?q=" + b"a" * 65536 + b" HTTP/1.1\r\nHost: localhost\r\n\r\n", 414),
     "1 MiB URL, unfinished": (b"GET /" + b"a" * (1 << 20), 414),
-    "16 KiB key in a query": (b"POST /v1/chat/completions?api_key=" + b"k" * 16384 + b" HTTP/1.1\r\nHost: x\r\n"
+    "16 KiB key in a query": (b"POST /v1/chat/completions?api_key=" + b"k" * 16384 + b" HTTP/1.1\r\nHost: localhost\r\n"
                               b"Content-Length: 2\r\n\r\n{}", 414),
 }
 
@@ -128,11 +132,17 @@ def hostile_part(models: dict[str, Path], tmp: Path) -> list[str]:
     """The one-model list on a one-model server, the router's list on a router of ROUTER_IDS."""
     problems = []
     (tmp / "slots").mkdir(exist_ok=True)
+    probe_inputs.plant_slot_files(tmp / "slots", tmp / "outside.txt")
     one = serve(models["generation"], tmp / "hostile.log", "-np", "4", "--slot-save-path", str(tmp / "slots"))
     try:
         problems += send_hostile(one.url, fuzzing.hostile_requests(), "hostile")
+        problems += send_hostile(one.url, probe_inputs.probe_requests(), "probe")
+        problems += foreign_host_problems(one.url)
     finally:
         one.stop()
+    if (tmp / "outside.txt").read_text() != "must stay as it is":
+        problems.append("probe: a save through a symlinked slot file overwrote its target")
+    problems += labels_part(models, tmp)
     router = serve_router(models, tmp / "hostile-router.log", "--models-max", "2")
     try:
         problems += send_hostile(router.url, fuzzing.router_hostile_requests(ROUTER_IDS), "hostile router")
@@ -141,6 +151,31 @@ def hostile_part(models: dict[str, Path], tmp: Path) -> list[str]:
             problems.append(f"hostile router: {len(loaded)} models loaded under --models-max 2: {loaded}")
     finally:
         router.stop()
+    return problems
+
+
+def foreign_host_problems(url: str) -> list[str]:
+    import httpx
+
+    reply = httpx.get(f"{url}/v1/models", headers={"Host": "evil.example"}, timeout=10)
+    print(f"probe: Host evil.example on a loopback server: {reply.status_code}")
+    return [] if reply.status_code == 403 else [f"probe: Host evil.example got {reply.status_code}, not 403"]
+
+
+def labels_part(models: dict[str, Path], tmp: Path) -> list[str]:
+    """A router of models named with a quote, a backslash and a newline: /metrics must still parse."""
+    import httpx
+
+    folder = tmp / "hostile-names"
+    folder.mkdir(exist_ok=True)
+    for name in probe_inputs.HOSTILE_MODEL_NAMES:
+        (folder / f"{name}.gguf").write_bytes(models["generation"].read_bytes())
+    router = serve(models["generation"], tmp / "labels.log", "--models-dir", str(folder))
+    try:
+        problems = ["probe " + p for p in probe_inputs.label_problems(httpx.get(f"{router.url}/metrics").text)]
+    finally:
+        router.stop()
+    print(f"probe: /metrics of models named {probe_inputs.HOSTILE_MODEL_NAMES}: {len(problems)} problems")
     return problems
 
 

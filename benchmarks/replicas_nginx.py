@@ -76,7 +76,7 @@ def start_replica(model: Path, log: Path, args: argparse.Namespace) -> tuple[sub
     with open(log, "wb") as sink:
         proc = subprocess.Popen([*pyllama_cmd(), "serve", "-m", str(model), "--host", "127.0.0.1", "--port", "0",
                                  "-np", str(args.parallel), "-t", str(args.threads), "-c", str(args.ctx),
-                                 "-a", MODEL_ID],
+                                 "-a", MODEL_ID, "--allowed-hosts", "pyllama"],  # nginx's Host: the upstream
                                 stdout=subprocess.DEVNULL, stderr=sink)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:

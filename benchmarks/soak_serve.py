@@ -8,9 +8,14 @@ ever be loaded at once. With --rpc, every layer runs on one local `pyllama rpc-s
 A bounded load (127.0.0.1 only, at most --max-requests requests, at most --duration seconds):
 each client sends streaming requests (ROUTES: chat, text completions, llama-server's /completion and
 /infill, Anthropic's /v1/messages, OpenAI's /v1/responses) one after another; a request drawn with
-probability --disconnect-rate reads a few events and closes the connection. Checked at the end:
+probability --disconnect-rate reads a few events and closes the connection. Two routes resume instead of
+giving up (docs/streams.md): `resumable` is chat with X-Conversation-Id, read on from the byte where it
+was dropped (GET /v1/stream?conv_id=ID&from=N); `background` is a Responses request with background: true,
+read on after the last sequence number seen (GET /v1/responses/ID?stream=true&starting_after=N). Checked
+at the end:
 
   * zero failed requests among those that stayed (HTTP 200, no error event, ends with its route's last event);
+  * zero lost answers: every dropped resumable or background stream, resumed, ends with its last event;
   * the server's resident memory at the end within 10% of its value after the first minute;
   * no slot busy and no request queued once the load has stopped (router: on each loaded model);
   * router: never more than --models-max models loaded at once (polled every 0.2 s);
@@ -61,6 +66,7 @@ class Route:
     path: str
     body: Callable[[str, int], dict[str, Any]]
     done: str = "data: [DONE]"
+    resume: str | None = None  # "stream": X-Conversation-Id and /v1/stream; "background": a background response
 
 
 # One entry per route. An error event (a `data:` object with "error", or `event: error`) is a failure.
@@ -78,6 +84,12 @@ ROUTES = {
         "messages": [{"role": "user", "content": prompt}], "max_tokens": n}, done="event: message_stop"),
     "responses": Route("/v1/responses", lambda prompt, n: {
         "input": prompt, "max_output_tokens": n}, done="event: response.completed"),
+    # Streams that survive their client: a dropped one is read on where it stopped, never lost.
+    "resumable": Route("/v1/chat/completions", lambda prompt, n: {
+        "messages": [{"role": "user", "content": prompt}], "max_tokens": n}, resume="stream"),
+    "background": Route("/v1/responses", lambda prompt, n: {
+        "input": prompt, "max_output_tokens": n, "background": True}, done="event: response.completed",
+        resume="background"),
 }
 FAILED_EVENTS = ("event: error", "event: response.failed")
 
@@ -86,6 +98,8 @@ FAILED_EVENTS = ("event: error", "event: response.failed")
 class Tally:
     completed: int = 0
     disconnected: int = 0
+    resumed: int = 0  # dropped resumable or background streams read on to their end
+    lost: list[str] = field(default_factory=list)  # ... that could not be
     failures: list[str] = field(default_factory=list)
     latencies: list[float] = field(default_factory=list)
     ttfts: list[float] = field(default_factory=list)
@@ -94,7 +108,7 @@ class Tally:
 
     @property
     def sent(self) -> int:
-        return self.completed + self.disconnected + len(self.failures)
+        return self.completed + self.disconnected + len(self.failures) + len(self.lost)
 
 
 def parse_args() -> argparse.Namespace:
@@ -200,45 +214,90 @@ async def one_request(client, url: str, rng: random.Random, tally: Tally, args: 
     route = ROUTES[name]
     body = {**route.body(rng.choice(PROMPTS), rng.randint(8, args.max_tokens)), "stream": True,
             "seed": rng.randrange(1 << 30), **({"model": model} if model else {})}
-    hang_up_after = rng.randint(1, 8) if rng.random() < args.disconnect_rate else None
-    start, first, events, done, usage = time.perf_counter(), None, 0, False, None
+    conversation = f"soak-{rng.randrange(1 << 60):x}"
+    headers = {"X-Conversation-Id": conversation} if route.resume == "stream" else {}
+    read = Read(hang_up_after=rng.randint(1, 8) if rng.random() < args.disconnect_rate else None)
+    start = time.perf_counter()
     try:
-        async with client.stream("POST", url + route.path, json=body, timeout=120) as resp:
+        async with client.stream("POST", url + route.path, json=body, headers=headers, timeout=120) as resp:
             if resp.status_code != 200:
                 tally.failures.append(f"HTTP {resp.status_code}: {(await resp.aread())[:200]!r}")
                 return
-            async for line in resp.aiter_lines():
-                if line == route.done:
-                    done = True  # read on: the data of a named last event follows it
-                    continue
-                if line in FAILED_EVENTS:
-                    tally.failures.append(f"an error event ({line})")
+            await read.lines(resp, route)
+        if read.hung_up and route.resume:  # read on where it stopped: the answer must not be lost
+            read.hang_up_after = None
+            resume = (f"/v1/stream?conv_id={conversation}&from={read.offset}" if route.resume == "stream" else
+                      f"/v1/responses/{read.response_id}?stream=true&starting_after={read.sequence}")
+            async with client.stream("GET", url + resume, timeout=120) as resp:
+                if resp.status_code != 200:
+                    tally.lost.append(f"resume: HTTP {resp.status_code}: {(await resp.aread())[:200]!r}")
                     return
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                data = json.loads(line[6:])
-                if "error" in data:
-                    tally.failures.append(f"error event: {data['error']}")
-                    return
-                events += 1
-                first = first or time.perf_counter()
-                usage = data.get("usage") or (data.get("response") or {}).get("usage") or usage
-                if data.get("stop") is True:  # llama-server's native last event
-                    usage = {"completion_tokens": data.get("tokens_predicted", 0)}
-                if hang_up_after is not None and events >= hang_up_after:
-                    tally.disconnected += 1
-                    return  # leaving the block closes the connection mid-stream
+                await read.lines(resp, route)
+            if read.failure or not read.done:
+                tally.lost.append(read.failure or "the resumed stream ended without its last event")
+                return
+            tally.resumed += 1
+            read.hung_up = False  # a whole answer after all: counted as completed
     except Exception as exc:  # noqa: BLE001 - every way a request can fail is a failure to count
         tally.failures.append(f"{type(exc).__name__}: {exc}")
         return
-    if not done:
+    if read.failure:
+        tally.failures.append(read.failure)
+        return
+    if read.hung_up:
+        tally.disconnected += 1
+        return
+    if not read.done:
         tally.failures.append("the stream ended without data: [DONE]")
         return
     tally.completed += 1
     tally.by_route[name] = tally.by_route.get(name, 0) + 1
     tally.latencies.append(time.perf_counter() - start)
-    tally.ttfts.append((first or time.perf_counter()) - start)
+    tally.ttfts.append((read.first or time.perf_counter()) - start)
+    usage = read.usage
     tally.tokens += (usage.get("completion_tokens") or usage.get("output_tokens") or 0) if usage else 0
+
+
+@dataclass
+class Read:
+    """What one request's stream said so far (across a drop and its resumption)."""
+
+    hang_up_after: int | None
+    events: int = 0
+    first: float | None = None
+    done: bool = False
+    hung_up: bool = False
+    failure: str | None = None
+    usage: dict[str, Any] | None = None
+    offset: int = 0  # bytes of whole lines read: where /v1/stream reads on
+    sequence: int = -1  # the last sequence_number seen: where a background response reads on
+    response_id: str = ""
+
+    async def lines(self, resp: Any, route: Route) -> None:
+        async for line in resp.aiter_lines():
+            self.offset += len(line.encode()) + 1
+            if line == route.done:
+                self.done = True  # read on: the data of a named last event follows it
+                continue
+            if line in FAILED_EVENTS:
+                self.failure = f"an error event ({line})"
+                return
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            data = json.loads(line[6:])
+            if "error" in data:
+                self.failure = f"error event: {data['error']}"
+                return
+            self.events += 1
+            self.first = self.first or time.perf_counter()
+            self.sequence = data.get("sequence_number", self.sequence)
+            self.response_id = (data.get("response") or {}).get("id") or self.response_id
+            self.usage = data.get("usage") or (data.get("response") or {}).get("usage") or self.usage
+            if data.get("stop") is True:  # llama-server's native last event
+                self.usage = {"completion_tokens": data.get("tokens_predicted", 0)}
+            if self.hang_up_after is not None and self.events >= self.hang_up_after:
+                self.hung_up = True
+                return  # leaving the block closes the connection mid-stream
 
 
 async def load(url: str, args: argparse.Namespace, tally: Tally, pid: int, rss: dict[str, float],
@@ -373,6 +432,7 @@ def main() -> int:
     growth = (rss["end"] - rss["1min"]) / rss["1min"] if rss["1min"] == rss["1min"] else float("nan")
     checks = {
         "zero failed requests": not tally.failures,
+        "zero lost answers (dropped resumable/background streams resumed to their end)": not tally.lost,
         "RSS at the end within 10% of 1 min": abs(growth) <= 0.10,
         "no slot busy, no request queued after the load": busy == 0 and queued == 0,
         **({f"never more than --models-max {args.models_max} models loaded ({seen['polls']} polls)":
@@ -383,7 +443,8 @@ def main() -> int:
     }
     summary = {
         "duration_s": round(wall, 1), "requests": tally.sent, "completed": tally.completed,
-        "disconnected": tally.disconnected, "failed": len(tally.failures), "tokens": tally.tokens,
+        "disconnected": tally.disconnected, "resumed": tally.resumed, "lost": len(tally.lost),
+        "failed": len(tally.failures), "tokens": tally.tokens,
         "completed_by_route": tally.by_route,
         "rss_start_mib": round(rss["start"], 1), "rss_1min_mib": round(rss["1min"], 1), "rss_end_mib": round(rss["end"], 1),
         "rss_growth_pct": round(growth * 100, 2), "latency_p50_s": round(pct(tally.latencies, 50), 3),
@@ -395,7 +456,8 @@ def main() -> int:
            if args.router else {}),
     }
     print(f"requests      {tally.sent} in {wall:.0f} s: {tally.completed} completed, {tally.disconnected} hung up "
-          f"mid-stream, {len(tally.failures)} failed ({tally.tokens} tokens streamed)")
+          f"mid-stream, {tally.resumed} dropped and resumed, {len(tally.lost)} lost, {len(tally.failures)} failed "
+          f"({tally.tokens} tokens streamed)")
     print("by route      " + ", ".join(f"{name} {n}" for name, n in sorted(tally.by_route.items())) + " completed")
     print(f"memory (RSS)  {rss['start']:.1f} MiB at the start, {rss['1min']:.1f} MiB after {rss.get('first_s', 60):.0f} s, {rss['end']:.1f} MiB at the end "
           f"({growth:+.1%})")
@@ -408,6 +470,8 @@ def main() -> int:
     print(f"after load    {busy} slots busy, {queued} queued; SIGTERM -> exit {code} in {stop_s:.2f} s")
     for failure in tally.failures[:10]:
         print(f"  failure: {failure}")
+    for lost in tally.lost[:10]:
+        print(f"  lost: {lost}")
     if "Traceback" in log_text:
         print("  server log: " + log_text[log_text.index("Traceback"):][:3000])
     for name, ok in checks.items():

@@ -11,7 +11,7 @@ function __pyllama_path
     set -l path
     for token in $tokens
         string match -q -- '-*' $token; and continue
-        contains -- (string join ' ' -- $path $token) 'bench' 'chat' 'complete' 'completion' 'completion install' 'completion show' 'detokenize' 'embed' 'info' 'list' 'perplexity' 'ps' 'pull' 'quantize' 'rm' 'rpc-server' 'serve' 'stop' 'tokenize'; or break
+        contains -- (string join ' ' -- $path $token) 'bench' 'chat' 'complete' 'completion' 'completion install' 'completion show' 'detokenize' 'embed' 'gguf-split' 'imatrix' 'info' 'list' 'perplexity' 'ps' 'pull' 'quantize' 'rm' 'rpc-server' 'serve' 'stop' 'tokenize'; or break
         set path $path $token
     end
     string join ' ' -- $path
@@ -80,6 +80,8 @@ complete -c pyllama -n '__pyllama_using' -a 'complete' -d 'Complete a prompt and
 complete -c pyllama -n '__pyllama_using' -a 'completion' -d 'Shell completion for pyllama: install it, or print the script.'
 complete -c pyllama -n '__pyllama_using' -a 'detokenize' -d 'Print the text that token ids stand for: the inverse of `pyllama tokenize`.'
 complete -c pyllama -n '__pyllama_using' -a 'embed' -d 'Print the embeddings of prompts, as llama-embedding does: pipe them on (jq, numpy, a...'
+complete -c pyllama -n '__pyllama_using' -a 'gguf-split' -d 'Split a GGUF model into parts, or merge the parts, as llama.cpp\'s llama-gguf-split does.'
+complete -c pyllama -n '__pyllama_using' -a 'imatrix' -d 'Compute an importance matrix over a text, as llama.cpp\'s llama-imatrix does (the same...'
 complete -c pyllama -n '__pyllama_using' -a 'info' -d 'Show what a GGUF model holds: architecture, size, quantization, vocab, template.'
 complete -c pyllama -n '__pyllama_using' -a 'list' -d 'List the GGUF models in the Hugging Face cache and in --models-dir folders (a split...'
 complete -c pyllama -n '__pyllama_using' -a 'perplexity' -d 'Score a model on a text as llama-perplexity does: same chunks, same PPL to every...'
@@ -114,9 +116,14 @@ complete -c pyllama -n '__pyllama_using bench' -o fa -l flash-attn -d 'Flash att
 complete -c pyllama -n '__pyllama_using bench' -o nkvo -l no-kv-offload -d 'Keep the KV cache off the GPU: 0 or 1.' -x
 complete -c pyllama -n '__pyllama_using bench' -o mmp -l mmap -d 'Memory-map the model: 0 or 1 (sets the load mode).' -x
 complete -c pyllama -n '__pyllama_using bench' -o lm -l load-mode -d 'Load mode: auto, none, mmap, mlock, mmap+mlock, dio.' -x
+complete -c pyllama -n '__pyllama_using bench' -s C -l cpu-mask -d 'CPU affinity masks (hex) of each test\'s thread pool.' -x
+complete -c pyllama -n '__pyllama_using bench' -l cpu-strict -d 'Strict CPU placement: 0 or 1.' -x
+complete -c pyllama -n '__pyllama_using bench' -l poll -d 'Polling level, 0 to 100.' -x
+complete -c pyllama -n '__pyllama_using bench' -l prio -d 'Process/thread priority: low (-1), normal (0), medium (1), high (2), realtime (3).' -x
 complete -c pyllama -n '__pyllama_using bench' -l rpc -d 'RPC servers (`pyllama rpc-server` or llama.cpp\'s rpc-server) whose devices hold part of the model, comma-separated.' -x
 complete -c pyllama -n '__pyllama_using bench' -o dev -l device -d 'Devices to offload to: DEV/DEV...' -x
 complete -c pyllama -n '__pyllama_using bench' -o ts -l tensor-split -d 'Each device\'s share of the layers, e.g.' -x
+complete -c pyllama -n '__pyllama_using bench' -o ot -l override-tensor -d 'Tensor buffer overrides: PATTERN=BUFTYPE items separated by \';\' per configuration, configurations separated by commas (an empty one: none).' -x
 complete -c pyllama -n '__pyllama_using bench' -l list-devices -d 'Print the devices (local, and the --rpc servers\') with their memory and exit.'
 complete -c pyllama -n '__pyllama_using bench' -s r -l repetitions -d 'Timed runs of each test.' -x
 complete -c pyllama -n '__pyllama_using bench' -s o -l output -d 'Output format: md, csv, json, jsonl or sql.' -x -a '(__pyllama_values none csv json jsonl md sql)'
@@ -170,6 +177,20 @@ complete -c pyllama -n '__pyllama_using chat' -l grammar -d 'Constrain output wi
 complete -c pyllama -n '__pyllama_using chat' -l grammar-file -d 'Constrain output with the GBNF grammar in this file.' -x -a '(__pyllama_values file)'
 complete -c pyllama -n '__pyllama_using chat' -s j -l json-schema -d 'Constrain output to JSON matching this JSON schema (\'{}\' = any object).' -x
 complete -c pyllama -n '__pyllama_using chat' -o jf -l json-schema-file -d 'Constrain output to JSON matching the JSON schema in this file.' -x -a '(__pyllama_values file)'
+complete -c pyllama -n '__pyllama_using chat' -l samplers -d 'Samplers in the order they run, separated by \';\' (default: penalties;dry;top_n_sigma;top_k;typ_p;top_p;min_p;xtc;temperature).' -x -a '(__pyllama_values none adaptive_p dry infill min_p penalties temperature top_k top_n_sigma top_p typ_p xtc)'
+complete -c pyllama -n '__pyllama_using chat' -l sampler-seq -l sampling-seq -d 'The sampler order as one letter each (default: edskypmxt).' -x
+complete -c pyllama -n '__pyllama_using chat' -l top-n-sigma -l top-nsigma -d 'Keep tokens within N standard deviations of the best logit (-1 = off).' -x
+complete -c pyllama -n '__pyllama_using chat' -l xtc-probability -d 'XTC: chance of removing the most likely tokens (0 = off).' -x
+complete -c pyllama -n '__pyllama_using chat' -l xtc-threshold -d 'XTC: tokens at least this likely may be removed (above 0.5 = off).' -x
+complete -c pyllama -n '__pyllama_using chat' -l dry-multiplier -d 'DRY repetition penalty multiplier (0 = off).' -x
+complete -c pyllama -n '__pyllama_using chat' -l dry-base -d 'DRY penalty base (values below 1 are ignored).' -x
+complete -c pyllama -n '__pyllama_using chat' -l dry-allowed-length -d 'DRY: repetitions longer than this are penalized.' -x
+complete -c pyllama -n '__pyllama_using chat' -l dry-penalty-last-n -d 'DRY: how many recent tokens to scan (0 = off).' -x
+complete -c pyllama -n '__pyllama_using chat' -l dry-sequence-breaker -d 'A DRY sequence breaker; the first one replaces the defaults (\'\\n\', \':\', \'"\', \'*\'), \'none\' leaves none.' -x
+complete -c pyllama -n '__pyllama_using chat' -l dynatemp-range -d 'Dynamic temperature: the temperature may go this far either side of --temp, by the candidates\' entropy (0 = off).' -x
+complete -c pyllama -n '__pyllama_using chat' -l dynatemp-exp -d 'Dynamic temperature exponent.' -x
+complete -c pyllama -n '__pyllama_using chat' -l adaptive-target -d 'Adaptive-p: pick tokens near this probability, 0.0 to 1.0 (negative = off; runs when --samplers names adaptive_p).' -x
+complete -c pyllama -n '__pyllama_using chat' -l adaptive-decay -d 'Adaptive-p: decay of its running average, 0.0 to 0.99.' -x
 complete -c pyllama -n '__pyllama_using chat' -s m -l model -d 'Local GGUF model file.' -x -a '(__pyllama_values gguf)'
 complete -c pyllama -n '__pyllama_using chat' -o hf -l hf-repo -d 'Hugging Face repo as user/repo[:quant] (default quant: Q4_K_M, else the first GGUF).' -x -a '(__pyllama_values hf)'
 complete -c pyllama -n '__pyllama_using chat' -o hff -l hf-file -d 'Exact GGUF file in the -hf repo (overrides the quant tag).' -x
@@ -190,12 +211,41 @@ complete -c pyllama -n '__pyllama_using chat' -l rpc -d 'RPC servers (`pyllama r
 complete -c pyllama -n '__pyllama_using chat' -o dev -l device -d 'Devices to offload to, comma-separated (none = no offload; default: every GPU and RPC server).' -x
 complete -c pyllama -n '__pyllama_using chat' -o ts -l tensor-split -d 'Each device\'s share of the layers, e.g.' -x
 complete -c pyllama -n '__pyllama_using chat' -l list-devices -d 'Print the devices (local, and the --rpc servers\') with their memory and exit.'
+complete -c pyllama -n '__pyllama_using chat' -o tb -l threads-batch -d 'CPU threads for batch and prompt processing (-1 = same as --threads).' -x
+complete -c pyllama -n '__pyllama_using chat' -s C -l cpu-mask -d 'CPU affinity mask: hex of any length, bit i = CPU i.' -x
+complete -c pyllama -n '__pyllama_using chat' -o Cr -l cpu-range -d 'Range of CPUs for affinity.' -x
+complete -c pyllama -n '__pyllama_using chat' -l cpu-strict -d 'Strict CPU placement: one CPU of the mask per thread.' -x
+complete -c pyllama -n '__pyllama_using chat' -l prio -d 'Process/thread priority: low (-1), normal (0), medium (1), high (2), realtime (3).' -x
+complete -c pyllama -n '__pyllama_using chat' -l poll -d 'Polling level while waiting for work (0 = no polling).' -x
+complete -c pyllama -n '__pyllama_using chat' -o Cb -l cpu-mask-batch -d 'CPU affinity mask of the batch threads.' -x
+complete -c pyllama -n '__pyllama_using chat' -o Crb -l cpu-range-batch -d 'Range of CPUs for the batch threads.' -x
+complete -c pyllama -n '__pyllama_using chat' -l cpu-strict-batch -d 'Strict CPU placement of the batch threads (default: same as --cpu-strict).' -x
+complete -c pyllama -n '__pyllama_using chat' -l prio-batch -d 'Priority of the batch threads: normal (0), medium (1), high (2), realtime (3) (default: same as --prio).' -x
+complete -c pyllama -n '__pyllama_using chat' -l poll-batch -d 'Polling level of the batch threads (default: same as --poll).' -x
 complete -c pyllama -n '__pyllama_using chat' -l lora -d 'LoRA adapter to apply at scale 1 (repeat, or comma-separated for several).' -x
 complete -c pyllama -n '__pyllama_using chat' -l lora-scaled -d 'LoRA adapter with its scale (repeat, or comma-separated).' -x
 complete -c pyllama -n '__pyllama_using chat' -l lora-init-without-apply -d 'Load the LoRA adapters at scale 0 (serve: apply them later with POST /lora-adapters).'
 complete -c pyllama -n '__pyllama_using chat' -l control-vector -d 'Control vector to add at scale 1 (repeat, or comma-separated).' -x
 complete -c pyllama -n '__pyllama_using chat' -l control-vector-scaled -d 'Control vector with its scale (repeat, or comma-separated).' -x
 complete -c pyllama -n '__pyllama_using chat' -l control-vector-layer-range -d 'Layers to apply the control vectors to, both inclusive (default: all).' -x
+complete -c pyllama -n '__pyllama_using chat' -o ctk -l cache-type-k -d 'KV cache data type for K: f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1.' -x -a '(__pyllama_values none bf16 f16 f32 iq4_nl q4_0 q4_1 q5_0 q5_1 q8_0)'
+complete -c pyllama -n '__pyllama_using chat' -o ctv -l cache-type-v -d 'KV cache data type for V: f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1 (a quantized type needs flash attention).' -x -a '(__pyllama_values none bf16 f16 f32 iq4_nl q4_0 q4_1 q5_0 q5_1 q8_0)'
+complete -c pyllama -n '__pyllama_using chat' -l swa-full -d 'Use a full-size cache for sliding-window attention layers.'
+complete -c pyllama -n '__pyllama_using chat' -o kvo -l kv-offload -o nkvo -l no-kv-offload -d 'Keep the KV cache (and the attention) on the GPU.'
+complete -c pyllama -n '__pyllama_using chat' -l rope-scaling -d 'RoPE frequency scaling method (default: the model\'s, else linear).' -x -a '(__pyllama_values none linear none yarn)'
+complete -c pyllama -n '__pyllama_using chat' -l rope-scale -d 'RoPE context scaling factor: expands the context by N (sets --rope-freq-scale to 1/N).' -x
+complete -c pyllama -n '__pyllama_using chat' -l rope-freq-base -d 'RoPE base frequency (0 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using chat' -l rope-freq-scale -d 'RoPE frequency scaling factor: expands the context by 1/N (0 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using chat' -l yarn-orig-ctx -d 'YaRN: the model\'s original context size (0 = its training context).' -x
+complete -c pyllama -n '__pyllama_using chat' -l yarn-ext-factor -d 'YaRN: extrapolation mix factor (0.0 = full interpolation, -1 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using chat' -l yarn-attn-factor -d 'YaRN: attention magnitude scale (-1 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using chat' -l yarn-beta-slow -d 'YaRN: high correction dim or alpha (-1 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using chat' -l yarn-beta-fast -d 'YaRN: low correction dim or beta (-1 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using chat' -o ot -l override-tensor -d 'Put the weights whose name matches PATTERN (a regular expression) in buffer type BUFTYPE (CPU, CUDA0, ...), e.g.' -x
+complete -c pyllama -n '__pyllama_using chat' -o cmoe -l cpu-moe -d 'Keep every Mixture-of-Experts expert weight in the CPU.'
+complete -c pyllama -n '__pyllama_using chat' -o ncmoe -l n-cpu-moe -d 'Keep the expert weights of the first N layers in the CPU.' -x
+complete -c pyllama -n '__pyllama_using chat' -o sm -l split-mode -d 'How to split the model across GPUs: none (one GPU), layer (default), row, tensor.' -x -a '(__pyllama_values none layer none row tensor)'
+complete -c pyllama -n '__pyllama_using chat' -o mg -l main-gpu -d 'The GPU for the whole model with -sm none, or for intermediate results and the KV cache with -sm row (default: 0).' -x
 complete -c pyllama -n '__pyllama_using chat' -s h -l help -d 'Show this message and exit.'
 
 # pyllama complete
@@ -223,6 +273,8 @@ complete -c pyllama -n '__pyllama_using complete' -l spec-ngram-simple-min-hits 
 complete -c pyllama -n '__pyllama_using complete' -l spec-ngram-map-k-size-n -d 'ngram-map-k: length of the n-gram looked up.' -x
 complete -c pyllama -n '__pyllama_using complete' -l spec-ngram-map-k-size-m -d 'ngram-map-k: length of the m-gram drafted after it.' -x
 complete -c pyllama -n '__pyllama_using complete' -l spec-ngram-map-k-min-hits -d 'ngram-map-k: times a continuation must have been seen.' -x
+complete -c pyllama -n '__pyllama_using complete' -l context-shift -l no-context-shift -d 'When the context is full, keep the first --keep prompt tokens, drop half of the rest and go on generating (llama.cpp\'s context shift).'
+complete -c pyllama -n '__pyllama_using complete' -l keep -d 'Prompt tokens a context shift keeps, after BOS (-1 = the whole prompt; needs --context-shift).' -x
 complete -c pyllama -n '__pyllama_using complete' -s n -l n-predict -d 'Tokens to generate (-1 = until end of generation or a full context).' -x
 complete -c pyllama -n '__pyllama_using complete' -l temp -d 'Temperature (0 = greedy: always the most likely token).' -x
 complete -c pyllama -n '__pyllama_using complete' -l top-k -d 'Keep the K most likely tokens (0 = off).' -x
@@ -243,6 +295,20 @@ complete -c pyllama -n '__pyllama_using complete' -l grammar -d 'Constrain outpu
 complete -c pyllama -n '__pyllama_using complete' -l grammar-file -d 'Constrain output with the GBNF grammar in this file.' -x -a '(__pyllama_values file)'
 complete -c pyllama -n '__pyllama_using complete' -s j -l json-schema -d 'Constrain output to JSON matching this JSON schema (\'{}\' = any object).' -x
 complete -c pyllama -n '__pyllama_using complete' -o jf -l json-schema-file -d 'Constrain output to JSON matching the JSON schema in this file.' -x -a '(__pyllama_values file)'
+complete -c pyllama -n '__pyllama_using complete' -l samplers -d 'Samplers in the order they run, separated by \';\' (default: penalties;dry;top_n_sigma;top_k;typ_p;top_p;min_p;xtc;temperature).' -x -a '(__pyllama_values none adaptive_p dry infill min_p penalties temperature top_k top_n_sigma top_p typ_p xtc)'
+complete -c pyllama -n '__pyllama_using complete' -l sampler-seq -l sampling-seq -d 'The sampler order as one letter each (default: edskypmxt).' -x
+complete -c pyllama -n '__pyllama_using complete' -l top-n-sigma -l top-nsigma -d 'Keep tokens within N standard deviations of the best logit (-1 = off).' -x
+complete -c pyllama -n '__pyllama_using complete' -l xtc-probability -d 'XTC: chance of removing the most likely tokens (0 = off).' -x
+complete -c pyllama -n '__pyllama_using complete' -l xtc-threshold -d 'XTC: tokens at least this likely may be removed (above 0.5 = off).' -x
+complete -c pyllama -n '__pyllama_using complete' -l dry-multiplier -d 'DRY repetition penalty multiplier (0 = off).' -x
+complete -c pyllama -n '__pyllama_using complete' -l dry-base -d 'DRY penalty base (values below 1 are ignored).' -x
+complete -c pyllama -n '__pyllama_using complete' -l dry-allowed-length -d 'DRY: repetitions longer than this are penalized.' -x
+complete -c pyllama -n '__pyllama_using complete' -l dry-penalty-last-n -d 'DRY: how many recent tokens to scan (0 = off).' -x
+complete -c pyllama -n '__pyllama_using complete' -l dry-sequence-breaker -d 'A DRY sequence breaker; the first one replaces the defaults (\'\\n\', \':\', \'"\', \'*\'), \'none\' leaves none.' -x
+complete -c pyllama -n '__pyllama_using complete' -l dynatemp-range -d 'Dynamic temperature: the temperature may go this far either side of --temp, by the candidates\' entropy (0 = off).' -x
+complete -c pyllama -n '__pyllama_using complete' -l dynatemp-exp -d 'Dynamic temperature exponent.' -x
+complete -c pyllama -n '__pyllama_using complete' -l adaptive-target -d 'Adaptive-p: pick tokens near this probability, 0.0 to 1.0 (negative = off; runs when --samplers names adaptive_p).' -x
+complete -c pyllama -n '__pyllama_using complete' -l adaptive-decay -d 'Adaptive-p: decay of its running average, 0.0 to 0.99.' -x
 complete -c pyllama -n '__pyllama_using complete' -s m -l model -d 'Local GGUF model file.' -x -a '(__pyllama_values gguf)'
 complete -c pyllama -n '__pyllama_using complete' -o hf -l hf-repo -d 'Hugging Face repo as user/repo[:quant] (default quant: Q4_K_M, else the first GGUF).' -x -a '(__pyllama_values hf)'
 complete -c pyllama -n '__pyllama_using complete' -o hff -l hf-file -d 'Exact GGUF file in the -hf repo (overrides the quant tag).' -x
@@ -263,12 +329,41 @@ complete -c pyllama -n '__pyllama_using complete' -l rpc -d 'RPC servers (`pylla
 complete -c pyllama -n '__pyllama_using complete' -o dev -l device -d 'Devices to offload to, comma-separated (none = no offload; default: every GPU and RPC server).' -x
 complete -c pyllama -n '__pyllama_using complete' -o ts -l tensor-split -d 'Each device\'s share of the layers, e.g.' -x
 complete -c pyllama -n '__pyllama_using complete' -l list-devices -d 'Print the devices (local, and the --rpc servers\') with their memory and exit.'
+complete -c pyllama -n '__pyllama_using complete' -o tb -l threads-batch -d 'CPU threads for batch and prompt processing (-1 = same as --threads).' -x
+complete -c pyllama -n '__pyllama_using complete' -s C -l cpu-mask -d 'CPU affinity mask: hex of any length, bit i = CPU i.' -x
+complete -c pyllama -n '__pyllama_using complete' -o Cr -l cpu-range -d 'Range of CPUs for affinity.' -x
+complete -c pyllama -n '__pyllama_using complete' -l cpu-strict -d 'Strict CPU placement: one CPU of the mask per thread.' -x
+complete -c pyllama -n '__pyllama_using complete' -l prio -d 'Process/thread priority: low (-1), normal (0), medium (1), high (2), realtime (3).' -x
+complete -c pyllama -n '__pyllama_using complete' -l poll -d 'Polling level while waiting for work (0 = no polling).' -x
+complete -c pyllama -n '__pyllama_using complete' -o Cb -l cpu-mask-batch -d 'CPU affinity mask of the batch threads.' -x
+complete -c pyllama -n '__pyllama_using complete' -o Crb -l cpu-range-batch -d 'Range of CPUs for the batch threads.' -x
+complete -c pyllama -n '__pyllama_using complete' -l cpu-strict-batch -d 'Strict CPU placement of the batch threads (default: same as --cpu-strict).' -x
+complete -c pyllama -n '__pyllama_using complete' -l prio-batch -d 'Priority of the batch threads: normal (0), medium (1), high (2), realtime (3) (default: same as --prio).' -x
+complete -c pyllama -n '__pyllama_using complete' -l poll-batch -d 'Polling level of the batch threads (default: same as --poll).' -x
 complete -c pyllama -n '__pyllama_using complete' -l lora -d 'LoRA adapter to apply at scale 1 (repeat, or comma-separated for several).' -x
 complete -c pyllama -n '__pyllama_using complete' -l lora-scaled -d 'LoRA adapter with its scale (repeat, or comma-separated).' -x
 complete -c pyllama -n '__pyllama_using complete' -l lora-init-without-apply -d 'Load the LoRA adapters at scale 0 (serve: apply them later with POST /lora-adapters).'
 complete -c pyllama -n '__pyllama_using complete' -l control-vector -d 'Control vector to add at scale 1 (repeat, or comma-separated).' -x
 complete -c pyllama -n '__pyllama_using complete' -l control-vector-scaled -d 'Control vector with its scale (repeat, or comma-separated).' -x
 complete -c pyllama -n '__pyllama_using complete' -l control-vector-layer-range -d 'Layers to apply the control vectors to, both inclusive (default: all).' -x
+complete -c pyllama -n '__pyllama_using complete' -o ctk -l cache-type-k -d 'KV cache data type for K: f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1.' -x -a '(__pyllama_values none bf16 f16 f32 iq4_nl q4_0 q4_1 q5_0 q5_1 q8_0)'
+complete -c pyllama -n '__pyllama_using complete' -o ctv -l cache-type-v -d 'KV cache data type for V: f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1 (a quantized type needs flash attention).' -x -a '(__pyllama_values none bf16 f16 f32 iq4_nl q4_0 q4_1 q5_0 q5_1 q8_0)'
+complete -c pyllama -n '__pyllama_using complete' -l swa-full -d 'Use a full-size cache for sliding-window attention layers.'
+complete -c pyllama -n '__pyllama_using complete' -o kvo -l kv-offload -o nkvo -l no-kv-offload -d 'Keep the KV cache (and the attention) on the GPU.'
+complete -c pyllama -n '__pyllama_using complete' -l rope-scaling -d 'RoPE frequency scaling method (default: the model\'s, else linear).' -x -a '(__pyllama_values none linear none yarn)'
+complete -c pyllama -n '__pyllama_using complete' -l rope-scale -d 'RoPE context scaling factor: expands the context by N (sets --rope-freq-scale to 1/N).' -x
+complete -c pyllama -n '__pyllama_using complete' -l rope-freq-base -d 'RoPE base frequency (0 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using complete' -l rope-freq-scale -d 'RoPE frequency scaling factor: expands the context by 1/N (0 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using complete' -l yarn-orig-ctx -d 'YaRN: the model\'s original context size (0 = its training context).' -x
+complete -c pyllama -n '__pyllama_using complete' -l yarn-ext-factor -d 'YaRN: extrapolation mix factor (0.0 = full interpolation, -1 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using complete' -l yarn-attn-factor -d 'YaRN: attention magnitude scale (-1 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using complete' -l yarn-beta-slow -d 'YaRN: high correction dim or alpha (-1 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using complete' -l yarn-beta-fast -d 'YaRN: low correction dim or beta (-1 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using complete' -o ot -l override-tensor -d 'Put the weights whose name matches PATTERN (a regular expression) in buffer type BUFTYPE (CPU, CUDA0, ...), e.g.' -x
+complete -c pyllama -n '__pyllama_using complete' -o cmoe -l cpu-moe -d 'Keep every Mixture-of-Experts expert weight in the CPU.'
+complete -c pyllama -n '__pyllama_using complete' -o ncmoe -l n-cpu-moe -d 'Keep the expert weights of the first N layers in the CPU.' -x
+complete -c pyllama -n '__pyllama_using complete' -o sm -l split-mode -d 'How to split the model across GPUs: none (one GPU), layer (default), row, tensor.' -x -a '(__pyllama_values none layer none row tensor)'
+complete -c pyllama -n '__pyllama_using complete' -o mg -l main-gpu -d 'The GPU for the whole model with -sm none, or for intermediate results and the KV cache with -sm row (default: 0).' -x
 complete -c pyllama -n '__pyllama_using complete' -s h -l help -d 'Show this message and exit.'
 
 # pyllama completion
@@ -322,13 +417,120 @@ complete -c pyllama -n '__pyllama_using embed' -l rpc -d 'RPC servers (`pyllama 
 complete -c pyllama -n '__pyllama_using embed' -o dev -l device -d 'Devices to offload to, comma-separated (none = no offload; default: every GPU and RPC server).' -x
 complete -c pyllama -n '__pyllama_using embed' -o ts -l tensor-split -d 'Each device\'s share of the layers, e.g.' -x
 complete -c pyllama -n '__pyllama_using embed' -l list-devices -d 'Print the devices (local, and the --rpc servers\') with their memory and exit.'
+complete -c pyllama -n '__pyllama_using embed' -o tb -l threads-batch -d 'CPU threads for batch and prompt processing (-1 = same as --threads).' -x
+complete -c pyllama -n '__pyllama_using embed' -s C -l cpu-mask -d 'CPU affinity mask: hex of any length, bit i = CPU i.' -x
+complete -c pyllama -n '__pyllama_using embed' -o Cr -l cpu-range -d 'Range of CPUs for affinity.' -x
+complete -c pyllama -n '__pyllama_using embed' -l cpu-strict -d 'Strict CPU placement: one CPU of the mask per thread.' -x
+complete -c pyllama -n '__pyllama_using embed' -l prio -d 'Process/thread priority: low (-1), normal (0), medium (1), high (2), realtime (3).' -x
+complete -c pyllama -n '__pyllama_using embed' -l poll -d 'Polling level while waiting for work (0 = no polling).' -x
+complete -c pyllama -n '__pyllama_using embed' -o Cb -l cpu-mask-batch -d 'CPU affinity mask of the batch threads.' -x
+complete -c pyllama -n '__pyllama_using embed' -o Crb -l cpu-range-batch -d 'Range of CPUs for the batch threads.' -x
+complete -c pyllama -n '__pyllama_using embed' -l cpu-strict-batch -d 'Strict CPU placement of the batch threads (default: same as --cpu-strict).' -x
+complete -c pyllama -n '__pyllama_using embed' -l prio-batch -d 'Priority of the batch threads: normal (0), medium (1), high (2), realtime (3) (default: same as --prio).' -x
+complete -c pyllama -n '__pyllama_using embed' -l poll-batch -d 'Polling level of the batch threads (default: same as --poll).' -x
 complete -c pyllama -n '__pyllama_using embed' -l lora -d 'LoRA adapter to apply at scale 1 (repeat, or comma-separated for several).' -x
 complete -c pyllama -n '__pyllama_using embed' -l lora-scaled -d 'LoRA adapter with its scale (repeat, or comma-separated).' -x
 complete -c pyllama -n '__pyllama_using embed' -l lora-init-without-apply -d 'Load the LoRA adapters at scale 0 (serve: apply them later with POST /lora-adapters).'
 complete -c pyllama -n '__pyllama_using embed' -l control-vector -d 'Control vector to add at scale 1 (repeat, or comma-separated).' -x
 complete -c pyllama -n '__pyllama_using embed' -l control-vector-scaled -d 'Control vector with its scale (repeat, or comma-separated).' -x
 complete -c pyllama -n '__pyllama_using embed' -l control-vector-layer-range -d 'Layers to apply the control vectors to, both inclusive (default: all).' -x
+complete -c pyllama -n '__pyllama_using embed' -o ctk -l cache-type-k -d 'KV cache data type for K: f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1.' -x -a '(__pyllama_values none bf16 f16 f32 iq4_nl q4_0 q4_1 q5_0 q5_1 q8_0)'
+complete -c pyllama -n '__pyllama_using embed' -o ctv -l cache-type-v -d 'KV cache data type for V: f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1 (a quantized type needs flash attention).' -x -a '(__pyllama_values none bf16 f16 f32 iq4_nl q4_0 q4_1 q5_0 q5_1 q8_0)'
+complete -c pyllama -n '__pyllama_using embed' -l swa-full -d 'Use a full-size cache for sliding-window attention layers.'
+complete -c pyllama -n '__pyllama_using embed' -o kvo -l kv-offload -o nkvo -l no-kv-offload -d 'Keep the KV cache (and the attention) on the GPU.'
+complete -c pyllama -n '__pyllama_using embed' -l rope-scaling -d 'RoPE frequency scaling method (default: the model\'s, else linear).' -x -a '(__pyllama_values none linear none yarn)'
+complete -c pyllama -n '__pyllama_using embed' -l rope-scale -d 'RoPE context scaling factor: expands the context by N (sets --rope-freq-scale to 1/N).' -x
+complete -c pyllama -n '__pyllama_using embed' -l rope-freq-base -d 'RoPE base frequency (0 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using embed' -l rope-freq-scale -d 'RoPE frequency scaling factor: expands the context by 1/N (0 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using embed' -l yarn-orig-ctx -d 'YaRN: the model\'s original context size (0 = its training context).' -x
+complete -c pyllama -n '__pyllama_using embed' -l yarn-ext-factor -d 'YaRN: extrapolation mix factor (0.0 = full interpolation, -1 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using embed' -l yarn-attn-factor -d 'YaRN: attention magnitude scale (-1 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using embed' -l yarn-beta-slow -d 'YaRN: high correction dim or alpha (-1 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using embed' -l yarn-beta-fast -d 'YaRN: low correction dim or beta (-1 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using embed' -o ot -l override-tensor -d 'Put the weights whose name matches PATTERN (a regular expression) in buffer type BUFTYPE (CPU, CUDA0, ...), e.g.' -x
+complete -c pyllama -n '__pyllama_using embed' -o cmoe -l cpu-moe -d 'Keep every Mixture-of-Experts expert weight in the CPU.'
+complete -c pyllama -n '__pyllama_using embed' -o ncmoe -l n-cpu-moe -d 'Keep the expert weights of the first N layers in the CPU.' -x
+complete -c pyllama -n '__pyllama_using embed' -o sm -l split-mode -d 'How to split the model across GPUs: none (one GPU), layer (default), row, tensor.' -x -a '(__pyllama_values none layer none row tensor)'
+complete -c pyllama -n '__pyllama_using embed' -o mg -l main-gpu -d 'The GPU for the whole model with -sm none, or for intermediate results and the KV cache with -sm row (default: 0).' -x
 complete -c pyllama -n '__pyllama_using embed' -s h -l help -d 'Show this message and exit.'
+
+# pyllama gguf-split
+complete -c pyllama -n '__pyllama_using gguf-split' -l split -d 'Split GGUF_IN into parts (the default).'
+complete -c pyllama -n '__pyllama_using gguf-split' -l merge -d 'Merge the parts that begin with GGUF_IN into one file.'
+complete -c pyllama -n '__pyllama_using gguf-split' -l split-max-tensors -d 'At most N tensors per part (default: 128).' -x
+complete -c pyllama -n '__pyllama_using gguf-split' -l split-max-size -d 'At most this much per part: megabytes (M, 10^6 bytes) or gigabytes (G, 10^9 bytes), e.g.' -x
+complete -c pyllama -n '__pyllama_using gguf-split' -l no-tensor-first-split -d 'Put no tensor in the first part (metadata only).'
+complete -c pyllama -n '__pyllama_using gguf-split' -l dry-run -d 'Print the plan (parts, tensors, sizes) and write nothing.'
+complete -c pyllama -n '__pyllama_using gguf-split' -s h -l help -d 'Show this message and exit.'
+
+# pyllama imatrix
+complete -c pyllama -n '__pyllama_using imatrix' -s f -l file -d 'Calibration text (read as bytes; one trailing newline is dropped).' -x -a '(__pyllama_values file)'
+complete -c pyllama -n '__pyllama_using imatrix' -s o -l output -l output-file -d 'The matrix file to write.' -x -a '(__pyllama_values file)'
+complete -c pyllama -n '__pyllama_using imatrix' -l chunks -d 'Process at most N chunks (-1 = all).' -x
+complete -c pyllama -n '__pyllama_using imatrix' -o ofreq -l output-frequency -d 'Save the matrix every N chunks.' -x
+complete -c pyllama -n '__pyllama_using imatrix' -l save-frequency -d 'Also keep a copy every N chunks (OUTPUT.at_N; 0 = never).' -x
+complete -c pyllama -n '__pyllama_using imatrix' -l process-output -d 'Collect for output.weight too.'
+complete -c pyllama -n '__pyllama_using imatrix' -l ppl -l no-ppl -d 'Compute the perplexity.'
+complete -c pyllama -n '__pyllama_using imatrix' -l chunk -l from-chunk -d 'Start at chunk N (skip the first N).' -x
+complete -c pyllama -n '__pyllama_using imatrix' -l in-file -d 'A matrix to add to this one (repeatable): without -f, the files are only combined.' -x -a '(__pyllama_values file)'
+complete -c pyllama -n '__pyllama_using imatrix' -l output-format -d 'File format (default: gguf).' -x
+complete -c pyllama -n '__pyllama_using imatrix' -l show-statistics -d 'Print the statistics of one --in-file matrix and exit.'
+complete -c pyllama -n '__pyllama_using imatrix' -s m -l model -d 'Local GGUF model file.' -x -a '(__pyllama_values gguf)'
+complete -c pyllama -n '__pyllama_using imatrix' -o hf -l hf-repo -d 'Hugging Face repo as user/repo[:quant] (default quant: Q4_K_M, else the first GGUF).' -x -a '(__pyllama_values hf)'
+complete -c pyllama -n '__pyllama_using imatrix' -o hff -l hf-file -d 'Exact GGUF file in the -hf repo (overrides the quant tag).' -x
+complete -c pyllama -n '__pyllama_using imatrix' -o hft -l hf-token -d 'Hugging Face token for gated or private repos (default: $HF_TOKEN).' -x
+complete -c pyllama -n '__pyllama_using imatrix' -l offline -d 'Resolve -hf from the local cache only, with no network call (also HF_HUB_OFFLINE=1).'
+complete -c pyllama -n '__pyllama_using imatrix' -s c -l ctx-size -d 'Tokens per chunk.' -x
+complete -c pyllama -n '__pyllama_using imatrix' -s t -l threads -d 'CPU threads (-1 = physical cores).' -x
+complete -c pyllama -n '__pyllama_using imatrix' -o ngl -l gpu-layers -l n-gpu-layers -d 'Layers to offload to the GPU (-1 = all).' -x
+complete -c pyllama -n '__pyllama_using imatrix' -o fa -l flash-attn -d 'Flash attention: auto, on or off.' -x -a '(__pyllama_values none auto off on)'
+complete -c pyllama -n '__pyllama_using imatrix' -s b -l batch-size -d 'Logical batch size (tokens per llama_decode).' -x
+complete -c pyllama -n '__pyllama_using imatrix' -o ub -l ubatch-size -d 'Physical batch size.' -x
+complete -c pyllama -n '__pyllama_using imatrix' -l mlock -d 'Keep the model in RAM (no swapping).'
+complete -c pyllama -n '__pyllama_using imatrix' -l no-mmap -d 'Read the model into memory instead of mapping it.'
+complete -c pyllama -n '__pyllama_using imatrix' -s s -l seed -d 'Random seed (-1 = random).' -x
+complete -c pyllama -n '__pyllama_using imatrix' -s v -l verbose -d 'Show llama.cpp\'s own log on stderr.'
+complete -c pyllama -n '__pyllama_using imatrix' -l log-file -d 'Append llama.cpp\'s log to this file.' -x -a '(__pyllama_values file)'
+complete -c pyllama -n '__pyllama_using imatrix' -l rpc -d 'RPC servers (`pyllama rpc-server` or llama.cpp\'s rpc-server) whose devices hold part of the model, comma-separated.' -x
+complete -c pyllama -n '__pyllama_using imatrix' -o dev -l device -d 'Devices to offload to, comma-separated (none = no offload; default: every GPU and RPC server).' -x
+complete -c pyllama -n '__pyllama_using imatrix' -o ts -l tensor-split -d 'Each device\'s share of the layers, e.g.' -x
+complete -c pyllama -n '__pyllama_using imatrix' -l list-devices -d 'Print the devices (local, and the --rpc servers\') with their memory and exit.'
+complete -c pyllama -n '__pyllama_using imatrix' -o tb -l threads-batch -d 'CPU threads for batch and prompt processing (-1 = same as --threads).' -x
+complete -c pyllama -n '__pyllama_using imatrix' -s C -l cpu-mask -d 'CPU affinity mask: hex of any length, bit i = CPU i.' -x
+complete -c pyllama -n '__pyllama_using imatrix' -o Cr -l cpu-range -d 'Range of CPUs for affinity.' -x
+complete -c pyllama -n '__pyllama_using imatrix' -l cpu-strict -d 'Strict CPU placement: one CPU of the mask per thread.' -x
+complete -c pyllama -n '__pyllama_using imatrix' -l prio -d 'Process/thread priority: low (-1), normal (0), medium (1), high (2), realtime (3).' -x
+complete -c pyllama -n '__pyllama_using imatrix' -l poll -d 'Polling level while waiting for work (0 = no polling).' -x
+complete -c pyllama -n '__pyllama_using imatrix' -o Cb -l cpu-mask-batch -d 'CPU affinity mask of the batch threads.' -x
+complete -c pyllama -n '__pyllama_using imatrix' -o Crb -l cpu-range-batch -d 'Range of CPUs for the batch threads.' -x
+complete -c pyllama -n '__pyllama_using imatrix' -l cpu-strict-batch -d 'Strict CPU placement of the batch threads (default: same as --cpu-strict).' -x
+complete -c pyllama -n '__pyllama_using imatrix' -l prio-batch -d 'Priority of the batch threads: normal (0), medium (1), high (2), realtime (3) (default: same as --prio).' -x
+complete -c pyllama -n '__pyllama_using imatrix' -l poll-batch -d 'Polling level of the batch threads (default: same as --poll).' -x
+complete -c pyllama -n '__pyllama_using imatrix' -l lora -d 'LoRA adapter to apply at scale 1 (repeat, or comma-separated for several).' -x
+complete -c pyllama -n '__pyllama_using imatrix' -l lora-scaled -d 'LoRA adapter with its scale (repeat, or comma-separated).' -x
+complete -c pyllama -n '__pyllama_using imatrix' -l lora-init-without-apply -d 'Load the LoRA adapters at scale 0 (serve: apply them later with POST /lora-adapters).'
+complete -c pyllama -n '__pyllama_using imatrix' -l control-vector -d 'Control vector to add at scale 1 (repeat, or comma-separated).' -x
+complete -c pyllama -n '__pyllama_using imatrix' -l control-vector-scaled -d 'Control vector with its scale (repeat, or comma-separated).' -x
+complete -c pyllama -n '__pyllama_using imatrix' -l control-vector-layer-range -d 'Layers to apply the control vectors to, both inclusive (default: all).' -x
+complete -c pyllama -n '__pyllama_using imatrix' -o ctk -l cache-type-k -d 'KV cache data type for K: f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1.' -x -a '(__pyllama_values none bf16 f16 f32 iq4_nl q4_0 q4_1 q5_0 q5_1 q8_0)'
+complete -c pyllama -n '__pyllama_using imatrix' -o ctv -l cache-type-v -d 'KV cache data type for V: f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1 (a quantized type needs flash attention).' -x -a '(__pyllama_values none bf16 f16 f32 iq4_nl q4_0 q4_1 q5_0 q5_1 q8_0)'
+complete -c pyllama -n '__pyllama_using imatrix' -l swa-full -d 'Use a full-size cache for sliding-window attention layers.'
+complete -c pyllama -n '__pyllama_using imatrix' -o kvo -l kv-offload -o nkvo -l no-kv-offload -d 'Keep the KV cache (and the attention) on the GPU.'
+complete -c pyllama -n '__pyllama_using imatrix' -l rope-scaling -d 'RoPE frequency scaling method (default: the model\'s, else linear).' -x -a '(__pyllama_values none linear none yarn)'
+complete -c pyllama -n '__pyllama_using imatrix' -l rope-scale -d 'RoPE context scaling factor: expands the context by N (sets --rope-freq-scale to 1/N).' -x
+complete -c pyllama -n '__pyllama_using imatrix' -l rope-freq-base -d 'RoPE base frequency (0 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using imatrix' -l rope-freq-scale -d 'RoPE frequency scaling factor: expands the context by 1/N (0 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using imatrix' -l yarn-orig-ctx -d 'YaRN: the model\'s original context size (0 = its training context).' -x
+complete -c pyllama -n '__pyllama_using imatrix' -l yarn-ext-factor -d 'YaRN: extrapolation mix factor (0.0 = full interpolation, -1 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using imatrix' -l yarn-attn-factor -d 'YaRN: attention magnitude scale (-1 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using imatrix' -l yarn-beta-slow -d 'YaRN: high correction dim or alpha (-1 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using imatrix' -l yarn-beta-fast -d 'YaRN: low correction dim or beta (-1 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using imatrix' -o ot -l override-tensor -d 'Put the weights whose name matches PATTERN (a regular expression) in buffer type BUFTYPE (CPU, CUDA0, ...), e.g.' -x
+complete -c pyllama -n '__pyllama_using imatrix' -o cmoe -l cpu-moe -d 'Keep every Mixture-of-Experts expert weight in the CPU.'
+complete -c pyllama -n '__pyllama_using imatrix' -o ncmoe -l n-cpu-moe -d 'Keep the expert weights of the first N layers in the CPU.' -x
+complete -c pyllama -n '__pyllama_using imatrix' -o sm -l split-mode -d 'How to split the model across GPUs: none (one GPU), layer (default), row, tensor.' -x -a '(__pyllama_values none layer none row tensor)'
+complete -c pyllama -n '__pyllama_using imatrix' -o mg -l main-gpu -d 'The GPU for the whole model with -sm none, or for intermediate results and the KV cache with -sm row (default: 0).' -x
+complete -c pyllama -n '__pyllama_using imatrix' -s h -l help -d 'Show this message and exit.'
 
 # pyllama info
 complete -c pyllama -n '__pyllama_using info' -l json -d 'Print JSON instead of text.'
@@ -376,16 +578,47 @@ complete -c pyllama -n '__pyllama_using perplexity' -l rpc -d 'RPC servers (`pyl
 complete -c pyllama -n '__pyllama_using perplexity' -o dev -l device -d 'Devices to offload to, comma-separated (none = no offload; default: every GPU and RPC server).' -x
 complete -c pyllama -n '__pyllama_using perplexity' -o ts -l tensor-split -d 'Each device\'s share of the layers, e.g.' -x
 complete -c pyllama -n '__pyllama_using perplexity' -l list-devices -d 'Print the devices (local, and the --rpc servers\') with their memory and exit.'
+complete -c pyllama -n '__pyllama_using perplexity' -o tb -l threads-batch -d 'CPU threads for batch and prompt processing (-1 = same as --threads).' -x
+complete -c pyllama -n '__pyllama_using perplexity' -s C -l cpu-mask -d 'CPU affinity mask: hex of any length, bit i = CPU i.' -x
+complete -c pyllama -n '__pyllama_using perplexity' -o Cr -l cpu-range -d 'Range of CPUs for affinity.' -x
+complete -c pyllama -n '__pyllama_using perplexity' -l cpu-strict -d 'Strict CPU placement: one CPU of the mask per thread.' -x
+complete -c pyllama -n '__pyllama_using perplexity' -l prio -d 'Process/thread priority: low (-1), normal (0), medium (1), high (2), realtime (3).' -x
+complete -c pyllama -n '__pyllama_using perplexity' -l poll -d 'Polling level while waiting for work (0 = no polling).' -x
+complete -c pyllama -n '__pyllama_using perplexity' -o Cb -l cpu-mask-batch -d 'CPU affinity mask of the batch threads.' -x
+complete -c pyllama -n '__pyllama_using perplexity' -o Crb -l cpu-range-batch -d 'Range of CPUs for the batch threads.' -x
+complete -c pyllama -n '__pyllama_using perplexity' -l cpu-strict-batch -d 'Strict CPU placement of the batch threads (default: same as --cpu-strict).' -x
+complete -c pyllama -n '__pyllama_using perplexity' -l prio-batch -d 'Priority of the batch threads: normal (0), medium (1), high (2), realtime (3) (default: same as --prio).' -x
+complete -c pyllama -n '__pyllama_using perplexity' -l poll-batch -d 'Polling level of the batch threads (default: same as --poll).' -x
 complete -c pyllama -n '__pyllama_using perplexity' -l lora -d 'LoRA adapter to apply at scale 1 (repeat, or comma-separated for several).' -x
 complete -c pyllama -n '__pyllama_using perplexity' -l lora-scaled -d 'LoRA adapter with its scale (repeat, or comma-separated).' -x
 complete -c pyllama -n '__pyllama_using perplexity' -l lora-init-without-apply -d 'Load the LoRA adapters at scale 0 (serve: apply them later with POST /lora-adapters).'
 complete -c pyllama -n '__pyllama_using perplexity' -l control-vector -d 'Control vector to add at scale 1 (repeat, or comma-separated).' -x
 complete -c pyllama -n '__pyllama_using perplexity' -l control-vector-scaled -d 'Control vector with its scale (repeat, or comma-separated).' -x
 complete -c pyllama -n '__pyllama_using perplexity' -l control-vector-layer-range -d 'Layers to apply the control vectors to, both inclusive (default: all).' -x
+complete -c pyllama -n '__pyllama_using perplexity' -o ctk -l cache-type-k -d 'KV cache data type for K: f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1.' -x -a '(__pyllama_values none bf16 f16 f32 iq4_nl q4_0 q4_1 q5_0 q5_1 q8_0)'
+complete -c pyllama -n '__pyllama_using perplexity' -o ctv -l cache-type-v -d 'KV cache data type for V: f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1 (a quantized type needs flash attention).' -x -a '(__pyllama_values none bf16 f16 f32 iq4_nl q4_0 q4_1 q5_0 q5_1 q8_0)'
+complete -c pyllama -n '__pyllama_using perplexity' -l swa-full -d 'Use a full-size cache for sliding-window attention layers.'
+complete -c pyllama -n '__pyllama_using perplexity' -o kvo -l kv-offload -o nkvo -l no-kv-offload -d 'Keep the KV cache (and the attention) on the GPU.'
+complete -c pyllama -n '__pyllama_using perplexity' -l rope-scaling -d 'RoPE frequency scaling method (default: the model\'s, else linear).' -x -a '(__pyllama_values none linear none yarn)'
+complete -c pyllama -n '__pyllama_using perplexity' -l rope-scale -d 'RoPE context scaling factor: expands the context by N (sets --rope-freq-scale to 1/N).' -x
+complete -c pyllama -n '__pyllama_using perplexity' -l rope-freq-base -d 'RoPE base frequency (0 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using perplexity' -l rope-freq-scale -d 'RoPE frequency scaling factor: expands the context by 1/N (0 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using perplexity' -l yarn-orig-ctx -d 'YaRN: the model\'s original context size (0 = its training context).' -x
+complete -c pyllama -n '__pyllama_using perplexity' -l yarn-ext-factor -d 'YaRN: extrapolation mix factor (0.0 = full interpolation, -1 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using perplexity' -l yarn-attn-factor -d 'YaRN: attention magnitude scale (-1 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using perplexity' -l yarn-beta-slow -d 'YaRN: high correction dim or alpha (-1 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using perplexity' -l yarn-beta-fast -d 'YaRN: low correction dim or beta (-1 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using perplexity' -o ot -l override-tensor -d 'Put the weights whose name matches PATTERN (a regular expression) in buffer type BUFTYPE (CPU, CUDA0, ...), e.g.' -x
+complete -c pyllama -n '__pyllama_using perplexity' -o cmoe -l cpu-moe -d 'Keep every Mixture-of-Experts expert weight in the CPU.'
+complete -c pyllama -n '__pyllama_using perplexity' -o ncmoe -l n-cpu-moe -d 'Keep the expert weights of the first N layers in the CPU.' -x
+complete -c pyllama -n '__pyllama_using perplexity' -o sm -l split-mode -d 'How to split the model across GPUs: none (one GPU), layer (default), row, tensor.' -x -a '(__pyllama_values none layer none row tensor)'
+complete -c pyllama -n '__pyllama_using perplexity' -o mg -l main-gpu -d 'The GPU for the whole model with -sm none, or for intermediate results and the KV cache with -sm row (default: 0).' -x
 complete -c pyllama -n '__pyllama_using perplexity' -s h -l help -d 'Show this message and exit.'
 
 # pyllama ps
-complete -c pyllama -n '__pyllama_using ps' -l url -d 'The server\'s address.' -x
+complete -c pyllama -n '__pyllama_using ps' -l host -d 'The server\'s address, as serve\'s --host.' -x
+complete -c pyllama -n '__pyllama_using ps' -l port -d 'The server\'s port, as serve\'s --port.' -x
+complete -c pyllama -n '__pyllama_using ps' -l url -d 'The server\'s URL (http://host:port, or a bare host:port); replaces --host and --port.' -x
 complete -c pyllama -n '__pyllama_using ps' -l api-key -d 'The servers\' API key, sent as \'Authorization: Bearer KEY\'.' -x
 complete -c pyllama -n '__pyllama_using ps' -l json -d 'Print JSON instead of text.'
 complete -c pyllama -n '__pyllama_using ps' -s h -l help -d 'Show this message and exit.'
@@ -445,6 +678,8 @@ complete -c pyllama -n '__pyllama_using serve' -l port -d 'Port to listen on (0 
 complete -c pyllama -n '__pyllama_using serve' -s a -l alias -d 'Model id clients use (default: the model file\'s name without .gguf; router mode: alias keys in --models-preset).' -x
 complete -c pyllama -n '__pyllama_using serve' -l api-key -d 'Require \'Authorization: Bearer KEY\' (all routes but /health).' -x
 complete -c pyllama -n '__pyllama_using serve' -l cors-origin -d 'Also allow browser requests from this origin (repeatable; \'*\' = any origin, as llama-server does).' -x
+complete -c pyllama -n '__pyllama_using serve' -l allowed-hosts -d 'Host names the server answers to (repeatable or comma-separated; \'*\' = any).' -x
+complete -c pyllama -n '__pyllama_using serve' -l docs -d 'Serve Swagger UI at /docs (it loads its scripts from a CDN); /openapi.json is always there.'
 complete -c pyllama -n '__pyllama_using serve' -l slot-save-path -d 'Folder for /slots/ID?action=save|restore files (off unless given).' -x -a '(__pyllama_values dir)'
 complete -c pyllama -n '__pyllama_using serve' -l max-body-size -d 'Largest request body accepted (bytes, or with K/M/G; larger gets 413).' -x
 complete -c pyllama -n '__pyllama_using serve' -l chat-template -d 'Chat template: a built-in name (chatml, llama3, ...), a .jinja file or Jinja text (default: the model\'s own).' -x -a '(__pyllama_values file chatml gemma llama2 llama2-sys llama2-sys-bos llama2-sys-strip llama3 mistral phi3 zephyr)'
@@ -458,6 +693,9 @@ complete -c pyllama -n '__pyllama_using serve' -l sleep-idle-seconds -d 'Unload 
 complete -c pyllama -n '__pyllama_using serve' -l models-preset -d 'INI file of per-model settings: [MODEL_ID] or [*] sections of flag = value (c, np, chat-template, alias, temp, ...).' -x -a '(__pyllama_values file)'
 complete -c pyllama -n '__pyllama_using serve' -l reasoning-format -d 'Thinking between the template\'s markers (<think>...</think>): \'deepseek\' puts it in reasoning_content, thinking blocks and reasoning items; \'none\' leaves it in the answer\'s text.' -x
 complete -c pyllama -n '__pyllama_using serve' -l reasoning-budget -d 'Thinking tokens before the think block is closed and the answer follows: -1 = unlimited, 0 = none.' -x
+complete -c pyllama -n '__pyllama_using serve' -l log-format -d 'The access log\'s form: one text line per request (method, path, model, status, tokens, time; errors with their reason), or one JSON object per line for log collectors.' -x
+complete -c pyllama -n '__pyllama_using serve' -s q -l quiet -d 'No access log (the start-up lines and errors that stop the server still show).'
+complete -c pyllama -n '__pyllama_using serve' -l verbose-native -d 'Show llama.cpp\'s own log on stderr (what -v shows in the other commands).'
 complete -c pyllama -n '__pyllama_using serve' -l embeddings -d 'Serve an embedding model: /v1/embeddings only.'
 complete -c pyllama -n '__pyllama_using serve' -l pooling -d 'Pooling of embeddings: none, mean, cls, last, rank (default: the model\'s own, else mean).' -x
 complete -c pyllama -n '__pyllama_using serve' -l embd-normalize -d 'Normalisation of embeddings: -1 none, 0 max absolute as int16, 1 taxicab, 2 euclidean, >2 p-norm.' -x
@@ -470,6 +708,11 @@ complete -c pyllama -n '__pyllama_using serve' -l header-timeout -d 'Seconds a c
 complete -c pyllama -n '__pyllama_using serve' -l body-timeout -d 'Seconds a client has to send a request\'s body once its head is in (slower gets 408).' -x
 complete -c pyllama -n '__pyllama_using serve' -l max-connections -d 'Open connections served at once; a request on one beyond gets 503.' -x
 complete -c pyllama -n '__pyllama_using serve' -l keep-alive-timeout -d 'Seconds an idle keep-alive connection stays open.' -x
+complete -c pyllama -n '__pyllama_using serve' -l max-grammar-size -d 'Largest grammar a request\'s JSON schema or grammar may make, in bytes of GBNF (larger gets 400): a long enum slows every slot\'s sampling.' -x
+complete -c pyllama -n '__pyllama_using serve' -l max-grammar-seconds -d 'Longest a request\'s grammar may take to build (schema conversion and parse; longer gets 400).' -x
+complete -c pyllama -n '__pyllama_using serve' -l stream-buffer-size -d 'Bytes one X-Conversation-Id stream may buffer; past it the stream ends with an error event (docs/streams.md).' -x
+complete -c pyllama -n '__pyllama_using serve' -l stream-sessions -d 'X-Conversation-Id streams kept at once; when all are still generating a new one gets 503.' -x
+complete -c pyllama -n '__pyllama_using serve' -l stream-grace -d 'Seconds a finished X-Conversation-Id stream stays readable at /v1/stream.' -x
 complete -c pyllama -n '__pyllama_using serve' -l spec-type -d 'Speculative decoding: none, draft-simple, ngram-simple, ngram-map-k, ngram-cache (ngram-cache is not implemented).' -x
 complete -c pyllama -n '__pyllama_using serve' -o md -l model-draft -l spec-draft-model -d 'Draft model for draft-simple (a GGUF with the model\'s vocabulary; given alone, it turns draft-simple on).' -x
 complete -c pyllama -n '__pyllama_using serve' -o hfd -l hf-repo-draft -l spec-draft-hf -d 'Same as -hf, for the draft model: user/repo[:quant].' -x
@@ -502,6 +745,20 @@ complete -c pyllama -n '__pyllama_using serve' -l grammar -d 'Constrain output w
 complete -c pyllama -n '__pyllama_using serve' -l grammar-file -d 'Constrain output with the GBNF grammar in this file.' -x -a '(__pyllama_values file)'
 complete -c pyllama -n '__pyllama_using serve' -s j -l json-schema -d 'Constrain output to JSON matching this JSON schema (\'{}\' = any object).' -x
 complete -c pyllama -n '__pyllama_using serve' -o jf -l json-schema-file -d 'Constrain output to JSON matching the JSON schema in this file.' -x -a '(__pyllama_values file)'
+complete -c pyllama -n '__pyllama_using serve' -l samplers -d 'Samplers in the order they run, separated by \';\' (default: penalties;dry;top_n_sigma;top_k;typ_p;top_p;min_p;xtc;temperature).' -x -a '(__pyllama_values none adaptive_p dry infill min_p penalties temperature top_k top_n_sigma top_p typ_p xtc)'
+complete -c pyllama -n '__pyllama_using serve' -l sampler-seq -l sampling-seq -d 'The sampler order as one letter each (default: edskypmxt).' -x
+complete -c pyllama -n '__pyllama_using serve' -l top-n-sigma -l top-nsigma -d 'Keep tokens within N standard deviations of the best logit (-1 = off).' -x
+complete -c pyllama -n '__pyllama_using serve' -l xtc-probability -d 'XTC: chance of removing the most likely tokens (0 = off).' -x
+complete -c pyllama -n '__pyllama_using serve' -l xtc-threshold -d 'XTC: tokens at least this likely may be removed (above 0.5 = off).' -x
+complete -c pyllama -n '__pyllama_using serve' -l dry-multiplier -d 'DRY repetition penalty multiplier (0 = off).' -x
+complete -c pyllama -n '__pyllama_using serve' -l dry-base -d 'DRY penalty base (values below 1 are ignored).' -x
+complete -c pyllama -n '__pyllama_using serve' -l dry-allowed-length -d 'DRY: repetitions longer than this are penalized.' -x
+complete -c pyllama -n '__pyllama_using serve' -l dry-penalty-last-n -d 'DRY: how many recent tokens to scan (0 = off).' -x
+complete -c pyllama -n '__pyllama_using serve' -l dry-sequence-breaker -d 'A DRY sequence breaker; the first one replaces the defaults (\'\\n\', \':\', \'"\', \'*\'), \'none\' leaves none.' -x
+complete -c pyllama -n '__pyllama_using serve' -l dynatemp-range -d 'Dynamic temperature: the temperature may go this far either side of --temp, by the candidates\' entropy (0 = off).' -x
+complete -c pyllama -n '__pyllama_using serve' -l dynatemp-exp -d 'Dynamic temperature exponent.' -x
+complete -c pyllama -n '__pyllama_using serve' -l adaptive-target -d 'Adaptive-p: pick tokens near this probability, 0.0 to 1.0 (negative = off; runs when --samplers names adaptive_p).' -x
+complete -c pyllama -n '__pyllama_using serve' -l adaptive-decay -d 'Adaptive-p: decay of its running average, 0.0 to 0.99.' -x
 complete -c pyllama -n '__pyllama_using serve' -s m -l model -d 'Local GGUF model file.' -x -a '(__pyllama_values gguf)'
 complete -c pyllama -n '__pyllama_using serve' -o hf -l hf-repo -d 'Hugging Face repo as user/repo[:quant] (default quant: Q4_K_M, else the first GGUF).' -x -a '(__pyllama_values hf)'
 complete -c pyllama -n '__pyllama_using serve' -o hff -l hf-file -d 'Exact GGUF file in the -hf repo (overrides the quant tag).' -x
@@ -516,22 +773,53 @@ complete -c pyllama -n '__pyllama_using serve' -o ub -l ubatch-size -d 'Physical
 complete -c pyllama -n '__pyllama_using serve' -l mlock -d 'Keep the model in RAM (no swapping).'
 complete -c pyllama -n '__pyllama_using serve' -l no-mmap -d 'Read the model into memory instead of mapping it.'
 complete -c pyllama -n '__pyllama_using serve' -s s -l seed -d 'Random seed (-1 = random).' -x
-complete -c pyllama -n '__pyllama_using serve' -s v -l verbose -d 'Show llama.cpp\'s own log on stderr.'
+complete -c pyllama -n '__pyllama_using serve' -s v -l verbose -d 'Say more: each request\'s prompt tokens by part (template, tools, messages) and uvicorn\'s log.'
 complete -c pyllama -n '__pyllama_using serve' -l log-file -d 'Append llama.cpp\'s log to this file.' -x -a '(__pyllama_values file)'
 complete -c pyllama -n '__pyllama_using serve' -l rpc -d 'RPC servers (`pyllama rpc-server` or llama.cpp\'s rpc-server) whose devices hold part of the model, comma-separated.' -x
 complete -c pyllama -n '__pyllama_using serve' -o dev -l device -d 'Devices to offload to, comma-separated (none = no offload; default: every GPU and RPC server).' -x
 complete -c pyllama -n '__pyllama_using serve' -o ts -l tensor-split -d 'Each device\'s share of the layers, e.g.' -x
 complete -c pyllama -n '__pyllama_using serve' -l list-devices -d 'Print the devices (local, and the --rpc servers\') with their memory and exit.'
+complete -c pyllama -n '__pyllama_using serve' -o tb -l threads-batch -d 'CPU threads for batch and prompt processing (-1 = same as --threads).' -x
+complete -c pyllama -n '__pyllama_using serve' -s C -l cpu-mask -d 'CPU affinity mask: hex of any length, bit i = CPU i.' -x
+complete -c pyllama -n '__pyllama_using serve' -o Cr -l cpu-range -d 'Range of CPUs for affinity.' -x
+complete -c pyllama -n '__pyllama_using serve' -l cpu-strict -d 'Strict CPU placement: one CPU of the mask per thread.' -x
+complete -c pyllama -n '__pyllama_using serve' -l prio -d 'Process/thread priority: low (-1), normal (0), medium (1), high (2), realtime (3).' -x
+complete -c pyllama -n '__pyllama_using serve' -l poll -d 'Polling level while waiting for work (0 = no polling).' -x
+complete -c pyllama -n '__pyllama_using serve' -o Cb -l cpu-mask-batch -d 'CPU affinity mask of the batch threads.' -x
+complete -c pyllama -n '__pyllama_using serve' -o Crb -l cpu-range-batch -d 'Range of CPUs for the batch threads.' -x
+complete -c pyllama -n '__pyllama_using serve' -l cpu-strict-batch -d 'Strict CPU placement of the batch threads (default: same as --cpu-strict).' -x
+complete -c pyllama -n '__pyllama_using serve' -l prio-batch -d 'Priority of the batch threads: normal (0), medium (1), high (2), realtime (3) (default: same as --prio).' -x
+complete -c pyllama -n '__pyllama_using serve' -l poll-batch -d 'Polling level of the batch threads (default: same as --poll).' -x
 complete -c pyllama -n '__pyllama_using serve' -l lora -d 'LoRA adapter to apply at scale 1 (repeat, or comma-separated for several).' -x
 complete -c pyllama -n '__pyllama_using serve' -l lora-scaled -d 'LoRA adapter with its scale (repeat, or comma-separated).' -x
 complete -c pyllama -n '__pyllama_using serve' -l lora-init-without-apply -d 'Load the LoRA adapters at scale 0 (serve: apply them later with POST /lora-adapters).'
 complete -c pyllama -n '__pyllama_using serve' -l control-vector -d 'Control vector to add at scale 1 (repeat, or comma-separated).' -x
 complete -c pyllama -n '__pyllama_using serve' -l control-vector-scaled -d 'Control vector with its scale (repeat, or comma-separated).' -x
 complete -c pyllama -n '__pyllama_using serve' -l control-vector-layer-range -d 'Layers to apply the control vectors to, both inclusive (default: all).' -x
+complete -c pyllama -n '__pyllama_using serve' -o ctk -l cache-type-k -d 'KV cache data type for K: f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1.' -x -a '(__pyllama_values none bf16 f16 f32 iq4_nl q4_0 q4_1 q5_0 q5_1 q8_0)'
+complete -c pyllama -n '__pyllama_using serve' -o ctv -l cache-type-v -d 'KV cache data type for V: f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1 (a quantized type needs flash attention).' -x -a '(__pyllama_values none bf16 f16 f32 iq4_nl q4_0 q4_1 q5_0 q5_1 q8_0)'
+complete -c pyllama -n '__pyllama_using serve' -l swa-full -d 'Use a full-size cache for sliding-window attention layers.'
+complete -c pyllama -n '__pyllama_using serve' -o kvo -l kv-offload -o nkvo -l no-kv-offload -d 'Keep the KV cache (and the attention) on the GPU.'
+complete -c pyllama -n '__pyllama_using serve' -l rope-scaling -d 'RoPE frequency scaling method (default: the model\'s, else linear).' -x -a '(__pyllama_values none linear none yarn)'
+complete -c pyllama -n '__pyllama_using serve' -l rope-scale -d 'RoPE context scaling factor: expands the context by N (sets --rope-freq-scale to 1/N).' -x
+complete -c pyllama -n '__pyllama_using serve' -l rope-freq-base -d 'RoPE base frequency (0 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using serve' -l rope-freq-scale -d 'RoPE frequency scaling factor: expands the context by 1/N (0 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using serve' -l yarn-orig-ctx -d 'YaRN: the model\'s original context size (0 = its training context).' -x
+complete -c pyllama -n '__pyllama_using serve' -l yarn-ext-factor -d 'YaRN: extrapolation mix factor (0.0 = full interpolation, -1 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using serve' -l yarn-attn-factor -d 'YaRN: attention magnitude scale (-1 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using serve' -l yarn-beta-slow -d 'YaRN: high correction dim or alpha (-1 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using serve' -l yarn-beta-fast -d 'YaRN: low correction dim or beta (-1 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using serve' -o ot -l override-tensor -d 'Put the weights whose name matches PATTERN (a regular expression) in buffer type BUFTYPE (CPU, CUDA0, ...), e.g.' -x
+complete -c pyllama -n '__pyllama_using serve' -o cmoe -l cpu-moe -d 'Keep every Mixture-of-Experts expert weight in the CPU.'
+complete -c pyllama -n '__pyllama_using serve' -o ncmoe -l n-cpu-moe -d 'Keep the expert weights of the first N layers in the CPU.' -x
+complete -c pyllama -n '__pyllama_using serve' -o sm -l split-mode -d 'How to split the model across GPUs: none (one GPU), layer (default), row, tensor.' -x -a '(__pyllama_values none layer none row tensor)'
+complete -c pyllama -n '__pyllama_using serve' -o mg -l main-gpu -d 'The GPU for the whole model with -sm none, or for intermediate results and the KV cache with -sm row (default: 0).' -x
 complete -c pyllama -n '__pyllama_using serve' -s h -l help -d 'Show this message and exit.'
 
 # pyllama stop
-complete -c pyllama -n '__pyllama_using stop' -l url -d 'The server\'s address.' -x
+complete -c pyllama -n '__pyllama_using stop' -l host -d 'The server\'s address, as serve\'s --host.' -x
+complete -c pyllama -n '__pyllama_using stop' -l port -d 'The server\'s port, as serve\'s --port.' -x
+complete -c pyllama -n '__pyllama_using stop' -l url -d 'The server\'s URL (http://host:port, or a bare host:port); replaces --host and --port.' -x
 complete -c pyllama -n '__pyllama_using stop' -l api-key -d 'The servers\' API key, sent as \'Authorization: Bearer KEY\'.' -x
 complete -c pyllama -n '__pyllama_using stop' -l json -d 'Print JSON instead of text.'
 complete -c pyllama -n '__pyllama_using stop' -s h -l help -d 'Show this message and exit.'

@@ -1,6 +1,8 @@
 """pyllama: llama.cpp's command-line tools, in Python, on llama-cpp-python."""
 
-__version__ = "0.1.0"
+from .version import __version__
+
+__all__ = ["__version__", "main"]
 
 
 def main() -> None:

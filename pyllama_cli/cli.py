@@ -12,35 +12,12 @@ from typing import Any
 
 import typer
 
+from .click_text import PyllamaCommand, PyllamaGroup
+from .command_table import COMMAND_NAMES, COMMANDS, HIDDEN_ALIASES, NEEDS_EVERY_COMMAND
 from .errors import InputError, Interrupted, OutputClosed, PyllamaError, UsageError
 
-# (command name, module under pyllama_cli.commands, attribute). Command modules import nothing heavy
-# at module level; `run` imports only the module of the command being run.
-COMMANDS = [
-    ("chat", "chat", "chat"),
-    ("complete", "complete", "complete"),
-    ("serve", "serve", "serve"),
-    ("bench", "bench", "bench"),
-    ("perplexity", "perplexity", "perplexity"),
-    ("embed", "embedding.embed", "embed"),
-    ("tokenize", "tokenize", "tokenize"),
-    ("detokenize", "tokenize", "detokenize"),
-    ("quantize", "quantize", "quantize"),
-    ("info", "info", "info"),
-    ("rpc-server", "rpc_server", "rpc_server"),
-    ("list", "models", "list_models"),
-    ("ls", "models", "list_models"),
-    ("pull", "models", "pull"),
-    ("rm", "models", "rm"),
-    ("ps", "running", "ps"),
-    ("stop", "running", "stop"),
-    ("completion", "shell_completion", "app"),
-]
-COMMAND_NAMES = frozenset(name for name, _, _ in COMMANDS)
-# Second names, left out of --help and the docs: `ls` is `list`.
-HIDDEN_ALIASES = frozenset({"ls"})
-# Commands that read the whole command tree from the app they run in (the completion scripts).
-NEEDS_EVERY_COMMAND = frozenset({"completion"})
+# The command table (command_table.py): command modules import nothing heavy at module level, and
+# `run` imports only the module of the command being run.
 
 
 def build_app(only: str | None = None) -> typer.Typer:
@@ -48,11 +25,14 @@ def build_app(only: str | None = None) -> typer.Typer:
     application = typer.Typer(
         name="pyllama",
         help="llama.cpp's command-line tools in Python: chat, complete, serve, bench, perplexity, embed, "
-        "tokenize, quantize, info, rpc-server; list, pull, rm, ps and stop manage local models.",
+        "tokenize, quantize, imatrix, gguf-split, info, rpc-server; list, pull, rm, ps and stop manage local "
+        "models.",
         no_args_is_help=True,
         add_completion=False,
         pretty_exceptions_enable=False,
+        rich_markup_mode=None,
         context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 120},
+        cls=PyllamaGroup,
     )
     application.callback()(_root)
     for name, module_name, attr in COMMANDS:
@@ -65,7 +45,8 @@ def build_app(only: str | None = None) -> typer.Typer:
         else:
             # A module with several commands names each one's examples <ATTR>_EXAMPLES.
             epilog = getattr(module, f"{attr.upper()}_EXAMPLES", None) or getattr(module, "EXAMPLES", None)
-            application.command(name, epilog=epilog, hidden=name in HIDDEN_ALIASES)(_closing_quietly(target))
+            application.command(name, epilog=epilog, hidden=name in HIDDEN_ALIASES,
+                                cls=PyllamaCommand)(_closing_quietly(target))
     return application
 
 
@@ -103,7 +84,7 @@ def _stdout_reader_gone() -> bool:
 def _show_version(value: bool) -> None:
     # An eager option's callback runs while the options are parsed, before click asks for a command.
     if value:
-        from . import __version__
+        from .version import __version__
 
         typer.echo(f"pyllama {__version__}")
         raise typer.Exit()
@@ -128,7 +109,8 @@ def run(argv: list[str] | None = None) -> int:
     """Run the CLI and return its exit code; the single place where errors become output."""
     args = sys.argv[1:] if argv is None else list(argv)
     command = args[0] if args and args[0] in COMMAND_NAMES else None
-    only = None if command in NEEDS_EVERY_COMMAND else command
+    # No command named (`pyllama --help`, a typo): the help lists SUMMARIES, so no command is loaded.
+    only = None if command in NEEDS_EVERY_COMMAND else (command or "")
     try:
         # Not standalone: click's own errors come back here to be shown as ours are, in one line.
         code = build_app(only)(args=args, prog_name="pyllama", standalone_mode=False)
@@ -163,12 +145,15 @@ def run(argv: list[str] | None = None) -> int:
     except Exception as exc:
         if not _is_click_error(exc):
             raise
-        if _is_no_args_help(exc):  # the help is already shown
+        if _is_no_args_help(exc):  # its message is the group's help
+            print(exc.format_message())
             return exc.exit_code
+        from .click_text import usage_error
         from .console import print_error
 
         _flush_stdout()
-        print_error(" ".join(exc.format_message().split()), _click_hint(exc, command))  # click wraps choice lists
+        message, hint = usage_error(exc, args, COMMAND_NAMES)
+        print_error(message, hint or _click_hint(exc, command))
         return exc.exit_code
     return 0
 

@@ -257,7 +257,22 @@ def model_progress() -> Any:
     """The download and load bars a command hands to core.model.session.open_model (none off a terminal)."""
     from .core.model.session import Progress
 
-    return Progress(download=download_tqdm(), load=load_progress)
+    return Progress(download=download_tqdm(), load=load_progress, warn=warn)
+
+
+def print_table(columns: list[Any], rows: list[tuple[list[str], bool]], caption: str) -> None:
+    """A table on stdout (bench's -o md on a terminal): `columns` have a heading, right, wrap and accent;
+    each row is its cells and whether it failed (shown in red)."""
+    from rich import box
+    from rich.table import Table
+
+    table = Table(box=box.SIMPLE_HEAVY, caption=caption)
+    for col in columns:
+        table.add_column(col.heading, justify="right" if col.right else "left", style="accent" if col.accent else None,
+                         no_wrap=not col.wrap)
+    for cells, failed in rows:
+        table.add_row(*cells, style="error" if failed else None)
+    out().print(table)
 
 
 def human_size(n: int) -> str:

@@ -50,6 +50,10 @@ class ModelLoadError(PyllamaError):
     """llama.cpp could not load a model or create a context for it."""
 
 
+class ThreadPoolError(PyllamaError):
+    """This llama.cpp build lacks the functions that make and attach CPU thread pools."""
+
+
 class RpcError(PyllamaError):
     """llama.cpp's RPC backend failed: a library built without it, or a server that cannot be reached or is gone."""
 

@@ -4,10 +4,13 @@ core/ by concern; shell_completion's modules importing one way."""
 from __future__ import annotations
 
 import ast
+import importlib.util
 import re
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -193,3 +196,130 @@ def test_shell_completion_imports_run_one_way() -> None:
     assert not {"shell_completion.scripts", "shell_completion.install"} & imports["tree"]
     assert "shell_completion.install" not in imports["scripts"]
     assert "shell_completion.tree" in imports["scripts"]
+
+
+# ---------------------------------------------------------------- layers and import cycles (scripts/import_graph.py)
+
+CLI_LAYERS = ("options", "server", "commands", "chat", "console", "cli")
+CLI_LIBRARIES = frozenset({"typer", "click", "rich", "prompt_toolkit"})
+SERVER = PACKAGE / "server"
+
+
+def import_graph() -> Any:
+    """scripts/import_graph.py as a module: the module graph and its cycles, as the script prints them."""
+    spec = importlib.util.spec_from_file_location("import_graph", Path(REPO_ROOT) / "scripts" / "import_graph.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _third_party_imports(path: Path) -> set[str]:
+    """The top-level names of what `path` imports from outside pyllama_cli, anywhere in it."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def test_core_imports_nothing_from_the_cli_layers_or_their_libraries() -> None:
+    # core/ is the library under every command: it raises typed errors and returns data, and whoever
+    # calls it (a command, the server) decides how to show them.
+    graph = import_graph().module_graph()
+    upward = [f"{m} -> {t}" for m, targets in sorted(graph.items()) if m.startswith("pyllama_cli.core")
+              for t in sorted(targets) if t.removeprefix("pyllama_cli.").split(".")[0] in CLI_LAYERS]
+    libraries = [f"{name_of(p)} -> {lib}" for p in modules(PACKAGE / "core")
+                 for lib in sorted(_third_party_imports(p) & CLI_LIBRARIES)]
+    assert upward + libraries == []
+
+
+def test_no_modules_import_each_other_in_a_circle() -> None:
+    # Imports inside functions and under TYPE_CHECKING count: they are circles a reader still follows.
+    script = import_graph()
+    assert script.cycles(script.module_graph()) == []
+
+
+def test_the_import_graph_script_prints_server_s_parts_and_no_cycles() -> None:
+    result = subprocess.run([sys.executable, "scripts/import_graph.py"], cwd=REPO_ROOT, capture_output=True,
+                            text=True, timeout=60)
+    lines = result.stdout.splitlines()
+    assert (result.returncode, lines[0], lines[-2:]) == (0, "pyllama_cli/server: each part -> the parts it imports",
+                                                        ["cycles among server's parts: 0",
+                                                         "cycles among pyllama_cli's modules: 0"])
+    parts = {line.split()[0] for line in lines[1:-2]}
+    assert {"app", "spine", "job_rules", "openai/", "llama_server/", "anthropic/", "responses_api/", "ollama/", "webui/"} <= parts
+
+
+def _api_families() -> list[Path]:
+    """server's packages that add routes for an API (each has routes.py with add_routes)."""
+    return sorted(p.parent for p in SERVER.glob("*/routes.py") if "def add_routes(" in p.read_text(encoding="utf-8"))
+
+
+def _package_of(module: str, known: dict[str, Path]) -> str:
+    return module if known[module].name == "__init__.py" else module.rpartition(".")[0]
+
+
+def test_no_server_package_imports_another_s_private_names() -> None:
+    # Each API family is a package of server/, and the spine is server's top level: they may use each
+    # other's public names (the Messages and Responses APIs reshape OpenAI's chat), but what starts
+    # with _ belongs to its own package.
+    known = import_graph().module_names()
+    found = []
+    for path in modules(SERVER):
+        name = next(m for m, p in known.items() if p == path)
+        package = _package_of(name, known)
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        bound: dict[str, str] = {}  # a local name -> the other package's module it stands for
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ImportFrom) or not node.level:
+                continue
+            base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+            source = ".".join([*base, *([node.module] if node.module else [])])
+            for alias in node.names:
+                target = f"{source}.{alias.name}" if f"{source}.{alias.name}" in known else source
+                if target not in known or _package_of(target, known) == package:
+                    continue
+                if _private(alias.name):
+                    found.append(f"{name_of(path)}:{node.lineno}: {alias.name} from {target}")
+                if target != source:
+                    bound[alias.asname or alias.name] = target
+        found += [f"{name_of(path)}:{node.lineno}: {bound[node.value.id]}.{node.attr}" for node in ast.walk(tree)
+                  if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                  and node.value.id in bound and _private(node.attr)]
+    assert found == []
+
+
+def test_only_app_py_imports_the_api_families() -> None:
+    # The spine (server's top-level modules, http/, router/) is what every family stands on, so it
+    # knows none of them: app.py alone adds them, and a new family changes nothing else.
+    graph = import_graph().module_graph()
+    families = {f"pyllama_cli.server.{p.name}" for p in _api_families()}
+    spine = [m for m in graph if m.startswith("pyllama_cli.server") and m != "pyllama_cli.server.app"
+             and not any(m == f or m.startswith(f + ".") for f in families)]
+    reaching = [f"{m} -> {t}" for m in sorted(spine) for t in sorted(graph[m])
+                if any(t == f or t.startswith(f + ".") for f in families)]
+    assert reaching == []
+
+
+def test_every_api_family_is_added_by_add_routes_app_models() -> None:
+    # One way in for every API (the coming ones too): create_app calls family.add_routes(app, models).
+    families = _api_families()
+    assert {p.name for p in families} >= {"openai", "llama_server", "anthropic", "responses_api", "ollama", "webui"}
+    signatures = {}
+    for family in families:
+        tree = ast.parse((family / "routes.py").read_text(encoding="utf-8"))
+        [add] = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "add_routes"]
+        signatures[family.name] = [(a.arg, ast.unparse(a.annotation) if a.annotation else None) for a in add.args.args]
+    assert signatures == {name: [("app", "FastAPI"), ("models", "ModelSet")] for name in signatures}
+
+
+def test_every_api_family_but_the_page_is_in_api_families() -> None:
+    # A family's package alone adds no routes: create_app adds those API_FAMILIES lists (webui/ apart,
+    # as --no-webui leaves it out), so a family left out of it would be dead code that its tests miss.
+    from pyllama_cli.server.app import API_FAMILIES
+
+    listed = [family.__name__.split(".")[-2] for family in API_FAMILIES]
+    assert sorted(listed) == sorted(p.name for p in _api_families() if p.name != "webui")

@@ -7,6 +7,7 @@ import io
 import json
 import math
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -184,11 +185,16 @@ def test_markdown_table_has_llama_bench_columns(tiny_model: Path) -> None:
     rows = [[c.strip() for c in line.split("|")[1:-1]] for line in lines[2:4]]
     for row, test in zip(rows, ("pp16", "tg4")):
         n = 4 + len(cells)
-        assert row[:n] == ["llama ?B all F32", "6.50 MiB", "1.71 M", *cells, test]
+        assert row[:n] == ["llama 1.7M all F32", "6.50 MiB", "1.71 M", *cells, test]
         mean, _, std = row[n].partition(" ± ")
         assert float(mean) > 0 and float(std) >= 0 and len(mean.split(".")[1]) == 2
         assert row[n + 1].endswith(" MiB")
-    assert lines[4] == "" and lines[5].startswith("build: ") and len(lines) == 6
+    assert lines[4] == "" and len(lines) == 6
+    # llama-bench's "build: COMMIT (NUMBER)"; before: "build: llama-cpp-python unknown (0)".
+    from importlib.metadata import version
+
+    assert re.fullmatch(rf"build: [0-9a-f]{{7,}}(-dirty)? \(llama-cpp-python {re.escape(version('llama-cpp-python'))}\)",
+                        lines[5]), lines[5]
     assert result.stderr == ""  # no progress off a terminal
 
 
@@ -213,7 +219,7 @@ def test_json_fields_types_and_layout(tiny_model: Path) -> None:
     pp, tg = json.loads(result.stdout)
     assert list(pp) == [*FIELDS, "samples_ns", "samples_ts", "samples_ttft_ns", "peak_rss_bytes", "ttft_avg_ns",
                         "ttft_stddev_ns", "error"]
-    assert pp["model_type"] == "llama ?B all F32"
+    assert pp["model_type"] == "llama 1.7M all F32"  # before: "?B", though the size is known
     assert pp["model_size"] == 6_820_864 and pp["model_n_params"] == 1_705_216
     assert (pp["n_threads"], pp["n_prompt"], pp["n_gen"], pp["n_depth"]) == (1, 16, 0, 0)
     assert (tg["n_prompt"], tg["n_gen"]) == (0, 4)
@@ -246,7 +252,7 @@ def test_sql_inserts_load_into_sqlite(tiny_model: Path) -> None:
     db = sqlite3.connect(":memory:")
     db.executescript(result.stdout)
     rows = db.execute("SELECT model_type, n_prompt, n_gen, typeof(avg_ts), avg_ts > 0, error FROM llama_bench").fetchall()
-    assert rows == [("llama ?B all F32", 8, 0, "real", 1, None), ("llama ?B all F32", 0, 2, "real", 1, None)]
+    assert rows == [("llama 1.7M all F32", 8, 0, "real", 1, None), ("llama 1.7M all F32", 0, 2, "real", 1, None)]
     columns = [c[1] for c in db.execute("PRAGMA table_info(llama_bench)")]
     assert columns == [*FIELDS, "peak_rss_bytes", "error"]
 
@@ -360,12 +366,18 @@ def test_bad_options_are_one_line_errors(tiny_model: Path, args: tuple[str, ...]
     assert result.stdout == ""
 
 
+def _default_sigint() -> None:
+    # A runner started with SIGINT ignored (nohup, some CI) passes that on to its children: the
+    # benchmark could not be interrupted and the test would wait for all 3985 runs.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_leaves_a_json_document_of_the_finished_tests(tiny_model: Path) -> None:
     from tests.helpers import REPO_ROOT
 
     proc = subprocess.Popen([sys.executable, "-m", "pyllama_cli", "bench", "-m", str(tiny_model), "-p", "0",
                              "-n", "16-4000+1", "-r", "2", "-o", "json"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT)
+                            stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT, preexec_fn=_default_sigint)
     try:
         started = proc.stdout.readline() + proc.stdout.readline()  # "[" and the start of the first row
         proc.send_signal(signal.SIGINT)
@@ -427,5 +439,7 @@ def test_same_fields_and_values_as_llama_bench(tiny_model: Path) -> None:
     timing = {"build_commit", "build_number", "test_time", "avg_ns", "stddev_ns", "avg_ts", "stddev_ts",
               "samples_ns", "samples_ts"}
     assert [list(row) for row in theirs] == [list(row)[:len(row) - 2] for row in ours]
+    for row in theirs:  # llama.cpp names no size for this model: "?B"; pyllama counts its parameters
+        row["model_type"] = row["model_type"].replace(" ?B ", " 1.7M ")
     assert [{k: v for k, v in row.items() if k not in timing} for row in theirs] == \
         [{k: v for k, v in row.items() if k not in timing and k in FIELDS} for row in ours]

@@ -109,7 +109,9 @@ def test_unknown_and_ambiguous_commands_get_a_hint_and_never_reach_the_model(tin
         "Error: unknown parameter 'nope'",
         ("Hint: parameters: temperature, top_k, top_p, min_p, typical_p, repeat_penalty, repeat_last_n, "
         "presence_penalty, frequency_penalty, mirostat, mirostat_lr, mirostat_ent, seed, ignore_eos, logit_bias, "
-        "grammar, max_tokens, stop"),
+        "grammar, max_tokens, stop, dry_multiplier, dry_base, dry_allowed_length, dry_penalty_last_n, "
+        "dry_sequence_breakers, xtc_probability, xtc_threshold, top_n_sigma, dynatemp_range, dynatemp_exponent, "
+        "adaptive_target, adaptive_decay, samplers"),
         "Error: top_p must be between 0 and 1, not 2",
         "Error: temperature needs a number, not 'warm'",
         "No answer to regenerate.",

@@ -505,7 +505,19 @@ def test_a_reader_that_leaves_early_ends_the_run_quietly_with_141(tiny_model: Pa
     assert proc.stdout.read(1)
     proc.stdout.close()
     _, err = proc.communicate(timeout=60)
-    assert (proc.returncode, err) == (141, b"")
+    assert (proc.returncode, err) == (141, PAST_TRAINING.format(n=16384).encode() + b"\n")
+
+
+PAST_TRAINING = ("Warning: -c {n} is more than the 2048 tokens the model was trained on: past them its output may "
+                 "degrade (possible training context overflow)")
+
+
+def test_a_context_past_the_trained_length_is_warned_as_llama_cpp_does(tiny_model: Path) -> None:
+    # Before: accepted without a word (llama.cpp: "possible training context overflow").
+    past = run_cli("complete", "-m", str(tiny_model), "-c", "4096", "-p", "hi", "-n", "1")
+    assert (past.exit_code, past.stderr) == (0, PAST_TRAINING.format(n=4096) + "\n")
+    within = run_cli("complete", "-m", str(tiny_model), "-c", "2048", "-p", "hi", "-n", "1")
+    assert (within.exit_code, within.stderr) == (0, "")
 
 
 def test_prompt_bytes_that_are_not_utf8_pass_through(tiny_model: Path) -> None:
@@ -515,3 +527,25 @@ def test_prompt_bytes_that_are_not_utf8_pass_through(tiny_model: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith(b"caf\xe9 \xff")
     assert json.loads(result.stderr.decode().strip().splitlines()[-1])["generated_tokens"] == 2
+
+
+def test_no_text_is_printed_after_ctrl_c(capsys: pytest.CaptureFixture[str]) -> None:
+    # Before: the token being generated when Ctrl-C came was printed after it.
+    from contextlib import nullcontext
+
+    from pyllama_cli.commands.complete import _stream
+    from pyllama_cli.core.interrupt import StopFlag
+
+    flag = StopFlag()
+
+    class Run:
+        text = ""
+
+        def stream(self, stop_flag: object) -> object:
+            yield "Hello"
+            flag.set()  # Ctrl-C, while the next token is computed
+            yield " world"
+
+    assert _stream(Run(), False, lambda f: nullcontext(f), flag, None) is True
+    assert capsys.readouterr().out == "Hello"
+

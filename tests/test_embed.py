@@ -158,7 +158,7 @@ def test_served_embeddings_equal_llama_embedding_s(tiny_model: Path, pooling: st
     from pyllama_cli.core.model.settings import LoadSettings
     from pyllama_cli.core.serving.embedding_engine import EmbeddingEngine
     from pyllama_cli.server.app import create_app
-    from pyllama_cli.server.models import OneModel
+    from pyllama_cli.server.model_set import OneModel
     from pyllama_cli.server.settings import ServerSettings
 
     engine = EmbeddingEngine(tiny_model, LoadSettings(n_ctx=512, n_threads=1), pooling=pooling_type(pooling))
@@ -211,3 +211,14 @@ def test_rank_scores_equal_llama_embedding_s(reranker: Path) -> None:
             break
     assert theirs is not None, "llama-embedding cut its output 20 times in a row"
     assert np.abs(ours - theirs).max() <= 1e-5
+
+
+def test_serve_reads_llama_servers_embedding_variables() -> None:
+    import typer
+
+    from pyllama_cli import cli
+
+    serve = typer.main.get_command(cli.build_app("serve")).get_command(None, "serve")  # type: ignore[attr-defined]
+    envvars = {p.name: p.envvar for p in serve.params}
+    assert [envvars[name] for name in ("embeddings_flag", "pooling", "rerank")] == [
+        "LLAMA_ARG_EMBEDDINGS", "LLAMA_ARG_POOLING", "LLAMA_ARG_RERANKING"]

@@ -7,6 +7,8 @@ files, `--cors-origin '*'`, and a template that shows a `chat_template_kwargs` v
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -161,6 +163,36 @@ def test_a_prompt_past_the_slot_is_llama_servers_context_error(srv: Server) -> N
 # ---------------------------------------------------------------- /infill, /slots, /props
 
 
+@pytest.mark.parametrize("path", ["/completion", "/infill"])
+def test_a_huge_prompt_is_tokenized_off_the_event_loop(srv: Server, path: str) -> None:
+    # 1 MiB of prompt takes the tokenizer a while; meanwhile every other connection is still answered
+    # at once (the prompt is prepared in a worker thread, as on every route that generates).
+    text = "the quick brown fox jumps over the lazy dog " * (2**20 // 44)
+    body = {"prompt": text} if path == "/completion" else {"input_prefix": text, "input_suffix": "x"}
+    payload = json.dumps({**body, "n_predict": 1}).encode()  # encoded now: the client's own work is not timed
+    answered: list[httpx.Response] = []
+    big = threading.Thread(target=lambda: answered.append(httpx.post(
+        srv.url + path, content=payload, headers={**AUTH, "Content-Type": "application/json"}, timeout=120)))
+    latencies = []
+    with httpx.Client(base_url=srv.url, timeout=30) as client:
+        assert client.get("/health").status_code == 200  # the connection is open before the big request
+        big.start()
+        time.sleep(0.05)  # its body is on the way
+        while big.is_alive():
+            started = time.perf_counter()
+            assert client.get("/health").status_code == 200
+            latencies.append(time.perf_counter() - started)
+            time.sleep(0.01)
+    big.join()
+    [response] = answered
+    assert len(latencies) >= 3, latencies  # /health was asked several times while the prompt was tokenized
+    assert max(latencies) < 0.1, latencies
+    if path == "/completion":  # more tokens than the context holds: the prompt was read to the end
+        assert (response.status_code, response.json()["error"]["code"]) == (400, "context_length_exceeded")
+    else:  # infill keeps the end of the prefix that fits
+        assert response.status_code == 200, response.text
+
+
 def test_infill_lays_out_prefix_suffix_and_middle(srv: Server) -> None:
     body = _post(srv, "/infill", {"input_prefix": "def f", "input_suffix": "return", "prompt": "the",
                                   "n_predict": 2, "temperature": 0})
@@ -313,7 +345,7 @@ def test_cors_header_names_are_written_as_llama_server_writes_them(srv: Server) 
 
     host, port = srv.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=10) as conn:
-        conn.sendall(b"OPTIONS /completion HTTP/1.1\r\nHost: x\r\nOrigin: http://localhost:5173\r\n"
+        conn.sendall(b"OPTIONS /completion HTTP/1.1\r\nHost: localhost\r\nOrigin: http://localhost:5173\r\n"
                      b"Access-Control-Request-Method: POST\r\nConnection: close\r\n\r\n")
         head = b""
         while b"\r\n\r\n" not in head:

@@ -6,8 +6,10 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -82,8 +84,23 @@ def test_list_shows_cached_models_and_models_dir_folders(endpoint: FakeHub, tiny
         f"{'NAME':<{width}}  QUANT  SIZE      PARTS  MODIFIED",
         f"{'org/tiny-GGUF:F16':<{width}}  F16    3.28 MiB  2      2024-01-01 00:00",
         f"{'org/tiny-GGUF:Q8_0':<{width}}  Q8_0   1.75 MiB  1      2024-01-01 00:00",
-        f"{split:<{width}}  -      3.28 MiB  2      2024-01-01 00:00",
+        f"{split:<{width}}  F16    3.28 MiB  2      2024-01-01 00:00",  # from the header: the name has no tag
     ]
+
+
+def test_list_reads_the_quant_from_the_header_not_the_file_name(tiny_model: Path, tmp_path: Path) -> None:
+    # Before: an F32 file named bar-Q8_0.gguf was listed as Q8_0, and a Q4_0 file named foo.gguf as "-".
+    folder = tmp_path / "models"
+    folder.mkdir()
+    (folder / "bar-Q8_0.gguf").write_bytes(tiny_model.read_bytes())
+    write_quantized(tiny_model, folder / "foo.gguf", "Q4_0")
+    result = run_cli("list", "--models-dir", str(folder), "--json")
+    assert result.exit_code == 0, result.stderr
+    assert [(Path(m["path"]).name, m["quant"]) for m in json.loads(result.stdout)] == [
+        ("bar-Q8_0.gguf", "F32"), ("foo.gguf", "Q4_0")]
+    table = run_cli("list", "--models-dir", str(folder)).stdout.splitlines()
+    assert [line.split()[:2] for line in table[1:]] == [
+        [str(folder / "bar-Q8_0.gguf"), "F32"], [str(folder / "foo.gguf"), "Q4_0"]]
 
 
 def test_list_json_and_the_ls_alias(endpoint: FakeHub) -> None:
@@ -283,7 +300,7 @@ def test_ps_json_sends_the_api_key(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_ps_and_stop_say_what_is_wrong() -> None:
     result = run_cli("ps", "--url", "http://127.0.0.1:9")
     assert result.stderr.splitlines() == ["Error: no server answers at http://127.0.0.1:9 (Connection refused)",
-                                          "Hint: start one with `pyllama serve`, or give its address with --url"]
+                                          "Hint: start one with `pyllama serve`, or give its address with --host/--port or --url"]
     with FakeRouter([], api_key="k1") as router:
         result = run_cli("stop", "tiny", "--url", router.url)
     assert result.stderr.splitlines() == [f"Error: the server at {router.url} needs an API key",
@@ -317,6 +334,63 @@ def test_stop_on_a_one_model_server() -> None:
         result = run_cli("stop", "tiny-Q8_0", "--url", router.url)
     assert result.stderr.splitlines() == [f"Error: the server at {router.url} serves one model and cannot unload it",
                                           "Hint: stop that server instead (Ctrl-C, or SIGTERM to its process)"]
+
+
+def test_ps_and_stop_take_host_and_port_as_serve_does_and_a_bare_host_port() -> None:
+    # Before: only --url, and --url 127.0.0.1:P without http:// was refused.
+    with FakeRouter([dict(c) for c in CARDS[:2]]) as router:
+        port = router.url.rsplit(":", 1)[1]
+        by_port = run_cli("ps", "--host", "127.0.0.1", "--port", port, "--json")
+        bare = run_cli("ps", "--url", f"127.0.0.1:{port}", "--json")
+        stopped = run_cli("stop", "tiny-Q8_0", "--port", port)
+    assert (by_port.exit_code, bare.exit_code) == (0, 0), by_port.stderr + bare.stderr
+    assert [row["id"] for row in json.loads(by_port.stdout)] == ["tiny-Q8_0"]
+    assert json.loads(bare.stdout) == json.loads(by_port.stdout)
+    assert (stopped.exit_code, stopped.stderr) == (0, f"Unloaded tiny-Q8_0 from http://127.0.0.1:{port}.\n")
+    assert router.requests[-1] == ("POST", "/models/unload", None, {"model": "tiny-Q8_0"})
+
+
+class _PlainLlamaServer(BaseHTTPRequestHandler):
+    """llama-server without router mode: a card with no status, and 404 "File Not Found" elsewhere."""
+
+    def do_GET(self) -> None:  # noqa: N802 - the handler's API
+        if self.path == "/v1/models":
+            self._send(200, {"object": "list", "data": [{"id": "tiny.gguf", "object": "model", "owned_by": "llamacpp"}]})
+        else:
+            self._send(404, {"error": {"code": 404, "message": "File Not Found", "type": "not_found_error"}})
+
+    do_POST = do_GET
+
+    def _send(self, status: int, body: dict) -> None:
+        raw = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(raw)))
+        self.end_headers()
+        self.wfile.write(raw)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_ps_and_stop_against_a_server_without_the_router_api_say_so_in_one_line() -> None:
+    # Before: ps printed a row of "-" and "older than pyllama's router"; stop "answered 404: File Not Found".
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _PlainLlamaServer)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        listed = run_cli("ps", "--url", url)
+        stopped = run_cli("stop", "tiny", "--url", url)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert (listed.exit_code, listed.stdout) == (0, "")
+    assert listed.stderr == f"The server at {url} has no router API (llama-server?): it serves tiny.gguf.\n"
+    assert stopped.exit_code == 1
+    assert stopped.stderr.splitlines() == [
+        f"Error: the server at {url} has no router API (llama-server, or a server that is not pyllama's): "
+        "it serves one model and cannot unload it",
+        "Hint: stop that server instead (Ctrl-C, or SIGTERM to its process)"]
 
 
 def test_rm_refuses_what_a_real_server_has_loaded(endpoint: FakeHub, tmp_path: Path) -> None:

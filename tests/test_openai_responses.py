@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from pyllama_cli.server.errors import APIError
-from pyllama_cli.server.openai_responses.store import ResponseStore
+from pyllama_cli.server.responses_api.store import ResponseStore
 from tests.helpers import hang_up_after, wait_slots_idle
 from tests.test_serve import Server, _start
 
@@ -174,7 +174,7 @@ def test_the_store_forgets_the_oldest_past_its_count_or_its_bytes() -> None:
     for i in range(3):
         store.put({"id": f"r{i}"}, [{"role": "user", "content": "x"}])
     assert list(store.items) == ["r1", "r2"]
-    store.put({"id": "big", "text": "y" * 360}, [])
+    store.put({"id": "big", "text": "y" * 320}, [])  # its JSON and the bytes object holding it: under 400
     assert list(store.items) == ["big"] and store.size <= 400
     store.put({"id": "huge", "text": "z" * 500}, [])  # larger than the whole store: not kept
     assert list(store.items) == ["big"]

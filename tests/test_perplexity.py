@@ -192,7 +192,11 @@ def test_kld_of_a_model_against_itself_is_zero_to_the_printed_digits(tiny_model:
     assert text[0].startswith("chunk             PPL               ln(PPL(Q)/PPL(base))")
     assert len(text[1:6]) == 5 and all(line.endswith("100.000 ±  0.000 %") for line in text[1:6])
     assert "Same top p: 100.000 ± 0.000 %" in text
-    assert "Mean    KLD:   0.000000 ±   0.000000" in text
+    # The sign of a mean this close to 0, and whether the uncertainty's variance rounds to a little
+    # below 0 (C prints "-nan" for its square root), differ by CPU: assert only what holds on all.
+    mean_line = next(line for line in text if line.startswith("Mean    KLD:"))
+    mean, uncertainty = (float(part) for part in mean_line.removeprefix("Mean    KLD:").split("±"))
+    assert abs(mean) < 1e-6 and (math.isnan(uncertainty) or 0 <= uncertainty < 1e-6)
 
 
 def test_kld_of_q4_0_against_its_f16_base_is_positive(quantized: tuple[Path, Path], text_file: Path,

@@ -421,11 +421,11 @@ def _answer(raw: bytes) -> tuple[int, dict[str, str], bytes]:
 
 
 @pytest.mark.parametrize(("head", "status", "code"), [
-    (b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 32768 + b"\r\n\r\n", 431, "request_header_fields_too_large"),
-    (b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (1 << 20), 431, "request_header_fields_too_large"),
+    (b"GET /health HTTP/1.1\r\nHost: localhost\r\nX-Big: " + b"a" * 32768 + b"\r\n\r\n", 431, "request_header_fields_too_large"),
+    (b"GET /health HTTP/1.1\r\nHost: localhost\r\nX-Big: " + b"a" * (1 << 20), 431, "request_header_fields_too_large"),
     (b"GET /health HTTP/1.1\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(101)) + b"\r\n", 431,
      "request_header_fields_too_large"),
-    (b"GET /health?q=" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414, "uri_too_long"),
+    (b"GET /health?q=" + b"a" * 9000 + b" HTTP/1.1\r\nHost: localhost\r\n\r\n", 414, "uri_too_long"),
 ], ids=["32KiB header", "1MiB unfinished header", "101 headers", "9000-byte URL"])
 def test_oversized_head_is_refused_and_server_keeps_serving(limited: Server, head: bytes, status: int, code: str
                                                            ) -> None:
@@ -444,7 +444,7 @@ def test_oversized_head_is_refused_and_server_keeps_serving(limited: Server, hea
 def test_stalled_request_head_is_closed(limited: Server) -> None:
     with _connect(limited) as half, _connect(limited) as silent:
         start = time.monotonic()
-        half.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-")
+        half.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-")
         status, _, body = _answer(_read_all(half))
         assert status == 408 and json.loads(body)["error"]["code"] == "request_timeout"
         assert _read_all(silent) == b""  # a connection that never sent a byte is closed without an answer
@@ -454,7 +454,7 @@ def test_stalled_request_head_is_closed(limited: Server) -> None:
 
 def test_trickled_body_gets_408(limited: Server) -> None:
     with _connect(limited) as sock:
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                      b"Content-Length: 1000000\r\n\r\n")
         start = time.monotonic()
         sock.settimeout(0.2)
@@ -471,7 +471,7 @@ def test_trickled_body_gets_408(limited: Server) -> None:
                 break
             answer += chunk
     status, headers, body = _answer(answer)
-    assert (status, headers["connection"]) == (408, "close")
+    assert (status, headers.get("connection")) == (408, "close"), answer
     assert json.loads(body)["error"]["message"] == "the request body did not arrive within 1 s"
     assert time.monotonic() - start < 3
 
@@ -480,10 +480,10 @@ def test_connections_beyond_the_cap_get_503(limited: Server) -> None:
     kept = [_connect(limited) for _ in range(4)]
     try:
         for sock in kept:  # four kept-alive connections: the cap
-            sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
             assert sock.recv(65536).startswith(b"HTTP/1.1 200 ")
         with _connect(limited) as extra:
-            extra.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            extra.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
             status, headers, body = _answer(_read_all(extra))
         assert (status, headers["retry-after"]) == (503, "1")
         assert json.loads(body)["error"]["code"] == "too_many_connections"

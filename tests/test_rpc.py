@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -338,3 +339,36 @@ def test_bad_rpc_values_are_usage_errors(tiny_model: Path) -> None:
     result = run_cli("complete", "-m", str(tiny_model), "-p", "x", "-ts", "a,b")
     assert result.first_stderr_line == "Error: -ts 'a,b' is not a list of numbers"
 
+
+
+def test_a_server_killed_while_the_engine_waits_for_its_logits_is_an_error_event_not_a_deadlock(
+        models_dir: Path, tmp_path: Path) -> None:
+    """A model slow enough on the RPC server that the engine spends most of each token waiting for the
+    logits (the graph runs asynchronously there): the kill lands in that wait, whose abort report
+    runs Python on ggml's RPC thread. The wait must not hold the GIL, or nothing runs again."""
+    import httpx
+
+    from tests.fixtures.make_gguf import TINY, write_llama_gguf
+
+    slow = write_llama_gguf(models_dir / "rpc-slow.gguf", replace(TINY, n_embd=512, n_layer=8, n_ff=1024, ftype="F16", seed=7))
+    own = [RpcServer(tmp_path / "a.log")]
+    server = start_serve(slow, tmp_path / "serve.log", "--rpc", _rpc(own), "-c", "512")
+    try:
+        body = {"prompt": PROMPT, "max_tokens": 100000, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=20) as response:
+            lines = response.iter_lines()
+            for _ in range(3):  # a few tokens in: the engine is in its token loop
+                next(line for line in lines if line.startswith("data: "))
+            own[0].proc.send_signal(signal.SIGKILL)
+            started = time.monotonic()
+            rest = [line for line in lines if line]
+        assert time.monotonic() - started < 5
+        assert f"RPC server {own[0].endpoint} is gone" in rest[-2] and rest[-1] == "data: [DONE]"
+        health = httpx.get(f"{server.url}/health", timeout=10)
+        assert health.status_code == 503
+        assert f"RPC server {own[0].endpoint} is gone" in health.json()["error"]["message"]
+    finally:
+        server.stop()
+        for rpc_server in own:
+            rpc_server.stop()
+    assert server.proc.returncode == 0  # SIGTERM, not the SIGKILL that stop() falls back to

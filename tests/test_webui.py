@@ -129,7 +129,7 @@ def api_answer(server: Server, messages: list[dict], **fields: Any) -> dict:
 
 
 def test_page_is_small_has_a_strict_csp_and_paints_fast(browser: Any, server: Server) -> None:
-    page = httpx.get(server.url + "/")
+    page = httpx.get(server.url + "/", headers={"Accept": "text/html"})  # what a browser sends
     assert page.status_code == 200 and page.headers["content-type"] == "text/html; charset=utf-8"
     csp = page.headers["content-security-policy"]
     assert "script-src 'self';" in csp and "style-src 'self';" in csp and "default-src 'none';" in csp
@@ -267,6 +267,36 @@ def test_conversations_rename_and_delete(browser: Any, server: Server) -> None:
     assert stored_chats(browser)[0]["title"] == "Greetings"  # the first click only asks
     browser.find_element(By.CSS_SELECTOR, ".chat.current .danger").click()
     assert [c["title"] for c in stored_chats(browser)] == ["New chat"] and texts(browser, ".message") == []
+
+
+def test_a_chat_is_named_from_its_first_messages_plain_text(browser: Any, server: Server) -> None:
+    # Before: the first 40 raw characters, Markdown and all ("**robot** wit"); and with one model the
+    # page never said which model answered.
+    from selenium.webdriver.common.by import By
+
+    open_page(browser, server.url)
+    assert browser.find_element(By.ID, "model").is_displayed() and texts(browser, "#model") == ["tiny"]
+    send(browser, "Tell me about a **robot** with a _hat_, in [three](http://x) lines")
+    wait_answered(browser)
+    assert texts(browser, "#conversations .title") == ["Tell me about a robot with a hat, in…"]
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+@pytest.mark.parametrize(("text", "title"), [
+    ("**robot** with a _hat_ and `code`", "robot with a hat and code"),
+    ("# Plan\n- buy *milk*\n- see [the docs](https://example.com)", "Plan buy milk see the docs"),
+    ("```python\nprint(1)\n```", "print(1)"),
+    ("a message that goes on and on past the forty characters", "a message that goes on and on past the…"),
+    ("  \n ", "New chat"),
+])
+def test_chat_titles_are_plain_text(text: str, title: str) -> None:
+    import subprocess
+
+    script = ('import {chatTitle} from "./pyllama_cli/server/webui/util.js";'
+              "process.stdout.write(chatTitle(JSON.parse(process.argv[1])));")
+    proc = subprocess.run(["node", "--input-type=module", "-e", script, json.dumps(text)], capture_output=True,
+                          text=True, cwd=REPO_ROOT, timeout=60)
+    assert (proc.returncode, proc.stdout) == (0, title), proc.stderr
 
 
 def test_export_and_import_use_the_json_of_chat_save_and_load(browser: Any, server: Server,
@@ -452,7 +482,8 @@ def test_with_an_api_key_the_page_loads_and_asks_for_the_key(browser: Any, tiny_
 def test_no_webui_leaves_only_the_api(tiny_model: Path, tmp_path: Path) -> None:
     srv = _start(tiny_model, tmp_path / "stderr.log", "--no-webui")
     try:
-        assert httpx.get(srv.url + "/").status_code == 404
+        page = httpx.get(srv.url + "/", headers={"Accept": "text/html"})
+        assert page.status_code == 200 and page.text == "Ollama is running"  # ollama's answer, not the page
         assert httpx.get(srv.url + "/webui/app.js").status_code == 404
         assert httpx.post(srv.url + "/render", json={"text": "hi"}).status_code == 404
         assert httpx.get(srv.url + "/v1/models").json()["data"][0]["id"] == "tiny"

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from .chain_values import CHAIN_VALUE_PARSERS
 from .ui import ChatUI, copy_to_clipboard, stats_line
 from ..core.generate.conversation import ChatEngine, Conversation, fit_context
 from ..core.model.settings import INT32_MAX, UINT32_MAX
@@ -95,10 +96,17 @@ PARAMS: dict[str, _Param] = {
     "mirostat_ent": _Param(float, 0), "seed": _Param(int, -1, UINT32_MAX), "ignore_eos": _Param(bool),
     "logit_bias": _Param(str), "grammar": _Param(str), "max_tokens": _Param(int, -1, INT32_MAX),
     "stop": _Param(str),
+    # llama.cpp's newer samplers and the chain's order (llama-server's names and limits)
+    "dry_multiplier": _Param(float), "dry_base": _Param(float, 1), "dry_allowed_length": _Param(int, 0, INT32_MAX),
+    "dry_penalty_last_n": _Param(int, 0, INT32_MAX), "dry_sequence_breakers": _Param(str),
+    "xtc_probability": _Param(float, 0, 1), "xtc_threshold": _Param(float, 0, 1), "top_n_sigma": _Param(float),
+    "dynatemp_range": _Param(float), "dynatemp_exponent": _Param(float), "adaptive_target": _Param(float, None, 1),
+    "adaptive_decay": _Param(float, 0, 0.99), "samplers": _Param(str),
 }
 PARAM_ALIASES = {"temp": "temperature", "typical": "typical_p", "n": "max_tokens", "n_predict": "max_tokens",
                  "num_predict": "max_tokens", "mirostat_eta": "mirostat_lr", "mirostat_tau": "mirostat_ent",
-                 "reverse_prompt": "stop"}
+                 "reverse_prompt": "stop", "dynatemp_exp": "dynatemp_exponent", "top_nsigma": "top_n_sigma",
+                 "dry_sequence_breaker": "dry_sequence_breakers", "sampler_seq": "samplers"}
 _TRUE, _FALSE = {"1", "true", "on", "yes"}, {"0", "false", "off", "no"}
 _NONE = {"none", "off", "-", ""}
 
@@ -120,6 +128,8 @@ def parse_param(name: str, value: str) -> tuple[str, Any]:
         return key, _parse_grammar(value)
     if key == "stop":
         return key, () if value.lower() in _NONE else (value,)
+    if key in CHAIN_VALUE_PARSERS:
+        return key, CHAIN_VALUE_PARSERS[key](value)
     try:
         typed = _convert(value, spec.kind)
     except ValueError:

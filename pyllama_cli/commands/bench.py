@@ -9,12 +9,13 @@ from typing import Annotated, Any
 
 import typer
 
-from ..console import bench_progress, download_tqdm, out, stdout_is_tty
+from ..console import bench_progress, download_tqdm, print_table, stdout_is_tty
 from ..core.bench import spec as defaults
-from ..core.model.resolve import ModelRequest, resolve_model
 from ..errors import Interrupted, UsageError
-from ..options.devices import BenchDeviceOpt, BenchTensorSplitOpt, ListDevicesOpt, RpcOpt, list_devices, parse_rpc
-from ..options.load import HfFileOpt, HfRepoOpt, HfTokenOpt, ModelPathOpt, OfflineOpt, VerboseOpt, repeatable
+from ..options.hardware.cpu import BenchCpuMaskOpt, BenchCpuStrictOpt, BenchPollOpt, PrioOpt
+from ..options.hardware.devices import BenchDeviceOpt, BenchTensorSplitOpt, ListDevicesOpt, RpcOpt, list_devices, parse_rpc
+from ..options.load import HfFileOpt, HfRepoOpt, HfTokenOpt, ModelPathOpt, OfflineOpt, VerboseOpt, in_panel, repeatable
+from ..options.hardware.placement import BenchOverrideTensorOpt
 
 EXAMPLES = """\
 Examples:
@@ -85,9 +86,14 @@ def bench(
     no_kv_offload: NoKvOffloadOpt = None,
     mmap: MmapOpt = None,
     load_mode: LoadModeOpt = None,
+    cpu_mask: in_panel(BenchCpuMaskOpt, SWEEP) = None,
+    cpu_strict: in_panel(BenchCpuStrictOpt, SWEEP) = None,
+    poll: in_panel(BenchPollOpt, SWEEP) = None,
+    prio: in_panel(PrioOpt, RUN) = 0,
     rpc: RpcOpt = None,
     device: BenchDeviceOpt = None,
     tensor_split: BenchTensorSplitOpt = None,
+    override_tensor: BenchOverrideTensorOpt = None,
     list_devices_only: ListDevicesOpt = False,
     repetitions: Annotated[int, typer.Option("-r", "--repetitions", help="Timed runs of each test.",
                                              rich_help_panel=RUN)] = defaults.DEFAULT_REPETITIONS,
@@ -119,7 +125,7 @@ def bench(
     """
     from ..core.bench.compare import load_baseline
     from ..core.bench.output import OUTPUT_FORMATS
-    from ..core.bench.params import make_spec, model_requests
+    from ..core.bench.params import make_spec, model_requests, resolve_models
     from ..core.bench.plot import check_plot_target
     from ..core.bench.runner import build_info
     from ..core.model.rpc import add_servers
@@ -132,20 +138,10 @@ def bench(
     baseline = load_baseline(compare) if compare is not None else None
     if plot is not None:
         check_plot_target(plot)
-    spec = replace(spec, models=_resolve(model_requests(model_path, hf_repo, hf_file, hf_token, offline)))
+    requests = model_requests(model_path, hf_repo, hf_file, hf_token, offline)
+    spec = replace(spec, models=resolve_models(requests, download_tqdm()))
     add_servers(spec.rpc)  # before build_info: the backend is RPC once servers lend devices
     _run(spec, build_info(), output, progress, baseline, plot)
-
-
-def _resolve(requests: list[tuple[str | None, ModelRequest]]) -> tuple[Any, ...]:
-    """The models to benchmark, each labelled as the user named it (else by its resolved path)."""
-    from ..core.bench.spec import BenchModel
-
-    models = []
-    for label, request in requests:
-        resolved = resolve_model(request, tqdm_class=download_tqdm())
-        models.append(BenchModel(label or str(resolved.path), resolved.path))
-    return tuple(models)
 
 
 def _run(spec: Any, build: Any, fmt: str, detail: bool, baseline: list[dict[str, Any]] | None,
@@ -188,9 +184,9 @@ def _finish_output(printer: Any, results: list[Any], speedups: list[float | None
     if printer:
         printer.footer()
     elif results:
-        from ..core.bench.output import rich_table
+        from ..core.bench.output import md_table
 
-        out().print(rich_table(results, speedups, cols, build))
+        print_table(*md_table(results, speedups, cols, build))
 
 
 def _write(text: str) -> None:

@@ -17,7 +17,7 @@ from ..core.model.session import open_model
 from ..core.model.settings import LoadSettings
 from ..errors import Interrupted, OutputClosed, UsageError
 from ..options.load import ChatTemplateOpt, SystemPromptOpt, in_panel, model_options
-from ..options.sampling import SamplingOptions, sampling_options
+from ..options.sampling import SamplingOptions, sampling_options, shift_options
 from ..options.speculative import SpeculativeOptions, speculative_options
 
 EXAMPLES = """\
@@ -36,6 +36,7 @@ REASONING_CHOICES = ("show", "hide")
 
 @model_options(load=True)
 @sampling_options()
+@shift_options()
 @speculative_options()
 def complete(
     model: ModelRequest,
@@ -99,7 +100,7 @@ def complete(
     request = OneShotRequest(
         prompt=read_prompt(prompt, file, unescape), sampling=sampling.settings, n_predict=sampling.n_predict,
         stop=tuple(map(unescape, sampling.stop)), chat=chat, system_prompt=system_prompt, chat_template=chat_template,
-        truncate=truncate, prompt_cache=prompt_cache,
+        truncate=truncate, prompt_cache=prompt_cache, context_shift=sampling.context_shift, keep=sampling.keep,
     )
     progress = model_progress()
     spec = resolve_draft(speculative.settings, speculative.draft, progress.download)
@@ -142,9 +143,9 @@ def _stream(run: Any, echo: bool, catch_sigint: Any, flag: Any, answer: Any) -> 
         try:
             if echo:
                 sink.write(run.text)
-            for piece in run.stream(stop_flag=flag.__bool__):
-                sink.write(answer.feed(piece) if answer is not None else piece)
-            if answer is not None:
+            for piece in run.stream(stop_flag=flag.__bool__):  # drained to its end, but nothing shown after ^C
+                sink.write("" if flag else answer.feed(piece) if answer is not None else piece)
+            if answer is not None and not flag:
                 sink.write(answer.flush())
         except Interrupted:  # Ctrl-C during the prompt evaluation
             return True

@@ -62,12 +62,12 @@ def list_models(models_dir: ModelsDirOpt = None, as_json: JsonOpt = False) -> No
 
 
 def _as_dict(model: LocalModel) -> dict[str, Any]:
-    return {**model.to_dict(), "modified": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(model.modified))}
+    return {**model.to_dict(), "quant": model.file_type or model.quant, "modified": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(model.modified))}
 
 
 def _print_table(models: list[LocalModel]) -> None:
     rows = [("NAME", "QUANT", "SIZE", "PARTS", "MODIFIED")] + [
-        (m.name, m.quant or "-", human_size(m.size), str(len(m.parts)),
+        (m.name, m.file_type or m.quant or "-", human_size(m.size), str(len(m.parts)),
          time.strftime("%Y-%m-%d %H:%M", time.localtime(m.modified))) for m in models]
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     for row in rows:

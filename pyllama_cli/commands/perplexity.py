@@ -16,7 +16,7 @@ from ..core.paths import require_folder
 from ..core.model.resolve import ModelRequest
 from ..core.model.session import open_model
 from ..core.model.settings import LoadSettings
-from ..options.load import LOAD_PANEL, model_options, own_option
+from ..options.load import LOAD_PANEL, model_options
 
 EXAMPLES = """\
 Examples:
@@ -36,7 +36,7 @@ ChunkCtxOpt = Annotated[int, typer.Option(
     rich_help_panel=LOAD_PANEL, show_default=False)]
 
 
-@model_options(load=True)
+@model_options(load=True, own={"ctx_size": ChunkCtxOpt})  # -c: tokens per chunk, not the context size
 def perplexity(
     cli: typer.Context,
     model: ModelRequest,
@@ -188,5 +188,3 @@ def _score(mc: Any, model: Any, load: LoadSettings, n_ctx: int, tasks: list[Any]
                 typer.echo(line(r))
     return results
 
-
-perplexity = own_option(perplexity, "ctx_size", ChunkCtxOpt)  # -c: tokens per chunk, not the shared context size

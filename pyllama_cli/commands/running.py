@@ -8,30 +8,44 @@ from typing import Annotated, Any
 import typer
 
 from ..console import human_size, info, warn
-from ..core.store.servers import DEFAULT_URL
+from ..core.store.servers import DEFAULT_HOST, DEFAULT_PORT
 from ..options.load import JsonOpt
 from .models import ApiKeyOpt
 
 PS_EXAMPLES = """\
 Examples:
   pyllama ps
-  pyllama ps --url http://127.0.0.1:8000 --json
+  pyllama ps --port 8000 --json
+  pyllama ps --url 192.168.1.5:8080
 """
 STOP_EXAMPLES = """\
 Examples:
   pyllama stop gemma-3-1b-it-Q4_K_M
-  pyllama stop tiny --url http://127.0.0.1:8000
+  pyllama stop tiny --port 8000
 """
 
-UrlOpt = Annotated[str, typer.Option("--url", help="The server's address.")]
+HostOpt = Annotated[str, typer.Option("--host", help="The server's address, as serve's --host.")]
+PortOpt = Annotated[int, typer.Option("--port", min=1, max=65535, help="The server's port, as serve's --port.")]
+UrlOpt = Annotated[str | None, typer.Option(
+    "--url", help="The server's URL (http://host:port, or a bare host:port); replaces --host and --port.",
+    show_default=False)]
 RUNTIME_FIELDS = ("memory_bytes", "n_ctx", "slots_busy", "slots_total", "idle_s")
 
 
-def ps(url: UrlOpt = DEFAULT_URL, api_key: ApiKeyOpt = None, as_json: JsonOpt = False) -> None:
+def ps(host: HostOpt = DEFAULT_HOST, port: PortOpt = DEFAULT_PORT, url: UrlOpt = None, api_key: ApiKeyOpt = None,
+       as_json: JsonOpt = False) -> None:
     """Show the models a running server has loaded: memory, context, busy slots, idle time."""
-    from ..core.store.servers import model_status, server_models
+    from ..core.store.servers import has_router_api, model_status, server_models, server_url
 
-    cards = [c for c in server_models(url, api_key) if model_status(c) in ("loaded", "loading")]
+    url = server_url(url, host, port)
+    served = server_models(url, api_key)
+    if not has_router_api(served):
+        if as_json:
+            typer.echo(json.dumps([_row(card) for card in served], indent=2, ensure_ascii=False))
+        ids = ", ".join(card["id"] for card in served)
+        info(f"The server at {url} has no router API (llama-server?): it serves {ids or 'no model'}.")
+        return
+    cards = [c for c in served if model_status(c) in ("loaded", "loading")]
     rows = [_row(card) for card in cards]
     missing = [row["id"] for row in rows if row["status"] == "loaded" and row["memory_bytes"] is None]
     if missing:
@@ -81,13 +95,16 @@ def stop(
     model: Annotated[str, typer.Argument(
         help="The model's id on the server (as `pyllama ps` shows it), or a cached user/repo[:quant].",
         show_default=False)],
-    url: UrlOpt = DEFAULT_URL,
+    host: HostOpt = DEFAULT_HOST,
+    port: PortOpt = DEFAULT_PORT,
+    url: UrlOpt = None,
     api_key: ApiKeyOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Unload a model from a running server (it loads again on its next request)."""
-    from ..core.store.servers import unload_model
+    from ..core.store.servers import server_url, unload_model
 
+    url = server_url(url, host, port)
     model = _served_id(model)
     unload_model(url, model, api_key)
     if as_json:

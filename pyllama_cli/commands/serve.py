@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
-import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import typer
 
-from ..console import download_tqdm
-from ..core.model.resolve import ModelRequest, resolve_model
+from ..console import download_tqdm, warn
+from ..core.model.resolve import ModelRequests, resolve_model
+from ..core.model.session import trained_context_warning
 from ..core.model.settings import LoadSettings
 from ..errors import UsageError
 from ..options.embedding import EmbeddingMode, embedding_options
 from ..options.limits import limit_options
-from ..options.load import ChatTemplateOpt, in_panel, model_options, own_option
+from ..options.load import ChatTemplateOpt, in_panel, model_options
 from ..options.sampling import SamplingOptions, sampling_options
 from ..options.speculative import SpeculativeOptions, speculative_options
 from ..server.settings import ServerLimits
@@ -24,13 +25,17 @@ from ..options.serve import (
     DEFAULT_PORT,
     SERVER_PANEL,
     AliasOpt,
+    AllowedHostsOpt,
     ApiKeyOpt,
     CorsOriginOpt,
-    HfReposOpt,
+    LogFormatOpt,
+    QuietOpt,
+    ServeVerboseOpt,
+    VerboseNativeOpt,
+    DocsOpt,
     HostOpt,
     KvUnifiedOpt,
     MaxBodySizeOpt,
-    ModelPathsOpt,
     ModelsCacheOpt,
     ModelsDirOpt,
     ModelsMaxOpt,
@@ -42,6 +47,7 @@ from ..options.serve import (
     SlotSavePathOpt,
     ReasoningBudgetOpt,
     ReasoningFormatOpt,
+    parse_size,
 )
 from ..core.text.reasoning import FORMAT_DEEPSEEK, UNLIMITED
 
@@ -57,17 +63,14 @@ Examples:
   curl http://127.0.0.1:8080/v1/chat/completions -d '{"messages": [{"role": "user", "content": "Hi"}]}'
 """
 
-_SIZE = re.compile(r"^\s*(\d+)\s*([kmg]?)(i?b)?\s*$", re.IGNORECASE)
-
-
-@model_options(load=True)
+@model_options(load=True, several=True, own={"verbose": ServeVerboseOpt})  # -v: the server's own detail
 @sampling_options()
 @speculative_options()
 @limit_options()
 @embedding_options()
 def serve(
     ctx: typer.Context,
-    model: ModelRequest,
+    model: ModelRequests,
     load: LoadSettings,
     sampling: SamplingOptions,
     speculative: SpeculativeOptions,
@@ -77,6 +80,8 @@ def serve(
     alias: AliasOpt = None,
     api_key: ApiKeyOpt = None,
     cors_origin: CorsOriginOpt = None,
+    allowed_hosts: AllowedHostsOpt = None,
+    docs: DocsOpt = False,
     slot_save_path: SlotSavePathOpt = None,
     embeddings: EmbeddingMode = EmbeddingMode(),
     max_body_size: MaxBodySizeOpt = "8MiB",
@@ -91,6 +96,9 @@ def serve(
     models_preset: ModelsPresetOpt = None,
     reasoning_format: ReasoningFormatOpt = FORMAT_DEEPSEEK,
     reasoning_budget: ReasoningBudgetOpt = UNLIMITED,
+    log_format: LogFormatOpt = "text",
+    quiet: QuietOpt = False,
+    verbose_native: VerboseNativeOpt = False,
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API: chat, completions, embeddings.
 
@@ -105,6 +113,7 @@ def serve(
     """
     from ..core.generate.speculative import resolve_draft
     from ..server import run as server
+    from ..server.http.hosts import allowed_hosts as hosts_allowed
     from ..server.settings import ServerSettings
 
 
@@ -116,33 +125,34 @@ def serve(
         raise UsageError("--spec-type and -md speed up generation; an --embeddings server generates nothing",
                          hint="drop --spec-type/-md, or serve a generating model without --embeddings")
     spec = resolve_draft(speculative.settings, speculative.draft, download_tqdm())
-    paths: list[str] = list(model.model or [])  # -m and -hf are repeatable here: lists
-    repos: list[str] = list(model.hf_repo or [])
-    router = (len(paths) + len(repos) != 1 or bool(models_dir) or models_cache or models_preset is not None
+    router = (model.count != 1 or bool(models_dir) or models_cache or models_preset is not None
               or sleep_idle_seconds >= 0)  # a model that unloads when idle and loads again on demand
     settings = ServerSettings(
         alias=alias or "", sampling=sampling.settings, n_predict=sampling.n_predict,
         stop=sampling.stop, api_key=api_key or None, cors_origins=tuple(cors_origin or ()),
         max_body_size=parse_size(max_body_size), chat_template=chat_template, webui=not no_webui,
         limits=limits, speculative=spec, slot_save_path=slot_save_path.resolve() if slot_save_path else None,
-        reasoning_format=reasoning_format, reasoning_budget=reasoning_budget, **embeddings.fields,
+        reasoning_format=reasoning_format, reasoning_budget=reasoning_budget, docs=docs,
+        allowed_hosts=hosts_allowed(host, allowed_hosts or []),
+        access_log=None if quiet else log_format, verbose=load.verbose, **embeddings.fields,
     )
+    load = replace(load, verbose=verbose_native)  # -v is the server's detail; llama.cpp's log is its own switch
     if router:
-        _serve_router(ctx, model, paths, repos, load, settings, host, port, embeddings=embeddings, alias=alias,
+        _serve_router(ctx, model, load, settings, host, port, embeddings=embeddings, alias=alias,
                       models_dir=models_dir or [], models_cache=models_cache, models_max=models_max,
                       idle=sleep_idle_seconds, preset=models_preset, parallel=parallel, kv_unified=kv_unified)
         return
-    one = ModelRequest(model=paths[0] if paths else None, hf_repo=repos[0] if repos else None,
-                       hf_file=model.hf_file, hf_token=model.hf_token, offline=model.offline)
-    resolved = resolve_model(one, tqdm_class=download_tqdm())
+    resolved = resolve_model(model.first(), tqdm_class=download_tqdm())
+    per_request = load.n_ctx if kv_unified else load.n_ctx // parallel  # what llama.cpp checks: n_ctx_seq
+    if past := trained_context_warning(resolved.path, per_request, f"a context of {per_request} tokens per request"):
+        warn(past)
     _add_rpc_servers(load)
-    settings = _with_alias(settings, alias or _default_alias(resolved.path))
+    settings = replace(settings, alias=alias or resolved.path.stem)  # default: the file's name without .gguf
     socks = server.listen_for(host, port, settings)
     server.serve(socks, resolved.path, load, settings, embeddings=embeddings, parallel=parallel, kv_unified=kv_unified)
 
 
-def _serve_router(ctx: typer.Context, model: ModelRequest, paths: list[str], repos: list[str], load: LoadSettings,
-                  settings: Any, host: str, port: int, *, embeddings: bool, alias: str | None, models_dir: list[Path],
+def _serve_router(ctx: typer.Context, model: ModelRequests, load: LoadSettings, settings: Any, host: str, port: int, *, embeddings: bool, alias: str | None, models_dir: list[Path],
                   models_cache: bool, models_max: int, idle: float, preset: Path | None, parallel: int,
                   kv_unified: bool) -> None:
     from ..server import run as server
@@ -155,10 +165,9 @@ def _serve_router(ctx: typer.Context, model: ModelRequest, paths: list[str], rep
                          hint="give one model, or set aliases with `alias = NAME` in --models-preset")
     if load.rpc and models_max != 1:  # two models decoding on one RPC server at once hang in ggml's RPC client
         raise UsageError("--rpc in router mode runs one model at a time", hint="add --models-max 1")
-    if len(repos) > 1 and model.hf_file:
+    if len(model.hf_repos) > 1 and model.hf_file:
         raise UsageError("-hff picks a file of one -hf repo, and there are several", hint="use -hf user/repo:QUANT")
-    found = find_models(paths, repos, models_dir, models_cache or not (paths or repos or models_dir), model,
-                        tqdm_class=download_tqdm())
+    found = find_models(model, models_dir, models_cache or not (model.count or models_dir), tqdm_class=download_tqdm())
     given = frozenset(name for name in ctx.params
                       if (source := ctx.get_parameter_source(name)) is not None
                       and source.name in ("COMMANDLINE", "ENVIRONMENT"))
@@ -167,7 +176,7 @@ def _serve_router(ctx: typer.Context, model: ModelRequest, paths: list[str], rep
     models, preload = router_models(found, load, settings, options)
     _add_rpc_servers(load)
     socks = server.listen_for(host, port, settings)
-    serve_router(socks, models, preload, settings, options, load.verbose)
+    serve_router(socks, models, preload, settings, options, settings.verbose)
 
 
 def _add_rpc_servers(load: LoadSettings) -> None:
@@ -177,23 +186,3 @@ def _add_rpc_servers(load: LoadSettings) -> None:
         add_servers(load.rpc)  # an unreachable server fails now, before the port opens
 
 
-def _with_alias(settings: Any, alias: str) -> Any:
-    from dataclasses import replace
-
-    return replace(settings, alias=alias)
-
-
-def _default_alias(path: Path) -> str:
-    return path.stem
-
-
-def parse_size(text: str) -> int:
-    """Bytes in '8388608', '8M', '8MiB', '512K'... (powers of 1024)."""
-    match = _SIZE.match(text)
-    if not match:
-        raise typer.BadParameter(f"{text!r} is not a size such as 8388608, 512K or 8MiB",
-                                 param_hint="'--max-body-size'")
-    return int(match.group(1)) * 1024 ** " kmg".index(match.group(2).lower() or " ")
-
-
-serve = own_option(own_option(serve, "model_path", ModelPathsOpt), "hf_repo", HfReposOpt)

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from ..click_text import PyllamaCommand, PyllamaGroup
 from ..console import info
 
 EXAMPLES = """\
@@ -28,7 +29,7 @@ Examples:
 """
 
 app = typer.Typer(name="completion", help="Shell completion for pyllama: install it, or print the script.",
-                  no_args_is_help=True, epilog=EXAMPLES)
+                  no_args_is_help=True, epilog=EXAMPLES, rich_markup_mode=None, cls=PyllamaGroup)
 
 
 class Shell(str, Enum):
@@ -37,7 +38,7 @@ class Shell(str, Enum):
     fish = "fish"
 
 
-@app.command("install", epilog=INSTALL_EXAMPLES)
+@app.command("install", epilog=INSTALL_EXAMPLES, cls=PyllamaCommand)
 def install(
     ctx: typer.Context,
     shell: Annotated[Shell | None, typer.Argument(
@@ -58,7 +59,7 @@ def install(
     info(f"Open a new {name} to use it.")
 
 
-@app.command("show", epilog=SHOW_EXAMPLES)
+@app.command("show", epilog=SHOW_EXAMPLES, cls=PyllamaCommand)
 def show(ctx: typer.Context, shell: Annotated[Shell, typer.Argument(help="The shell.", show_default=False)]) -> None:
     """Print the completion script for SHELL."""
     typer.echo(_script(ctx, shell.value), nl=False)

@@ -11,7 +11,8 @@ import typer
 
 from ..core.embed.compute import DEFAULT_EMBD_NORMALIZE
 from ..core.embed.pooling import POOLING_NAMES, RANK, UNSPECIFIED, pooling_type
-from .load import option_param, replace_params
+from .llama_env import with_llama_env
+from .load import option_param, with_flags
 from .serve import EmbeddingsOpt
 
 EMBEDDING_PANEL = "Embeddings"
@@ -44,12 +45,12 @@ class EmbeddingMode:
         return {"pooling": self.pooling, "embd_normalize": self.normalize}
 
 
-_PARAMS = [
+_PARAMS = with_llama_env([  # LLAMA_ARG_EMBEDDINGS, LLAMA_ARG_POOLING, LLAMA_ARG_RERANKING
     option_param("embeddings_flag", EmbeddingsOpt, False),
     option_param("pooling", PoolingOpt, None),
     option_param("embd_normalize", EmbdNormalizeOpt, DEFAULT_EMBD_NORMALIZE),
     option_param("rerank", RerankOpt, False),
-]
+])
 
 
 def embedding_options() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -62,6 +63,6 @@ def embedding_options() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
                                              kwargs.pop("embd_normalize"))
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
-        return replace_params(fn, ("embeddings",), _PARAMS, build)
+        return with_flags(fn, ("embeddings",), _PARAMS, build)
 
     return decorate

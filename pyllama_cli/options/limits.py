@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from ..server.settings import ServerLimits
-from .load import option_param, replace_params
+from .load import option_param, with_flags
 
 LIMITS_PANEL = "Server limits"
 _D = ServerLimits()
@@ -44,6 +44,21 @@ _LIMIT_PARAMS = [
         _D.max_connections),
     option_param("keep_alive_timeout", Annotated[float, _opt(
         "--keep-alive-timeout", "Seconds an idle keep-alive connection stays open.", 0.1)], _D.keep_alive_timeout),
+    option_param("max_grammar_size", Annotated[int, _opt(
+        "--max-grammar-size", "Largest grammar a request's JSON schema or grammar may make, in bytes of GBNF (larger "
+        "gets 400): a long enum slows every slot's sampling.", 1024)], _D.max_grammar_size),
+    option_param("max_grammar_seconds", Annotated[float, _opt(
+        "--max-grammar-seconds", "Longest a request's grammar may take to build (schema conversion and parse; "
+        "longer gets 400).", 0.01)], _D.max_grammar_seconds),
+    option_param("stream_buffer_size", Annotated[int, _opt(
+        "--stream-buffer-size", "Bytes one X-Conversation-Id stream may buffer; past it the stream ends with an "
+        "error event (docs/streams.md).", 1024)], _D.stream_buffer_size),
+    option_param("stream_sessions", Annotated[int, _opt(
+        "--stream-sessions", "X-Conversation-Id streams kept at once; when all are still generating a new one "
+        "gets 503.", 1)], _D.stream_sessions),
+    option_param("stream_grace", Annotated[float, _opt(
+        "--stream-grace", "Seconds a finished X-Conversation-Id stream stays readable at /v1/stream.", 0)],
+        _D.stream_grace),
 ]
 
 
@@ -54,6 +69,6 @@ def limit_options() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         kwargs["limits"] = ServerLimits(**{p.name: kwargs.pop(p.name) for p in _LIMIT_PARAMS})
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
-        return replace_params(fn, ("limits",), _LIMIT_PARAMS, build)
+        return with_flags(fn, ("limits",), _LIMIT_PARAMS, build)
 
     return decorate

@@ -2,13 +2,12 @@
 
 Flag names follow llama.cpp's (`-m`, `-hf`, `-c`, `-t`, `-ngl`, `-fa`, `-b`, `-ub`, `-s`, `-v`).
 `model_options` adds the model-naming flags (and, with `load=True`, the load flags) to a command
-and hands it a `ModelRequest` (and a `LoadSettings`).
+and hands it a `ModelRequest` (or, with `several=True`, a `ModelRequests`) and a `LoadSettings`.
 """
 
 from __future__ import annotations
 
 import copy
-import functools
 import inspect
 import typing
 from collections.abc import Callable
@@ -17,7 +16,7 @@ from typing import Annotated, Any
 
 import typer
 
-from ..core.model.resolve import DEFAULT_QUANT, ModelRequest
+from ..core.model.resolve import DEFAULT_QUANT, ModelRequest, ModelRequests
 from ..core.model.settings import (
     DEFAULT_N_BATCH,
     DEFAULT_N_CTX,
@@ -32,7 +31,8 @@ from ..core.model.settings import (
 )
 from ..errors import UsageError
 from .adapters import ADAPTER_PARAMS, adapter_settings
-from .devices import (
+from .hardware.cpu import cpu_params, cpu_settings
+from .hardware.devices import (
     DeviceOpt,
     ListDevicesOpt,
     RpcOpt,
@@ -42,6 +42,10 @@ from .devices import (
     parse_rpc,
     parse_tensor_split,
 )
+from .context import CONTEXT_PARAMS, context_settings
+from .kv_cache import KV_CACHE_PARAMS, kv_cache_settings
+from .llama_env import with_llama_env
+from .hardware.placement import PLACEMENT_PARAMS, placement_settings
 
 MODEL_PANEL = "Model"
 LOAD_PANEL = "Loading"
@@ -120,12 +124,22 @@ def option_param(name: str, annotation: Any, default: Any) -> inspect.Parameter:
     return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation, default=default)
 
 
+ModelPathsOpt = repeatable(ModelPathOpt, " Repeat for router mode: one server, many models.")
+HfReposOpt = repeatable(HfRepoOpt, " Repeatable (router mode).")
+
+
 _MODEL_PARAMS = [
     option_param("model_path", ModelPathOpt, None),
     option_param("hf_repo", HfRepoOpt, None),
     option_param("hf_file", HfFileOpt, None),
     option_param("hf_token", HfTokenOpt, None),
     option_param("offline", OfflineOpt, False),
+]
+# serve's form: -m and -hf repeatable, for a router of several models (`model_options(several=True)`).
+_SEVERAL_MODEL_PARAMS = [
+    option_param("model_path", ModelPathsOpt, None),
+    option_param("hf_repo", HfReposOpt, None),
+    *_MODEL_PARAMS[2:],
 ]
 _LOAD_PARAMS = [
     option_param("ctx_size", CtxSizeOpt, DEFAULT_N_CTX),
@@ -143,8 +157,14 @@ _LOAD_PARAMS = [
     option_param("device", DeviceOpt, None),
     option_param("tensor_split", TensorSplitOpt, None),
     option_param("list_devices", ListDevicesOpt, False),
-    *ADAPTER_PARAMS,
+    *cpu_params(),  # -tb, -C/-Cr, --prio, --poll, --cpu-strict and their batch variants (options/hardware/cpu.py)
+    *ADAPTER_PARAMS,  # --lora, --lora-scaled, --control-vector... (options/adapters.py)
 ]
+# Flags of their own modules, added to the load flags (kept apart so each concern has one module).
+_LOAD_PARAMS += KV_CACHE_PARAMS + CONTEXT_PARAMS + PLACEMENT_PARAMS
+_LOAD_PARAMS = with_llama_env(_LOAD_PARAMS)  # LLAMA_ARG_CTX_SIZE and the others llama.cpp reads
+_MODEL_PARAMS = with_llama_env(_MODEL_PARAMS)  # LLAMA_ARG_MODEL, LLAMA_ARG_HF_REPO, LLAMA_ARG_HF_FILE
+_SEVERAL_MODEL_PARAMS = with_llama_env(_SEVERAL_MODEL_PARAMS)
 
 
 def model_request(kwargs: dict[str, Any]) -> ModelRequest:
@@ -152,6 +172,14 @@ def model_request(kwargs: dict[str, Any]) -> ModelRequest:
     return ModelRequest(
         model=kwargs.pop("model_path"), hf_repo=kwargs.pop("hf_repo"), hf_file=kwargs.pop("hf_file"),
         hf_token=kwargs.pop("hf_token"), offline=kwargs.pop("offline"),
+    )
+
+
+def model_requests(kwargs: dict[str, Any]) -> ModelRequests:
+    """Pop the model-naming flags out of a command's keyword arguments, -m and -hf given any number of times."""
+    return ModelRequests(
+        paths=tuple(kwargs.pop("model_path") or ()), hf_repos=tuple(kwargs.pop("hf_repo") or ()),
+        hf_file=kwargs.pop("hf_file"), hf_token=kwargs.pop("hf_token"), offline=kwargs.pop("offline"),
     )
 
 
@@ -172,6 +200,8 @@ def load_settings(kwargs: dict[str, Any]) -> LoadSettings:
         flash_attn=flash, n_batch=kwargs.pop("batch_size"), n_ubatch=kwargs.pop("ubatch_size"),
         mlock=kwargs.pop("mlock"), mmap=not kwargs.pop("no_mmap"), seed=kwargs.pop("seed"),
         verbose=kwargs.pop("verbose"), log_file=kwargs.pop("log_file"), adapters=adapter_settings(kwargs),
+        **kv_cache_settings(kwargs), **context_settings(kwargs), **placement_settings(kwargs),
+        **cpu_settings(kwargs),
     )
 
 
@@ -183,54 +213,53 @@ def check_fits(*, values: dict[str, Any], **limits: tuple[str, int]) -> None:
             raise UsageError(f"{flag} {values[name]} is too large", hint=f"llama.cpp takes at most {limit}")
 
 
-def own_option(command: Callable[..., Any], name: str, alias: Any) -> Callable[..., Any]:
-    """Give a shared flag this command's own meaning: parameter `name` of a decorated command takes
-    `alias` (its flags, help and panel) in place of the shared declaration, e.g. perplexity's -c."""
-    sig = command.__signature__  # type: ignore[attr-defined]
-    params = [p.replace(annotation=alias) if p.name == name else p for p in sig.parameters.values()]
-    command.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
-    command.__annotations__[name] = alias
-    return command
-
-
-def model_options(load: bool = True) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def model_options(load: bool = True, *, several: bool = False,
+                  own: dict[str, Any] | None = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Give a command the shared model flags (and load flags when `load`).
 
-    The command declares `model: ModelRequest` (and `load: LoadSettings`) parameters; the wrapper
-    replaces them with the individual flags in `--help` and builds the objects from them.
+    The command declares a `model: ModelRequest` parameter (`model: ModelRequests` with `several`: -m
+    and -hf may then be given several times, as serve's router mode takes them), and `load:
+    LoadSettings` with `load`; `with_flags` shows the individual flags in their place and builds the
+    objects from them. `own` gives a shared flag this command's own declaration, e.g. perplexity's
+    -c: {"ctx_size": ChunkCtxOpt}.
     """
+    flags = (_SEVERAL_MODEL_PARAMS if several else _MODEL_PARAMS) + (_LOAD_PARAMS if load else [])
+    if own:
+        flags = [p.replace(annotation=own[p.name]) if p.name in own else p for p in flags]
 
     def build(kwargs: dict[str, Any]) -> None:
-        kwargs["model"] = model_request(kwargs)
+        kwargs["model"] = model_requests(kwargs) if several else model_request(kwargs)
         if load:
             kwargs["load"] = load_settings(kwargs)
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
-        return replace_params(fn, ("model", "load"), _MODEL_PARAMS + (_LOAD_PARAMS if load else []), build)
+        return with_flags(fn, ("model", "load"), flags, build)
 
     return decorate
 
 
-def replace_params(fn: Callable[..., Any], replaced: tuple[str, ...], added: list[inspect.Parameter],
-                   build: Callable[[dict[str, Any]], None]) -> Callable[..., Any]:
-    """Wrap a command so its signature shows the `added` flags instead of the `replaced` parameters.
+def with_flags(fn: Callable[..., Any], replaced: tuple[str, ...], flags: list[inspect.Parameter],
+               build: Callable[[dict[str, Any]], None]) -> Callable[..., Any]:
+    """A command that takes `flags` in place of `fn`'s `replaced` parameters (objects built of them).
 
-    Before the command runs, `build(kwargs)` pops the added flags' values and sets the replaced
-    parameters (e.g. a LoadSettings made of the load flags).
+    Typer reads a command's parameters with `inspect.signature`, which gives a function's
+    `__signature__` when it has one (PEP 362): the command made here sets its own to `fn`'s other
+    parameters followed by `flags`, and that is what `--help` shows. When it runs, `build(kwargs)`
+    pops the flags' values and sets the replaced parameters (e.g. a LoadSettings made of the load
+    flags) before `fn` is called.
     """
     sig = inspect.signature(fn)
     # Resolve string annotations (PEP 563) in the command's own module, where its names live.
     hints = typing.get_type_hints(fn, include_extras=True)
-    own = [p.replace(annotation=hints.get(name, p.annotation))
-           for name, p in sig.parameters.items() if name not in replaced]
-    params = own + list(added)
+    params = [p.replace(annotation=hints.get(name, p.annotation))
+              for name, p in sig.parameters.items() if name not in replaced] + list(flags)
 
-    @functools.wraps(fn)
-    def wrapper(**kwargs: Any) -> Any:
+    def command(**kwargs: Any) -> Any:
         build(kwargs)
         return fn(**kwargs)
 
-    wrapper.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
-    wrapper.__annotations__ = {p.name: p.annotation for p in params}
-    del wrapper.__wrapped__  # typer (and outer decorators) must read the new signature, not the original's
-    return wrapper
+    command.__name__, command.__qualname__, command.__module__ = fn.__name__, fn.__qualname__, fn.__module__
+    command.__doc__ = fn.__doc__
+    command.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+    command.__annotations__ = {p.name: p.annotation for p in params}
+    return command

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -37,7 +37,10 @@ from ..core.generate.sampling import (
 )
 from ..core.model.settings import INT32_MAX, UINT32_MAX
 from ..errors import UsageError
-from .load import check_fits, option_param, replace_params
+from .context import ContextShiftOpt, KeepOpt, check_keep
+from .llama_env import with_llama_env
+from .load import check_fits, option_param, with_flags
+from .sampler_chain import CHAIN_PARAMS, chain_settings
 
 SAMPLING_PANEL = "Sampling"
 CONSTRAINT_PANEL = "Output constraints"
@@ -106,6 +109,8 @@ class SamplingOptions:
     settings: SamplingSettings
     n_predict: int = DEFAULT_N_PREDICT
     stop: tuple[str, ...] = ()
+    context_shift: bool = False  # complete's --context-shift and --keep (shift_options)
+    keep: int = 0
 
 
 _LOGIT_BIAS = re.compile(r"^\s*(\d+)\s*([+-])\s*(inf|\d+(?:\.\d*)?|\.\d+)\s*$", re.IGNORECASE)
@@ -205,6 +210,9 @@ _SAMPLING_PARAMS = [
     option_param("json_schema", JsonSchemaOpt, None),
     option_param("json_schema_file", JsonSchemaFileOpt, None),
 ]
+# DRY, XTC, top-n-sigma, dynamic temperature, adaptive-p and the chain's order: their own module.
+_SAMPLING_PARAMS += CHAIN_PARAMS
+_SAMPLING_PARAMS = with_llama_env(_SAMPLING_PARAMS)  # LLAMA_ARG_TEMPERATURE and the others llama.cpp reads
 
 
 def sampling_options_from(kwargs: dict[str, Any]) -> SamplingOptions:
@@ -213,13 +221,15 @@ def sampling_options_from(kwargs: dict[str, Any]) -> SamplingOptions:
     The seed comes from `load` (a LoadSettings) when model_options already built it, else from `seed`.
     """
     values = {p.name: kwargs.pop(p.name) for p in _SAMPLING_PARAMS}
+    chain = chain_settings(values)
     check_fits(n_predict=("-n", INT32_MAX), top_k=("--top-k", INT32_MAX), repeat_last_n=("--repeat-last-n", INT32_MAX),
                values=values)
     n_predict = values.pop("n_predict")
     stop = tuple(values.pop("reverse_prompt") or ())
     load = kwargs.get("load")
     seed = load.seed if load is not None else kwargs.get("seed", RANDOM_SEED)
-    return SamplingOptions(settings=sampling_settings(**values, seed=seed), n_predict=n_predict, stop=stop)
+    settings = replace(sampling_settings(**values, seed=seed), **chain)
+    return SamplingOptions(settings=settings, n_predict=n_predict, stop=stop)
 
 
 def sampling_options() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -232,6 +242,21 @@ def sampling_options() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         kwargs["sampling"] = sampling_options_from(kwargs)
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
-        return replace_params(fn, ("sampling",), _SAMPLING_PARAMS, build)
+        return with_flags(fn, ("sampling",), _SAMPLING_PARAMS, build)
+
+    return decorate
+
+
+def shift_options() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Give a command `--context-shift` and `--keep`, carried on its `sampling` (put it under `@sampling_options()`,
+    whose SamplingOptions it completes)."""
+    params = [option_param("context_shift", ContextShiftOpt, False), option_param("keep", KeepOpt, 0)]
+
+    def build(kwargs: dict[str, Any]) -> None:
+        kwargs["sampling"] = replace(kwargs["sampling"], context_shift=kwargs.pop("context_shift"),
+                                     keep=check_keep(kwargs.pop("keep")))
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        return with_flags(fn, (), params, build)
 
     return decorate

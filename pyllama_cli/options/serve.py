@@ -2,21 +2,20 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from ..core.serving.pool import DEFAULT_MODELS_MAX
-from .load import HfRepoOpt, ModelPathOpt, repeatable
+from .llama_env import with_env
 
 SERVER_PANEL = "Server"
 ROUTER_PANEL = "Router mode (many models)"
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
 
-ModelPathsOpt = repeatable(ModelPathOpt, " Repeat for router mode: one server, many models.")
-HfReposOpt = repeatable(HfRepoOpt, " Repeatable (router mode).")
 HostOpt = Annotated[str, typer.Option("--host", help="Address to listen on (several: comma-separated, as "
                                       "127.0.0.1,::1).", rich_help_panel=SERVER_PANEL)]
 PortOpt = Annotated[int, typer.Option(
@@ -32,6 +31,13 @@ CorsOriginOpt = Annotated[list[str] | None, typer.Option(
     "--cors-origin", help="Also allow browser requests from this origin (repeatable; '*' = any origin, as "
     "llama-server does). Loopback origins (localhost, 127.0.0.1, [::1], any port) are always allowed.",
     rich_help_panel=SERVER_PANEL, show_default=False)]
+AllowedHostsOpt = Annotated[list[str] | None, typer.Option(
+    "--allowed-hosts", help="Host names the server answers to (repeatable or comma-separated; '*' = any). "
+    "Default: bound to loopback, only loopback names (localhost, 127.0.0.1, [::1]), against DNS rebinding; "
+    "bound elsewhere, any.", rich_help_panel=SERVER_PANEL, show_default=False)]
+DocsOpt = Annotated[bool, typer.Option(
+    "--docs", help="Serve Swagger UI at /docs (it loads its scripts from a CDN); /openapi.json is always there.",
+    rich_help_panel=SERVER_PANEL)]
 SlotSavePathOpt = Annotated[Path | None, typer.Option(
     "--slot-save-path", help="Folder for /slots/ID?action=save|restore files (off unless given).",
     rich_help_panel=SERVER_PANEL, show_default=False, file_okay=False, exists=True)]
@@ -84,3 +90,40 @@ ModelsPresetOpt = Annotated[Path | None, typer.Option(
     dir_okay=False)]
 
 __all__ = ["DEFAULT_MODELS_MAX"]
+
+
+# llama-server's LLAMA_ARG_* environment variables for the server flags that have one.
+# (-m and -hf get theirs in options/load.py, where they are declared.)
+HostOpt, PortOpt, AliasOpt, ParallelOpt, KvUnifiedOpt, EmbeddingsOpt = (
+    with_env(alias) for alias in (HostOpt, PortOpt, AliasOpt, ParallelOpt, KvUnifiedOpt, EmbeddingsOpt))
+
+LogFormatOpt = Annotated[str, typer.Option(
+    "--log-format", callback=lambda value: _one_of(value, ("text", "json")), help="The access log's form: one "
+    "text line per request (method, path, model, status, tokens, time; errors with their reason), or one "
+    "JSON object per line for log collectors.", rich_help_panel=SERVER_PANEL)]
+QuietOpt = Annotated[bool, typer.Option(
+    "-q", "--quiet", help="No access log (the start-up lines and errors that stop the server still show).",
+    rich_help_panel=SERVER_PANEL)]
+ServeVerboseOpt = Annotated[bool, typer.Option(
+    "-v", "--verbose", help="Say more: each request's prompt tokens by part (template, tools, messages) and "
+    "uvicorn's log. llama.cpp's own log is --verbose-native.", rich_help_panel=SERVER_PANEL)]
+VerboseNativeOpt = Annotated[bool, typer.Option(
+    "--verbose-native", help="Show llama.cpp's own log on stderr (what -v shows in the other commands).",
+    rich_help_panel=SERVER_PANEL)]
+
+_SIZE = re.compile(r"^\s*(\d+)\s*([kmg]?)(i?b)?\s*$", re.IGNORECASE)
+
+
+def _one_of(value: str, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise typer.BadParameter(f"{value!r} is not one of {', '.join(choices)}")
+    return value
+
+
+def parse_size(text: str) -> int:
+    """Bytes in '8388608', '8M', '8MiB', '512K'... (powers of 1024)."""
+    match = _SIZE.match(text)
+    if not match:
+        raise typer.BadParameter(f"{text!r} is not a size such as 8388608, 512K or 8MiB",
+                                 param_hint="'--max-body-size'")
+    return int(match.group(1)) * 1024 ** " kmg".index(match.group(2).lower() or " ")

@@ -29,7 +29,7 @@ from ..core.generate.speculative import (
 )
 from ..core.model.resolve import ModelRequest
 from ..errors import UsageError
-from .load import option_param, replace_params
+from .load import option_param, with_flags
 
 SPEC_PANEL = "Speculative decoding"
 
@@ -115,6 +115,6 @@ def speculative_options() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         kwargs["speculative"] = speculative_options_from(kwargs)
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
-        return replace_params(fn, ("speculative",), _SPEC_PARAMS, build)
+        return with_flags(fn, ("speculative",), _SPEC_PARAMS, build)
 
     return decorate

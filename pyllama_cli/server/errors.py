@@ -13,6 +13,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
 from ..core.text.chat_template import TemplateError
@@ -27,6 +28,8 @@ SHUTDOWN_ERROR = "server_shutdown"  # the error type of a request the server cut
 RETRY_AFTER_S = 5  # what a cut request's 503 tells the client to wait before trying again
 # Routes of Anthropic's Messages API answer errors in Anthropic's shape (its clients read no other).
 ANTHROPIC_PATHS = ("/v1/messages",)
+# Routes of ollama's API answer errors as ollama does: `{"error": "message"}`.
+OLLAMA_PATHS = ("/api/",)
 ANTHROPIC_TYPES = {
     400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
     405: "invalid_request_error", 413: "request_too_large", 429: "rate_limit_error", 500: "api_error",
@@ -36,6 +39,26 @@ _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Tags pydantic puts in an error location for the member of a union that failed.
 _UNION_TAGS = {"str", "int", "float", "bool", "dict", "list", "none", "tuple"}
 
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(BaseModel):
+    """The error body, for the OpenAPI schema (`OPENAPI_ERRORS`); `APIError.body()` builds it."""
+
+    error: ErrorDetail
+
+
+# What a route's `responses=` documents: the statuses a request can get wrong or meet while the model loads.
+OPENAPI_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorResponse, "description": kind} for status, kind in ERROR_TYPES.items()
+    if status in (400, 401, 404, 413, 503)
+}
 
 class APIError(Exception):
     """An error to answer with: HTTP status, message, and the OpenAI `param`/`code` fields."""
@@ -62,8 +85,9 @@ class APIError(Exception):
         return {"type": "error", "error": {"type": kind, "message": self.message}}
 
     def response(self, headers: dict[str, str] | None = None, path: str = "") -> JSONResponse:
-        """The answer, in Anthropic's shape on its routes' `path`s and OpenAI's elsewhere."""
-        body = self.anthropic_body() if path.startswith(ANTHROPIC_PATHS) else self.body()
+        """The answer, in Anthropic's or ollama's shape on their routes' `path`s and OpenAI's elsewhere."""
+        body = self.anthropic_body() if path.startswith(ANTHROPIC_PATHS) else \
+            {"error": self.message} if path.startswith(OLLAMA_PATHS) else self.body()
         return JSONResponse(body, status_code=self.status, headers={**self.headers, **(headers or {})})
 
 

@@ -13,7 +13,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ..core.serving.jobs import EngineStats
 
 if TYPE_CHECKING:
-    from .models import ModelSet
+    from .model_set import ModelSet
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -35,7 +35,7 @@ class Metrics:
         """Every series; the engines' are labelled by model on a server of several (`model="ID"`)."""
         with self._lock:
             requests = sorted(self._requests.items())
-        engines = [(f'model="{label}"' if label is not None else "", engine, engine.stats())
+        engines = [(label_pair("model", label) if label is not None else "", engine, engine.stats())
                    for label, engine in models.engines()]
         lines: list[str] = []
         _metric(lines, "requests_total", "counter", "HTTP requests answered, by endpoint and status.",
@@ -62,6 +62,13 @@ class Metrics:
         for name, kind, help_text, samples in models.model_series():
             _metric(lines, name, kind, help_text, samples)
         return "\n".join(lines) + "\n"
+
+
+def label_pair(name: str, value: str) -> str:
+    """`name="value"` with the value escaped as the exposition format says (backslash, quote, newline):
+    a model file may be named `q"uote.gguf`."""
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return f'{name}="{escaped}"'
 
 
 def _join(*labels: str) -> str:

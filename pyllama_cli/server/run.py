@@ -7,6 +7,7 @@ engines and the app are imported only when `serve()` runs.
 
 from __future__ import annotations
 
+import gc
 import ipaddress
 import socket
 import sys
@@ -100,7 +101,7 @@ def serve(sock: socket.socket | list[socket.socket], path: Path, load: LoadSetti
 
     from .app import create_app
     from .http.memory import fix_mmap_threshold
-    from .models import OneModel
+    from .model_set import OneModel
 
     fix_mmap_threshold()  # before the first request: big request bodies must not grow the heap for good
     socks = sock if isinstance(sock, list) else [sock]
@@ -124,7 +125,7 @@ def serve(sock: socket.socket | list[socket.socket], path: Path, load: LoadSetti
     if load.rpc and hasattr(engine, "break_down"):
         _survive_dead_rpc_servers(engine)
     app = create_app(OneModel(engine, settings), settings)
-    config = uvicorn_config(app, settings.limits, verbose=load.verbose)
+    config = uvicorn_config(app, settings.limits, verbose=settings.verbose)
     server = server_class()(config)
     server.grace = settings.limits.shutdown_grace
     server.on_stop = lambda: engine.cancel_all(ServerShutdown())
@@ -144,6 +145,9 @@ def run_registered(server: Any, socks: list[socket.socket], address: str, api_ke
     finally:
         for sock in socks:
             sock.close()
+        # The process ends next: without this, the interpreter's last collection walks the whole heap
+        # (seconds on a loaded machine, past a service manager's stop deadline); frozen, it skips it.
+        gc.freeze()
 
 
 def _survive_dead_rpc_servers(engine: Any) -> None:
@@ -182,9 +186,10 @@ def uvicorn_config(app: Any, limits: Any, *, verbose: bool) -> Any:
     import uvicorn
 
     from .http.limits import guarded_protocol
-    from .llama.header_case import with_header_case
+    from .http.header_case import with_header_case
 
-    return uvicorn.Config(app, log_level="info" if verbose else "warning", access_log=verbose, log_config=log_config(),
+    # uvicorn's access log stays off: http/access_log.py writes one line per request, model and tokens included.
+    return uvicorn.Config(app, log_level="info" if verbose else "warning", access_log=False, log_config=log_config(),
                           http=with_header_case(guarded_protocol(limits)), timeout_keep_alive=limits.keep_alive_timeout,
                           timeout_graceful_shutdown=limits.shutdown_grace + CUT_WRITE_S, lifespan="on")
 

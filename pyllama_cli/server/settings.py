@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..core.constrain.bounds import DEFAULT_MAX_GRAMMAR_SECONDS, DEFAULT_MAX_GRAMMAR_SIZE
 from ..core.generate.sampling import SamplingSettings
 from ..core.generate.speculative import SpeculativeSettings
 from ..core.text.reasoning import FORMAT_DEEPSEEK, UNLIMITED
@@ -27,6 +28,11 @@ class ServerLimits:
     body_timeout: float = 60.0  # seconds to send a request's body, from the end of its head (408 beyond)
     max_connections: int = 512  # open connections; a request on one beyond gets 503
     keep_alive_timeout: float = 5.0  # seconds an idle keep-alive connection stays open
+    max_grammar_size: int = DEFAULT_MAX_GRAMMAR_SIZE  # bytes of GBNF a request's grammar or schema may make
+    max_grammar_seconds: float = DEFAULT_MAX_GRAMMAR_SECONDS  # seconds its conversion and parse may take
+    stream_buffer_size: int = 8 * 1024 * 1024  # bytes one X-Conversation-Id stream may buffer (streams/)
+    stream_sessions: int = 64  # X-Conversation-Id streams kept at once, running or finished
+    stream_grace: float = 300.0  # seconds a finished stream stays readable
 
 
 @dataclass(frozen=True)
@@ -42,10 +48,14 @@ class ServerSettings:
     max_body_size: int = DEFAULT_MAX_BODY_SIZE
     chat_template: str | None = None  # NAME|FILE|JINJA override of the model's template
     webui: bool = True  # serve the chat page at GET /
+    docs: bool = False  # serve Swagger UI at /docs (--docs)
+    allowed_hosts: tuple[str, ...] = ()  # Host names answered (--allowed-hosts; (): any, see http/hosts.py)
     limits: ServerLimits = field(default_factory=ServerLimits)
     speculative: SpeculativeSettings = field(default_factory=SpeculativeSettings)  # --spec-type, -md
     slot_save_path: Path | None = None  # where /slots/ID?action=save|restore files live (None: off)
     reasoning_format: str = FORMAT_DEEPSEEK  # "none": thinking stays in the answer's text
     reasoning_budget: int = UNLIMITED  # thinking tokens before the block is closed (-1: no limit)
+    access_log: str | None = "text"  # one line per request on stderr: "text" or "json"; None: off (-q)
+    verbose: bool = False  # -v: each request's prompt tokens by part, uvicorn's own log
     pooling: int = -1  # --pooling as llama.cpp's pooling type (-1: the model's own); 4 (rank) with --rerank
     embd_normalize: int = 2  # --embd-normalize

@@ -105,10 +105,35 @@ def _kv_cache_types() -> list[str]:
     return list(KV_CACHE_TYPES)
 
 
+def _cache_types() -> list[str]:
+    from ..core.model.settings import KV_CACHE_TYPES
+
+    return list(KV_CACHE_TYPES)
+
+
+def _sampler_names() -> list[str]:
+    from ..core.generate.sampler_names import SAMPLER_LETTERS
+
+    return list(SAMPLER_LETTERS)
+
+
+def _rope_scaling() -> list[str]:
+    from ..core.model.settings import ROPE_SCALING_TYPES
+
+    return list(ROPE_SCALING_TYPES)
+
+
+def _split_modes() -> list[str]:
+    from ..core.model.settings import SPLIT_MODES
+
+    return list(SPLIT_MODES)
+
+
 _DOMAINS: dict[str, Callable[[], list[str]]] = {
     "quant_types": _quant_types, "tensor_types": _tensor_types, "grammars": _grammars,
     "chat_templates": _chat_templates, "flash_attn": _flash_attn, "bench_formats": _bench_formats,
-    "kv_cache_types": _kv_cache_types,
+    "kv_cache_types": _kv_cache_types, "cache_types": _cache_types, "sampler_names": _sampler_names,
+    "rope_scaling": _rope_scaling, "split_modes": _split_modes,
 }
 
 # (command, option name or argument name) -> (kind, domain list); command "*" matches any command.
@@ -121,6 +146,11 @@ _HOOKS: dict[tuple[str, str], tuple[str, str | None]] = {
     ("*", "--chat-template"): ("file", "chat_templates"),  # a name, or a Jinja file
     ("*", "--flash-attn"): ("none", "flash_attn"),
     ("*", "--imatrix"): ("file", None),
+    ("*", "--cache-type-k"): ("none", "cache_types"),
+    ("*", "--cache-type-v"): ("none", "cache_types"),
+    ("*", "--samplers"): ("none", "sampler_names"),
+    ("*", "--rope-scaling"): ("none", "rope_scaling"),
+    ("*", "--split-mode"): ("none", "split_modes"),
     ("rm", "target"): ("hf", None),  # user/repo[:quant] from the cache (a file path is typed out)
     ("stop", "model"): ("hf", None),
     ("quantize", "args"): ("gguf", "quant_types"),  # INPUT [OUTPUT] TYPE [NTHREADS]

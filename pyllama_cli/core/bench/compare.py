@@ -12,6 +12,7 @@ from typing import Any
 
 from ...errors import InputError
 from ..text import json_text
+from ..gguf.ftypes import size_label
 from .spec import BenchResult, BuildInfo
 from .output import field_values
 
@@ -39,7 +40,15 @@ def load_baseline(path: Path) -> list[dict[str, Any]]:
     rows = [r for r in rows if isinstance(r, dict) and "avg_ts" in r]
     if not rows:
         raise InputError(f"baseline {path} holds no benchmark results", hint=hint)
-    return rows
+    return [_sized(r) for r in rows]
+
+
+def _sized(row: dict[str, Any]) -> dict[str, Any]:
+    """A llama-bench row's "llama ?B all F32" with the size pyllama names (Model.description)."""
+    kind, n_params = row.get("model_type"), row.get("model_n_params")
+    if isinstance(kind, str) and isinstance(n_params, int) and " ?B " in kind:
+        return {**row, "model_type": kind.replace(" ?B ", f" {size_label(n_params)} ", 1)}
+    return row
 
 
 def speedup(result: BenchResult, build: BuildInfo, baseline: list[dict[str, Any]]) -> float | None:

@@ -10,17 +10,19 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from ...errors import PyllamaError
 from .spec import (
     DEFAULT_CACHE_TYPE,
+    DEFAULT_CPU_MASK,
+    DEFAULT_CPU_STRICT,
     DEFAULT_FLASH_ATTN,
     DEFAULT_LOAD_MODE,
     DEFAULT_N_BATCH,
     DEFAULT_N_GPU_LAYERS,
     DEFAULT_N_UBATCH,
     DEFAULT_NO_KV_OFFLOAD,
+    DEFAULT_POLL,
     FLASH_ATTN_TYPES,
     BenchResult,
     BenchSpec,
@@ -51,7 +53,7 @@ _FLOAT = {"avg_ts", "stddev_ts", "speedup"}
 
 # Markdown: display names and widths (negative = left-aligned), as llama-bench prints them.
 _DISPLAY = {"n_gpu_layers": "ngl", "n_threads": "threads", "no_kv_offload": "nkvo", "flash_attn": "fa",
-            "load_mode": "lm", "devices": "dev", "tensor_split": "ts", "peak_rss_bytes": "peak RSS",
+            "load_mode": "lm", "devices": "dev", "tensor_split": "ts", "tensor_buft_overrides": "ot", "peak_rss_bytes": "peak RSS",
             "ttft": "ttft ms", "speedup": "speed-up"}
 _WIDTH = {"model": -30, "t/s": 20, "size": 10, "params": 10, "n_gpu_layers": 3, "n_threads": 7, "n_batch": 7,
           "n_ubatch": 8, "type_k": 6, "type_v": 6, "load_mode": 10, "flash_attn": 3, "test": 15,
@@ -84,12 +86,13 @@ def field_values(r: BenchResult, build: BuildInfo) -> dict[str, str]:
         "build_commit": build.build_commit, "build_number": str(build.build_number), "cpu_info": build.cpu_info,
         "gpu_info": build.gpu_info, "backends": build.backends, "model_filename": i.model.label,
         "model_type": r.model_type, "model_size": str(r.model_size), "model_n_params": str(r.model_n_params),
-        "n_batch": str(i.n_batch), "n_ubatch": str(i.n_ubatch), "n_threads": str(i.n_threads), "cpu_mask": "0x0",
-        "cpu_strict": "0", "poll": "50", "type_k": i.type_k, "type_v": i.type_v,
+        "n_batch": str(i.n_batch), "n_ubatch": str(i.n_ubatch), "n_threads": str(i.n_threads), "cpu_mask": i.cpu_mask,
+        "cpu_strict": str(int(i.cpu_strict)), "poll": str(i.poll), "type_k": i.type_k, "type_v": i.type_v,
         "n_gpu_layers": str(i.n_gpu_layers), "n_cpu_moe": "0", "split_mode": "layer", "main_gpu": "0",
         "no_kv_offload": str(int(i.no_kv_offload)), "flash_attn": str(FLASH_ATTN_TYPES[i.flash_attn]),
         "devices": "/".join(i.devices) or "auto", "tensor_split": tensor_split_text(i.tensor_split),
-        "tensor_buft_overrides": "none", "load_mode": i.load_mode,
+        "tensor_buft_overrides": ";".join(f"{p}={b}" for p, b in i.tensor_overrides) or "none",
+        "load_mode": i.load_mode,
         "lazy_mode": "auto", "embeddings": "0", "no_op_offload": "0", "no_host": "0", "repack": "1",
         "fit_target": "0", "fit_min_ctx": "0", "n_prompt": str(i.n_prompt), "n_gen": str(i.n_gen),
         "n_depth": str(i.n_depth), "test_time": r.test_time, "avg_ns": str(r.avg_ns), "stddev_ns": str(r.stddev_ns),
@@ -233,11 +236,14 @@ def md_columns(spec: BenchSpec, backend: str, extras: Extras, default_threads: i
         cols.append("n_gpu_layers")
     varying = {
         "n_threads": cpu or tuple(spec.n_threads) != (default_threads,),
+        "cpu_mask": tuple(spec.cpu_mask) != DEFAULT_CPU_MASK, "cpu_strict": tuple(spec.cpu_strict) != DEFAULT_CPU_STRICT,
+        "poll": tuple(spec.poll) != DEFAULT_POLL,
         "n_batch": tuple(spec.n_batch) != DEFAULT_N_BATCH, "n_ubatch": tuple(spec.n_ubatch) != DEFAULT_N_UBATCH,
         "type_k": tuple(spec.type_k) != DEFAULT_CACHE_TYPE, "type_v": tuple(spec.type_v) != DEFAULT_CACHE_TYPE,
         "no_kv_offload": tuple(spec.no_kv_offload) != DEFAULT_NO_KV_OFFLOAD,
         "flash_attn": tuple(spec.flash_attn) != DEFAULT_FLASH_ATTN,
         "devices": tuple(spec.devices) != ((),), "tensor_split": tuple(spec.tensor_split) != ((),),
+        "tensor_buft_overrides": tuple(spec.tensor_overrides) != ((),),
         "load_mode": tuple(spec.load_mode) != DEFAULT_LOAD_MODE,
     }
     cols += [name for name, shown in varying.items() if shown]
@@ -274,19 +280,24 @@ def md_cells(r: BenchResult, cols: Sequence[str], build: BuildInfo, speedup: flo
     return [special[c] if c in special else values[c] for c in cols]
 
 
-def rich_table(results: Sequence[BenchResult], speedups: Sequence[float | None], cols: Sequence[str],
-               build: BuildInfo) -> Any:
-    """The Markdown format's table as a rich Table, for `-o md` on a terminal (failed rows in red)."""
-    from rich import box
-    from rich.table import Table
+@dataclass(frozen=True)
+class TableColumn:
+    """One column of the Markdown format's table as a terminal shows it (console.print_table draws it)."""
 
-    table = Table(box=box.SIMPLE_HEAVY, caption=f"build: {build.build_commit} ({build.build_number})")
-    for col in cols:
-        table.add_column(md_heading(col), justify="right" if md_width(col) > 0 else "left",
-                         style="accent" if col == "t/s" else None, no_wrap=col not in ("model", "t/s", "ttft"))
-    for result, gain in zip(results, speedups):
-        table.add_row(*md_cells(result, cols, build, gain), style="error" if result.error else None)
-    return table
+    heading: str
+    right: bool  # right-aligned (numbers)
+    wrap: bool
+    accent: bool  # the column to read first (t/s)
+
+
+def md_table(results: Sequence[BenchResult], speedups: Sequence[float | None], cols: Sequence[str],
+             build: BuildInfo) -> tuple[list[TableColumn], list[tuple[list[str], bool]], str]:
+    """The Markdown format's table for `-o md` on a terminal: its columns, its rows (cells, and whether
+    the test failed), and its caption."""
+    columns = [TableColumn(md_heading(col), md_width(col) > 0, col in ("model", "t/s", "ttft"), col == "t/s")
+               for col in cols]
+    rows = [(md_cells(result, cols, build, gain), bool(result.error)) for result, gain in zip(results, speedups)]
+    return columns, rows, build.line
 
 
 def check_failures(results: Sequence[BenchResult]) -> None:
@@ -332,7 +343,7 @@ class MarkdownPrinter(Printer):
         self.write("|" + "".join(f" {v:{_align(md_width(c))}} |" for c, v in zip(self.cols, cells)) + "\n")
 
     def footer(self) -> None:
-        self.write(f"\nbuild: {self.build.build_commit} ({self.build.build_number})\n")
+        self.write(f"\n{self.build.line}\n")
 
 
 def _align(width: int) -> str:

@@ -11,9 +11,12 @@ from typing import Any
 
 from ...errors import UsageError
 from ..model import settings
+from ..model.settings import parse_cpu_mask
 from ..model.resolve import ModelRequest
 from .spec import (
     DEFAULT_CACHE_TYPE,
+    DEFAULT_CPU_MASK,
+    DEFAULT_CPU_STRICT,
     DEFAULT_FLASH_ATTN,
     DEFAULT_LOAD_MODE,
     DEFAULT_N_BATCH,
@@ -23,6 +26,7 @@ from .spec import (
     DEFAULT_N_PROMPT,
     DEFAULT_N_UBATCH,
     DEFAULT_NO_KV_OFFLOAD,
+    DEFAULT_POLL,
     KV_CACHE_TYPES,
     LOAD_MODES,
     MAX_TESTS,
@@ -65,7 +69,7 @@ def make_spec(flags: Mapping[str, Any]) -> Any:
         n_gpu_layers=ints("n_gpu_layers", "-ngl", DEFAULT_N_GPU_LAYERS, -1, negative=True),
         no_kv_offload=tuple(ranges.parse_bool_values(flags["no_kv_offload"], DEFAULT_NO_KV_OFFLOAD, flag="-nkvo")),
         flash_attn=choices("flash_attn", "-fa", DEFAULT_FLASH_ATTN, _FLASH_ATTN),
-        load_mode=load_modes or DEFAULT_LOAD_MODE, **_placement(flags),
+        load_mode=load_modes or DEFAULT_LOAD_MODE, **_placement(flags), **_cpu(flags),
         repetitions=flags["repetitions"], warmup=not flags["no_warmup"], ttft=flags["ttft"], verbose=flags["verbose"],
     )
     if not any(p > 0 for p in spec.n_prompt + spec.n_gen) and not any(pg != (0, 0) for pg in spec.n_pg):
@@ -80,14 +84,28 @@ def make_spec(flags: Mapping[str, Any]) -> Any:
 def _placement(flags: Mapping[str, Any]) -> dict[str, tuple]:
     """--rpc, and -dev and -ts as llama-bench reads them: configurations separated by commas, the items
     of one by / (`-dev RPC0/RPC1,RPC1 -ts 3/1,1/1` makes four)."""
-    from ...options.devices import parse_devices, parse_rpc, parse_tensor_split
+    from ..model.settings import bench_overrides, parse_devices, parse_rpc, parse_tensor_split
 
     def configs(value: list[str] | None, parse: Any) -> tuple:
         raw = [part for item in value or [] for part in item.split(",") if part.strip()]
         return tuple(parse(part.replace("/", ",")) for part in raw) or ((),)
 
     return {"rpc": parse_rpc(flags["rpc"]), "devices": configs(flags["device"], parse_devices),
-            "tensor_split": configs(flags["tensor_split"], parse_tensor_split)}
+            "tensor_split": configs(flags["tensor_split"], parse_tensor_split),
+            "tensor_overrides": bench_overrides(flags["override_tensor"])}
+
+
+def _cpu(flags: Mapping[str, Any]) -> dict[str, Any]:
+    """llama-bench's thread-pool flags: -C masks, --cpu-strict and --poll as sweeps, --prio for the run."""
+    from . import ranges
+
+    masks = [m.strip() for raw in flags["cpu_mask"] or [] for m in raw.split(",") if m.strip()]
+    for mask in masks:
+        parse_cpu_mask(mask, "-C")
+    return {"cpu_mask": tuple(masks) or DEFAULT_CPU_MASK,
+            "cpu_strict": tuple(ranges.parse_bool_values(flags["cpu_strict"], DEFAULT_CPU_STRICT, flag="--cpu-strict")),
+            "poll": tuple(ranges.parse_int_values(flags["poll"], DEFAULT_POLL, flag="--poll", minimum=0, maximum=100)),
+            "prio": flags["prio"]}
 
 
 def _load_modes(load_mode: list[str] | None, mmap: list[str] | None) -> tuple[str, ...]:
@@ -119,3 +137,15 @@ def model_requests(paths: list[str] | None, repos: list[str] | None, files: list
     requests += [(None, ModelRequest(hf_repo=r, hf_file=files[i] if i < len(files) else None, hf_token=token,
                                      offline=offline)) for i, r in enumerate(repos or [])]
     return requests or [(None, ModelRequest())]  # an empty request raises the shared "no model given" error
+
+
+def resolve_models(requests: list[tuple[str | None, ModelRequest]], tqdm_class: type | None) -> tuple[Any, ...]:
+    """The models to benchmark, each labelled as the user named it (else by its resolved path)."""
+    from ..model.resolve import resolve_model
+    from .spec import BenchModel
+
+    models = []
+    for label, request in requests:
+        resolved = resolve_model(request, tqdm_class=tqdm_class)
+        models.append(BenchModel(label or str(resolved.path), resolved.path))
+    return tuple(models)

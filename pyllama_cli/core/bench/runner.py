@@ -22,8 +22,9 @@ import numpy as np
 from ...errors import ModelLoadError
 from ..model import library
 from ..model.native import Context, Model, lib
+from ..model.placement import TensorOverrides
 from ..model.rpc import ModelDevices
-from ..model.settings import LoadSettings
+from ..model.settings import CpuPlacement, LoadSettings, parse_cpu_mask
 from .spec import KV_CACHE_TYPES, LOAD_MODES, BenchResult, BenchSpec, BuildInfo, Instance
 
 _LOG_ERROR = 4  # GGML_LOG_LEVEL_ERROR
@@ -71,6 +72,9 @@ def load_bench_model(inst: Instance, verbose: bool = False) -> Model:
     params.load_mode = LOAD_MODES[inst.load_mode]
     placement = ModelDevices(inst.devices, inst.tensor_split)  # the --rpc servers were added before the run
     placement.apply(params)
+    overrides = TensorOverrides(list(inst.tensor_overrides)) if inst.tensor_overrides else None
+    if overrides is not None:  # kept referenced until the load returns: it owns the C strings
+        overrides.apply(params)
     handle = lib.llama_model_load_from_file(str(inst.model.path).encode(), params)
     if not handle:
         raise ModelLoadError(f"llama.cpp could not load {inst.model.label}",
@@ -86,7 +90,7 @@ def measure(model: Model, inst: Instance, spec: BenchSpec, depth_cache: dict[tup
     reset_peak_rss()
     try:
         with library.log_listener(lambda level, text: reasons.append(text) if level == _LOG_ERROR else None), \
-                _bench_context(model, inst) as ctx:
+                _bench_context(model, inst, spec.prio) as ctx:
             result.test_time = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
             _Runner(ctx, inst, spec, depth_cache, progress).run(result)
     except ModelLoadError as exc:  # a context that cannot be made, a failed decode: report it in the row
@@ -97,9 +101,11 @@ def measure(model: Model, inst: Instance, spec: BenchSpec, depth_cache: dict[tup
     return result
 
 
-def _bench_context(model: Model, inst: Instance) -> Context:
+def _bench_context(model: Model, inst: Instance, prio: int) -> Context:
+    """The test's context, on one thread pool of the test's threads and placement (as llama-bench makes per test)."""
+    cpu = CpuPlacement(cpus=tuple(parse_cpu_mask(inst.cpu_mask)), prio=prio, poll=inst.poll, strict=inst.cpu_strict)
     settings = LoadSettings(n_threads=inst.n_threads, n_batch=inst.n_batch, n_ubatch=inst.n_ubatch,
-                            flash_attn=inst.flash_attn)
+                            flash_attn=inst.flash_attn, cpu=cpu)
     return Context(model, settings, n_ctx=inst.n_prompt + inst.n_gen + inst.n_depth,
                    type_k=KV_CACHE_TYPES[inst.type_k], type_v=KV_CACHE_TYPES[inst.type_v],
                    offload_kqv=not inst.no_kv_offload, op_offload=True, swa_full=False, no_perf=True)
@@ -253,6 +259,6 @@ def build_info() -> BuildInfo:
     # As llama-bench: RPC compiled in is no backend until it has devices (servers added with --rpc).
     if any(name.startswith("RPC") and n_devices > 0 for name, n_devices in regs):
         backends.append("RPC")
-    version = getattr(lib, "__version__", "unknown")
-    return BuildInfo(f"llama-cpp-python {version}", 0, cpu, gpu, ",".join(backends) or "CPU")
+    return BuildInfo(library.llama_cpp_commit(), 0, cpu, gpu, ",".join(backends) or "CPU",
+                     bindings=f"llama-cpp-python {library.bindings_version()}")
 

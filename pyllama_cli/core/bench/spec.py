@@ -19,6 +19,9 @@ DEFAULT_N_GPU_LAYERS = (settings.DEFAULT_N_GPU_LAYERS,)
 DEFAULT_NO_KV_OFFLOAD = (False,)
 DEFAULT_FLASH_ATTN = ("auto",)
 DEFAULT_LOAD_MODE = ("auto",)
+DEFAULT_CPU_MASK = ("0x0",)
+DEFAULT_CPU_STRICT = (False,)
+DEFAULT_POLL = (settings.DEFAULT_POLL,)
 DEFAULT_REPETITIONS = 5
 
 # The KV cache types llama-bench accepts, with their ggml type ids.
@@ -54,6 +57,10 @@ class Instance:
     load_mode: str
     devices: tuple[str, ...] = ()  # -dev (() = llama.cpp's choice, ("none",) = no offload)
     tensor_split: tuple[float, ...] = ()  # -ts
+    tensor_overrides: tuple[tuple[str, str], ...] = ()  # -ot: (pattern, buffer type) pairs
+    cpu_mask: str = DEFAULT_CPU_MASK[0]  # -C: the test's thread pool runs on these CPUs (0x0 = any)
+    cpu_strict: bool = DEFAULT_CPU_STRICT[0]
+    poll: int = DEFAULT_POLL[0]
 
     @property
     def test_name(self) -> str:
@@ -68,7 +75,8 @@ class Instance:
 
     def model_key(self) -> tuple:
         """What the loaded model depends on; a change means a reload."""
-        return (self.model.path, self.n_gpu_layers, self.load_mode, self.devices, self.tensor_split)
+        return (self.model.path, self.n_gpu_layers, self.load_mode, self.devices, self.tensor_split,
+                self.tensor_overrides)
 
 
 # More tests than one bench can run in any reasonable time; the lists of a sweep multiply, so a few
@@ -97,6 +105,11 @@ class BenchSpec:
     rpc: tuple[str, ...] = ()  # RPC servers, added once before the run (--rpc)
     devices: tuple[tuple[str, ...], ...] = ((),)  # -dev's configurations (() = llama.cpp's choice)
     tensor_split: tuple[tuple[float, ...], ...] = ((),)  # -ts's configurations (() = by free memory)
+    tensor_overrides: tuple[tuple[tuple[str, str], ...], ...] = ((),)  # -ot's configurations (() = none)
+    cpu_mask: tuple[str, ...] = DEFAULT_CPU_MASK
+    cpu_strict: tuple[bool, ...] = DEFAULT_CPU_STRICT
+    poll: tuple[int, ...] = DEFAULT_POLL
+    prio: int = 0  # --prio: one priority for the whole run
     repetitions: int = DEFAULT_REPETITIONS
     warmup: bool = True
     ttft: bool = False
@@ -109,19 +122,21 @@ class BenchSpec:
 
     def tests_per_model(self) -> int:
         """How many tests `instances` makes for each model, counted without making them."""
-        lists = (self.n_gpu_layers, self.load_mode, self.devices, self.tensor_split, self.n_batch, self.n_ubatch,
-                 self.type_k, self.type_v, self.no_kv_offload, self.flash_attn, self.n_threads, self.n_depth)
+        lists = (self.n_gpu_layers, self.load_mode, self.devices, self.tensor_split, self.tensor_overrides,
+                 self.n_batch, self.n_ubatch, self.type_k, self.type_v, self.no_kv_offload, self.flash_attn,
+                 self.n_threads, self.cpu_mask, self.cpu_strict, self.n_depth, self.poll)
         return len(self._tests()) * math.prod(map(len, lists))
 
     def instances(self) -> list[Instance]:
         """Every test to run, in llama-bench's order (model parameters outermost, so reloads are rare)."""
         tests = self._tests()
         out = []
-        for m, ngl, lm, dev, ts, nb, nub, tk, tv, nkvo, fa, nt, nd in itertools.product(
-                self.models, self.n_gpu_layers, self.load_mode, self.devices, self.tensor_split, self.n_batch,
-                self.n_ubatch, self.type_k, self.type_v, self.no_kv_offload, self.flash_attn, self.n_threads,
-                self.n_depth):
-            out += [Instance(m, p, g, nd, nb, nub, tk, tv, nt, ngl, nkvo, fa, lm, dev, ts) for p, g in tests]
+        for m, ngl, lm, dev, ts, ot, nb, nub, tk, tv, nkvo, fa, nt, cm, cs, nd, pl in itertools.product(
+                self.models, self.n_gpu_layers, self.load_mode, self.devices, self.tensor_split, self.tensor_overrides,
+                self.n_batch, self.n_ubatch, self.type_k, self.type_v, self.no_kv_offload, self.flash_attn,
+                self.n_threads, self.cpu_mask, self.cpu_strict, self.n_depth, self.poll):
+            out += [Instance(m, p, g, nd, nb, nub, tk, tv, nt, ngl, nkvo, fa, lm, dev, ts, ot, cm, cs, pl)
+                    for p, g in tests]
         return out
 
 
@@ -198,3 +213,10 @@ class BuildInfo:
     cpu_info: str
     gpu_info: str
     backends: str
+    bindings: str = ""  # "llama-cpp-python 0.3.36": what runs llama.cpp here
+
+    @property
+    def line(self) -> str:
+        """The table's last line: llama-bench's "build: COMMIT (NUMBER)", with the bindings when they are known
+        (their libllama has no build number)."""
+        return f"build: {self.build_commit} ({self.bindings or self.build_number})"

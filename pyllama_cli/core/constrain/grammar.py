@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+from typing import Any
 from collections.abc import Callable
 from pathlib import Path
 
@@ -105,7 +106,7 @@ def schema_to_grammar(schema: str, source: str = "the JSON schema") -> str:
     """
     parsed = _parse_schema(schema, source)
     prepared = prepare_schema(parsed, source, check_pattern=_pattern_problem)
-    from llama_cpp.llama_grammar import json_schema_to_gbnf
+    json_schema_to_gbnf = _converter()
 
     try:
         grammar = json_schema_to_gbnf(json.dumps(prepared.schema))
@@ -121,6 +122,17 @@ def schema_to_grammar(schema: str, source: str = "the JSON schema") -> str:
     return grammar
 
 
+def _converter() -> Any:
+    """llama-cpp-python's JSON-schema converter. Importing it runs the llama_cpp package's __init__,
+    which installs a log callback printing all of llama.cpp's log to stderr: pyllama's is put back."""
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+    from ..model.library import restore_log_callback
+
+    restore_log_callback()
+    return json_schema_to_gbnf
+
+
 _SCHEMA_HINT = "simplify the schema, or write the grammar yourself with --grammar-file"
 
 
@@ -129,7 +141,7 @@ def _pattern_problem(pattern: str) -> str | None:
     counts = re.findall(r"\d+", " ".join(re.findall(r"\{[\d\s,]*\}", pattern)))
     if any(len(n) > 6 or int(n) > MAX_SCHEMA_COUNT for n in counts):  # the converter spells repeats out
         return f"it repeats something more than {MAX_SCHEMA_COUNT} times"
-    from llama_cpp.llama_grammar import json_schema_to_gbnf
+    json_schema_to_gbnf = _converter()
 
     try:
         check_syntax(json_schema_to_gbnf(json.dumps({"type": "string", "pattern": pattern})))

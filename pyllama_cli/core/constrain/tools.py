@@ -145,13 +145,13 @@ def _call_object(call: dict[str, Any]) -> dict[str, Any]:
 
 
 def tool_prompt(plan: ToolPlan) -> str:
-    """The system text that describes the tools to a model whose template does not."""
-    listed = "\n".join(json.dumps({"name": f["name"], "description": f.get("description") or "",
-                                   "parameters": _parameters(f)}, ensure_ascii=False)
-                       for f in plan.functions)
+    """The system text that describes the tools to a model whose template does not (tool_prompt.py)."""
+    from .tool_prompt import describe_functions
+
     lines = [
-        "You can call these functions (each given with its JSON schema of parameters):",
-        listed,
+        "You can call these functions, each given as name(parameters: types) with what it does; "
+        "? marks an optional parameter:",
+        describe_functions(plan.functions),
         ('To call a function, reply with only a JSON object of the form {"name": "<function name>", '
          '"arguments": {<argument values>}} and nothing else.'),
     ]

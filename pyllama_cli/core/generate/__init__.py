@@ -1,6 +1,7 @@
 """Generating text: sampling, the one token loop, prompt reuse, conversations.
 
 - `sampling`: sampler settings (llama.cpp's names and defaults) and the native sampler chain.
+- `sampler_names`: the chain's order as llama.cpp names it (`--samplers`, `--sampler-seq`).
 - `decide`: the per-token decision every generator makes (end of generation, grammar end, stop
   string, budget, full context, interrupted) and the prefix reuse of a cached sequence.
 - `stats`: what one generation and a run of them measured.

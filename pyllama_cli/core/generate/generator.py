@@ -34,6 +34,8 @@ class Generator:
         self.drafter = speculation.drafter(0) if speculation is not None else None
         self.batch = Batch(max(ctx.n_batch, 1))
         self.stats = GenerationStats()
+        # With a context shift (complete's --context-shift): the tokens at the start that a shift keeps.
+        self.shift_keep: int | None = None
 
     def close(self) -> None:
         self.batch.close()
@@ -95,8 +97,10 @@ class Generator:
         """
         stats = self.stats = GenerationStats(n_prompt=len(prompt))
         sampler = Sampler(self.model, sampling)
+        sampler.accept_prompt(prompt)
         stats.seed = sampler.settings.seed
-        turn = Turn(self.model, max_tokens=max_tokens, stop=stop, n_ctx=self.ctx.n_ctx, stats=stats,
+        n_ctx = self.ctx.n_ctx if self.shift_keep is None else 2**62  # a shift makes room: no full context
+        turn = Turn(self.model, max_tokens=max_tokens, stop=stop, n_ctx=n_ctx, stats=stats,
                     ignore_eos=sampler.settings.ignore_eos, grammar=bool(sampler.settings.grammar))
         try:
             stats.n_cached = self.prefill(prompt, stop_flag)
@@ -144,6 +148,8 @@ class Generator:
     def _step(self, turn: Turn, sampler: Sampler, token: int, texts: list[str], stop_flag: Callable[[], bool],
               on_token: Callable[[int], None] | None) -> Verified:
         """Evaluate `token` and any draft after it, and sample until the model disagrees with the draft."""
+        if self.shift_keep is not None and len(self.cached) + 1 >= self.ctx.n_ctx:
+            self._shift()
         position = len(self.cached)
         drafts = self._draft(turn, token, position)
         self._evaluate(token, drafts)
@@ -164,8 +170,16 @@ class Generator:
             del self.cached[kept:]
         return result
 
+    def _shift(self) -> None:
+        """llama-completion's context shift: keep the first `shift_keep` tokens, drop half of the rest, and
+        move what follows back into their positions."""
+        keep = self.shift_keep or 0
+        n_discard = (len(self.cached) - keep) // 2
+        self.ctx.shift_tokens(0, keep, n_discard, len(self.cached))
+        del self.cached[keep:keep + n_discard]
+
     def _draft(self, turn: Turn, token: int, position: int) -> list[int]:
-        if self.drafter is None:
+        if self.drafter is None or self.shift_keep is not None:
             return []
         spec = self.speculation.settings  # type: ignore[union-attr]
         room = draft_room(turn, position, self.ctx.n_ctx, min(spec.n_max, self.ctx.n_batch - 1))  # one decode

@@ -35,6 +35,8 @@ class OneShotRequest:
     chat_template: str | None = None  # NAME|FILE|JINJA override for --chat
     truncate: bool = False  # keep the end of a prompt longer than the context instead of failing
     prompt_cache: Path | None = None
+    context_shift: bool = False  # when the context is full, drop half of what follows the kept prompt tokens
+    keep: int = 0  # --keep: prompt tokens a shift keeps after BOS (-1 = the whole prompt)
 
 
 @dataclass
@@ -171,6 +173,14 @@ def _room_for(n_prompt: int, n_predict: int) -> int:
     return size
 
 
+def kept_on_shift(keep: int, n_prompt: int, add_bos: bool) -> int:
+    """The tokens at the start of the context a shift keeps, as llama-completion counts them: the whole
+    prompt for -1 or more than it has, else --keep tokens after the BOS."""
+    if keep < 0 or keep > n_prompt:
+        return n_prompt
+    return keep + int(add_bos)
+
+
 class OneShot:
     """One completion run over a loaded model and a fresh context."""
 
@@ -192,6 +202,8 @@ class OneShot:
             warn(f"the prompt has {len(ids)} tokens but the context holds {ctx.n_ctx}: kept its last "
                  f"{len(self.tokens)} tokens (--truncate)")
         check_logit_bias(self.request.sampling.logit_bias, self.model.n_vocab)
+        if request.context_shift:
+            self.generator.shift_keep = kept_on_shift(request.keep, len(self.tokens), model.add_bos)
         self.thinking = _thinking(model, request, self.text)
         self._eval_start: tuple[float, int] | None = None
 

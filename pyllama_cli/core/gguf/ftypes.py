@@ -133,3 +133,13 @@ def _unknown(what: str, text: str, names: list[str], fallback_hint: str) -> Usag
     close = difflib.get_close_matches(text.upper(), names, n=4, cutoff=0.5)
     hint = f"did you mean {', '.join(close)}? ({fallback_hint})" if close else fallback_hint
     return UsageError(f"unknown {what} {text!r}", hint=hint)
+
+
+def size_label(n_params: int) -> str:
+    """A parameter count as GGUF converters write general.size_label: two significant digits at least."""
+    for scale, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n_params >= scale:
+            scaled = n_params / scale
+            decimals = max(2 - len(str(round(scaled))), 0)
+            return f"{scaled:.{decimals}f}{suffix}"
+    return str(n_params)

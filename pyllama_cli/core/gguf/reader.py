@@ -250,6 +250,28 @@ def read_gguf(path: str | os.PathLike[str], *, check_data: bool = True, strings:
     return gguf
 
 
+def read_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The metadata of a GGUF file's header alone: no tensor table, string arrays left unread.
+
+    For listings (`pyllama list`): a few kilobytes of the file, whatever the model's size.
+    Raises InvalidGGUF as read_gguf does.
+    """
+    p = Path(path)
+    size = p.stat().st_size
+    with open(p, "rb") as fh, _mapped(fh, size) as buf:
+        r = _Reader(buf, size, p, strings=False)
+        if r.buf[:4] != GGUF_MAGIC:
+            raise r.fail("it does not start with the GGUF magic bytes")
+        r.pos = 4
+        if r.unpack("<I") not in (2, 3):
+            raise r.fail("unsupported GGUF version")
+        r.unpack("<Q")  # the tensor count
+        n_kv = r.unpack("<Q")
+        if n_kv > MAX_KV_COUNT:
+            raise r.fail(f"implausible count of {n_kv} metadata keys")
+        return _read_metadata(r, n_kv)[0]
+
+
 def _read_metadata(r: _Reader, n_kv: int) -> tuple[dict[str, Any], dict[str, str]]:
     metadata: dict[str, Any] = {}
     array_types: dict[str, str] = {}

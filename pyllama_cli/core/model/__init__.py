@@ -8,7 +8,9 @@
   parameters, ggml's RPC server, and one error line when a server dies mid-run (GGML_ABORT).
 - `native`: the handles over libllama: `Model`, `Context`, `Batch` (re-exports `lib`).
 - `threads`: the persistent CPU thread pools a context runs on.
-- `memory`: whether a context's KV cache fits in this machine's memory.
+- `memory`: the KV cache types (-ctk/-ctv) and RoPE/YaRN as context parameters, and whether a
+  context's KV cache fits in this machine's memory.
+- `placement`: `-ot`, `--cpu-moe`, `--n-cpu-moe` as tensor buffer-type overrides; `-sm`, `-mg`.
 - `mapped_file`: the memory-mapped model file, checked against truncation.
 - `session`: `open_model()`, the one owner of a loaded model and its context.
 - `info`: what a GGUF holds, from its header alone (for `pyllama info`).

@@ -81,14 +81,16 @@ class _LogRouter:
 
     def _on_log(self, level: int, text: bytes, _user: Any) -> None:
         try:
-            line = text.decode("utf-8", errors="replace")
-            if self.sink is not None:
-                self.sink.write(line)
-                self.sink.flush()
-            for listener in list(self.listeners):
-                listener(level, line)
+            self.dispatch(level, text.decode("utf-8", errors="replace"))
         except BaseException:  # noqa: BLE001 - an exception must never cross back into C
             pass
+
+    def dispatch(self, level: int, line: str) -> None:
+        if self.sink is not None:
+            self.sink.write(line)
+            self.sink.flush()
+        for listener in list(self.listeners):
+            listener(level, line)
 
 
 _router = _LogRouter()
@@ -105,12 +107,26 @@ def configure_logging(verbose: bool = False, log_file: Path | None = None) -> No
         _router.sink = sys.stderr if verbose else None
 
 
+def restore_log_callback() -> None:
+    """Put pyllama's log callback back after `import llama_cpp` replaced it with the package's own
+    (which prints everything: the stray `~llama_context: ...` line at serve's shutdown)."""
+    lib.llama_log_set(_router.callback, ctypes.c_void_p(0))
+
+
 def _open_log(path: Path) -> IO[str]:
     try:
         return open(path, "a", encoding="utf-8")  # noqa: SIM115 - lives for the process
     except OSError as exc:
         hint = "create its folder first" if isinstance(exc, FileNotFoundError) else "choose a file you can write"
         raise InputError(f"cannot open the log file {path}: {exc.strerror}", hint=hint) from None
+
+
+LOG_INFO, LOG_WARN = 2, 3  # ggml_log_level
+
+
+def log_line(level: int, line: str) -> None:
+    """A line of pyllama's own about what it asked of llama.cpp, sent where llama.cpp's log goes."""
+    _router.dispatch(level, line)
 
 
 @contextmanager
@@ -181,16 +197,46 @@ def gpu_device_present() -> bool:
     return any(kind in GPU_DEVICE_TYPES for kind in kinds)
 
 
+def shipped_library(stem: str) -> ctypes.CDLL:
+    """The copy of lib`stem` (llama, ggml, ...) that the bindings already loaded, opened with ctypes.
+
+    Found beside the libllama the bindings use (LLAMA_CPP_LIB_PATH can point them at another build).
+
+    Raises:
+        PyllamaError: no such library there.
+    """
+    loaded = getattr(lib, "_lib", None) or getattr(getattr(lib, "llama_cpp", None), "_lib", None)
+    lib_dir = Path(loaded._name).parent if loaded is not None else Path(lib.__file__).parent / "lib"
+    names = sorted(lib_dir.glob(f"lib{stem}.*")) or sorted(lib_dir.glob(f"{stem}.*"))
+    if not names:
+        raise PyllamaError(f"lib{stem} not found in {lib_dir}", hint="reinstall llama-cpp-python")
+    return _already_loaded(names) or ctypes.CDLL(str(names[0]))
+
+
 @functools.cache
+def llama_cpp_commit() -> str:
+    """The llama.cpp commit libggml was built from (llama-bench's build_commit), "unknown" if it does not say."""
+    try:
+        commit = _ggml().ggml_commit
+    except (AttributeError, PyllamaError):  # a libggml older than ggml_commit
+        return "unknown"
+    commit.argtypes, commit.restype = [], ctypes.c_char_p
+    return (commit() or b"unknown").decode("utf-8", "replace")
+
+
+def bindings_version() -> str:
+    """llama-cpp-python's version, as installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("llama-cpp-python")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def _ggml() -> ctypes.CDLL:
     """libggml (already loaded by llama_cpp) with the device-registry calls llama_cpp does not bind."""
-    # Beside the libllama actually loaded (LLAMA_CPP_LIB_PATH can point llama_cpp at another build).
-    loaded = getattr(getattr(lib, "llama_cpp", None), "_lib", None)
-    lib_dir = Path(loaded._name).parent if loaded is not None else Path(lib.__file__).parent / "lib"
-    names = sorted(lib_dir.glob("libggml.*")) or sorted(lib_dir.glob("ggml.*"))
-    if not names:
-        raise PyllamaError(f"libggml not found in {lib_dir}", hint="reinstall llama-cpp-python")
-    ggml = _already_loaded(names) or ctypes.CDLL(str(names[0]))
+    ggml = shipped_library("ggml")
     vp, size = ctypes.c_void_p, ctypes.c_size_t
     for name, args, res in (("ggml_backend_dev_count", [], size), ("ggml_backend_dev_get", [size], vp),
                             ("ggml_backend_dev_type", [vp], ctypes.c_int),
@@ -204,7 +250,7 @@ def _ggml() -> ctypes.CDLL:
 
 
 def _already_loaded(names: list[Path]) -> ctypes.CDLL | None:
-    """The copy of libggml that libllama itself uses, of the files in `names`.
+    """The copy, of the files in `names`, that the process already has (libllama itself or its libggml).
 
     pip's wheel holds libggml.so, libggml.so.0 and libggml.so.0.x as separate files, not links:
     opening another of them than libllama's dependency would load a second libggml with a registry
@@ -219,3 +265,22 @@ def _already_loaded(names: list[Path]) -> ctypes.CDLL | None:
         except OSError:
             continue
     return None
+
+
+@functools.cache
+def ggml_base() -> ctypes.CDLL:
+    """libggml-base (already loaded by llama_cpp): tensor sizes, op names and backend buffers, for the
+    evaluation callback of `pyllama imatrix`."""
+    loaded = getattr(getattr(lib, "llama_cpp", None), "_lib", None)
+    lib_dir = Path(loaded._name).parent if loaded is not None else Path(lib.__file__).parent / "lib"
+    names = sorted(lib_dir.glob("libggml-base.*")) or sorted(lib_dir.glob("ggml-base.*"))
+    if not names:
+        raise PyllamaError(f"libggml-base not found in {lib_dir}", hint="reinstall llama-cpp-python")
+    base = _already_loaded(names) or ctypes.CDLL(str(names[0]))
+    vp, size = ctypes.c_void_p, ctypes.c_size_t
+    for name, args, res in (("ggml_op_name", [ctypes.c_int], ctypes.c_char_p), ("ggml_nbytes", [vp], size),
+                            ("ggml_backend_buffer_is_host", [vp], ctypes.c_bool),
+                            ("ggml_backend_tensor_get", [vp, vp, size, size], None)):
+        fn = getattr(base, name)
+        fn.argtypes, fn.restype = args, res
+    return base

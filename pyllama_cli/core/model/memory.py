@@ -1,20 +1,66 @@
-"""Whether a context's KV cache can fit in this machine's memory, checked before llama.cpp allocates it."""
+"""The KV cache: its types and placement as context parameters (-ctk, -ctv, --swa-full, -kvo), and whether
+it can fit in this machine's memory, checked before llama.cpp allocates it."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from ...errors import ModelLoadError
+from ...errors import ModelLoadError, UsageError
 from .library import gpu_device_present, lib
-from .settings import LoadSettings
-
-if TYPE_CHECKING:
-    from .native import Model
+from .settings import KV_CACHE_TYPES, QUANTIZED_CACHE_TYPES, ROPE_SCALING_TYPES, LoadSettings
 
 
-def check_kv_cache_fits(model: Model, params: Any, settings: LoadSettings) -> None:
+class LoadedModel(Protocol):
+    """What the check reads of a loaded model (native.Model is one; native.py imports this module)."""
+
+    @property
+    def handle(self) -> Any: ...
+
+    @property
+    def path(self) -> Path: ...
+
+    @property
+    def n_ctx_train(self) -> int: ...
+
+
+def apply_kv_cache(params: Any, settings: LoadSettings) -> None:
+    """-ctk, -ctv, --swa-full and -kvo/-nkvo as context parameters.
+
+    A quantized V cache needs flash attention: llama.cpp turns -fa auto on for it and refuses -fa off
+    (no context), so -fa off is refused here with the flags to change.
+    """
+    params.type_k = KV_CACHE_TYPES[settings.cache_type_k]
+    params.type_v = KV_CACHE_TYPES[settings.cache_type_v]
+    params.swa_full = settings.swa_full
+    params.offload_kqv = settings.kv_offload
+    if settings.cache_type_v in QUANTIZED_CACHE_TYPES and settings.flash_attn == "off":
+        raise UsageError(f"a quantized V cache (-ctv {settings.cache_type_v}) needs flash attention, and -fa is off",
+                         hint="use -fa on (or auto), or a V cache type of f32, f16 or bf16")
+
+
+def apply_rope(params: Any, settings: LoadSettings) -> None:
+    """--rope-scaling, --rope-freq-*, --yarn-* as context parameters (unset ones stay the model's)."""
+    if settings.rope_scaling is not None:
+        params.rope_scaling_type = ROPE_SCALING_TYPES[settings.rope_scaling]
+    params.rope_freq_base = settings.rope_freq_base
+    params.rope_freq_scale = settings.rope_freq_scale
+    params.yarn_orig_ctx = settings.yarn_orig_ctx
+    params.yarn_ext_factor = settings.yarn_ext_factor
+    params.yarn_attn_factor = settings.yarn_attn_factor
+    params.yarn_beta_slow = settings.yarn_beta_slow
+    params.yarn_beta_fast = settings.yarn_beta_fast
+
+
+def context_failure_hint(settings: LoadSettings) -> str:
+    if {settings.cache_type_k, settings.cache_type_v} & QUANTIZED_CACHE_TYPES:
+        return ("a quantized cache type needs flash attention and a head size its block size divides: try "
+                "-ctk/-ctv f16, or run with --verbose for llama.cpp's reason")
+    return "lower -c/--ctx-size, or run with --verbose for llama.cpp's reason (often: not enough memory)"
+
+
+def check_kv_cache_fits(model: LoadedModel, params: Any, settings: LoadSettings) -> None:
     """Refuse a context whose KV cache alone is bigger than this machine's memory.
 
     llama.cpp would try anyway: with Linux's overcommit its buffers are granted, then filled, and the

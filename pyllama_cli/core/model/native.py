@@ -14,10 +14,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...errors import InputError, Interrupted, ModelLoadError
+from ..gguf.ftypes import size_label
 from .adapters import ModelAdapters
 from .library import configure_logging, keeping_gil, lib
 from .mapped_file import MappedFile
-from .memory import check_kv_cache_fits
+from .placement import apply_placement
+from .memory import apply_kv_cache, apply_rope, check_kv_cache_fits, context_failure_hint
 from .settings import LoadSettings
 from .threads import ThreadPools
 
@@ -83,6 +85,7 @@ class Model:
         placement = _placement(settings)
         if placement is not None:
             placement.apply(params)
+        overrides = apply_placement(params, settings)  # noqa: F841 - owns the C strings until the load returns
         interrupted = False
 
         def progress(fraction: float, _user: Any) -> bool:
@@ -141,9 +144,11 @@ class Model:
 
     @property
     def description(self) -> str:
+        """llama.cpp's "llama 1B Q4_K - Medium"; a size llama.cpp does not name ("?B") is the count of
+        parameters, as a converter labels it (general.size_label: "1.7M", "7.2B")."""
         buf = ctypes.create_string_buffer(256)
         lib.llama_model_desc(self.handle, buf, ctypes.sizeof(buf))
-        return buf.value.decode("utf-8", errors="replace")
+        return buf.value.decode("utf-8", errors="replace").replace(" ?B ", f" {size_label(self.n_params)} ", 1)
 
     @property
     def size_bytes(self) -> int:
@@ -268,6 +273,18 @@ _FLASH_ATTN = {"auto": "LLAMA_FLASH_ATTN_TYPE_AUTO", "on": "LLAMA_FLASH_ATTN_TYP
                "off": "LLAMA_FLASH_ATTN_TYPE_DISABLED"}
 
 
+def _computes_elsewhere(settings: LoadSettings) -> bool:
+    """Whether llama_decode may return before its graph has run: on an RPC server (ggml's RPC client
+    sends it from a thread of its own, whose abort report needs the GIL) or on a GPU."""
+    if settings.rpc:
+        return True
+    if settings.n_gpu_layers == 0:
+        return False
+    from .library import gpu_device_present
+
+    return gpu_device_present()
+
+
 class Context:
     """A llama.cpp context (KV cache + compute buffers) over a loaded model.
 
@@ -288,6 +305,8 @@ class Context:
         params.embeddings = embeddings
         params.kv_unified = kv_unified
         params.no_perf = False
+        apply_kv_cache(params, settings)
+        apply_rope(params, settings)
         for key, value in extra.items():
             setattr(params, key, value)
         check_kv_cache_fits(model, params, settings)
@@ -298,15 +317,17 @@ class Context:
         if not handle:
             raise ModelLoadError(
                 f"llama.cpp could not create a context of {params.n_ctx} tokens for {model.path.name}",
-                hint="lower -c/--ctx-size, or run with --verbose for llama.cpp's reason (often: not enough memory)",
+                hint=context_failure_hint(settings),
             )
         self.handle = handle
-        self.threads = ThreadPools(handle, int(params.n_threads), int(params.n_threads_batch))
+        self.threads = ThreadPools(handle, int(params.n_threads), int(params.n_threads_batch), settings.cpu,
+                                   settings.resolved_cpu_batch())
         self.model = model
         self.n_ctx = int(lib.llama_n_ctx(handle))
         self.n_batch = int(params.n_batch)
         self.n_ubatch = int(params.n_ubatch)
         self.memory = lib.llama_get_memory(handle)
+        self._settle_after_decode = _computes_elsewhere(settings)
         try:
             model.adapters.apply(handle)
         except BaseException:
@@ -347,6 +368,10 @@ class Context:
         self.model.check_file()
         rc = lib.llama_decode(self.handle, batch.raw if isinstance(batch, Batch) else batch)
         if rc == 0:
+            if self._settle_after_decode:
+                # The graph may still run on the device: wait for it here, where ctypes releases the
+                # GIL, not in the sampler's first logits read, which keeps it (see keeping_gil).
+                lib.llama_synchronize(self.handle)
             return
         if rc == 2 or self.abort_requested or (self.abort_check is not None and self.abort_check()):
             raise Interrupted("evaluation interrupted")
@@ -369,6 +394,11 @@ class Context:
 
     def remove_tokens(self, seq_id: int, start: int, end: int = -1) -> bool:
         return bool(lib.llama_memory_seq_rm(self.memory, seq_id, start, end))
+
+    def shift_tokens(self, seq_id: int, keep: int, n_discard: int, n_past: int) -> None:
+        """Drop positions [keep, keep + n_discard) of a sequence and move the later ones back by n_discard."""
+        lib.llama_memory_seq_rm(self.memory, seq_id, keep, keep + n_discard)
+        lib.llama_memory_seq_add(self.memory, seq_id, keep + n_discard, n_past, -n_discard)
 
     def synchronize(self) -> None:
         lib.llama_synchronize(self.handle)
@@ -415,3 +445,4 @@ class Batch:
         n = len(tokens)
         for k, tok in enumerate(tokens):
             self.add(int(tok), start_pos + k, (seq_id,), logits_last and k == n - 1)
+

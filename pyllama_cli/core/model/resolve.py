@@ -47,6 +47,32 @@ class ModelRequest:
 
 
 @dataclass(frozen=True)
+class ModelRequests:
+    """Several models named at once (serve's router mode: -m and -hf may each be given several times);
+    -hff, -hft and --offline hold for every -hf repo."""
+
+    paths: tuple[str, ...] = ()
+    hf_repos: tuple[str, ...] = ()
+    hf_file: str | None = None
+    hf_token: str | None = None
+    offline: bool = False
+
+    @property
+    def count(self) -> int:
+        return len(self.paths) + len(self.hf_repos)
+
+    def first(self) -> ModelRequest:
+        """The first model named (the first -m, else the first -hf) as a request of its own."""
+        return ModelRequest(model=self.paths[0] if self.paths else None,
+                            hf_repo=None if self.paths or not self.hf_repos else self.hf_repos[0],
+                            hf_file=self.hf_file, hf_token=self.hf_token, offline=self.offline)
+
+    def for_repo(self, repo: str) -> ModelRequest:
+        """One -hf repo as a request of its own."""
+        return ModelRequest(hf_repo=repo, hf_file=self.hf_file, hf_token=self.hf_token, offline=self.offline)
+
+
+@dataclass(frozen=True)
 class ResolvedModel:
     """A model on local disk: `path` is the file to load (the first part of a split model)."""
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .resolve import ModelRequest, ResolvedModel, resolve_model
@@ -29,6 +30,7 @@ class Progress:
 
     download: type | None = None
     load: LoadBar | None = None
+    warn: Callable[[str], None] | None = None  # hears of a context past the model's trained length
 
 
 class Session:
@@ -114,5 +116,27 @@ def open_model(
     bar = progress.load(f"Loading {resolved.path.name}") if progress.load is not None else nullcontext(None)
     with bar as on_progress:
         session = load_session(resolved, settings, vocab_only=vocab_only, context=context, on_progress=on_progress)
+    if session.ctx is not None and progress.warn is not None:
+        past = past_trained_context(session.ctx.n_ctx, session.model.n_ctx_train)
+        if past:
+            progress.warn(past)
     with session:
         yield session
+
+
+def past_trained_context(n_ctx: int, n_ctx_train: int, what: str | None = None) -> str | None:
+    """llama.cpp's warning for a context longer than the model was trained on (it calls it a possible
+    training context overflow: past that length the output degrades); None when it fits."""
+    if n_ctx_train <= 0 or n_ctx <= n_ctx_train:
+        return None
+    return (f"{what or f'-c {n_ctx}'} is more than the {n_ctx_train} tokens the model was trained on: past "
+            "them its output may degrade (possible training context overflow)")
+
+
+def trained_context_warning(path: Path, n_ctx: int, what: str | None = None) -> str | None:
+    """past_trained_context for a GGUF not loaded yet: its trained length read from the header."""
+    from ..gguf.reader import read_metadata
+
+    metadata = read_metadata(path)
+    trained = metadata.get(f"{metadata.get('general.architecture')}.context_length")
+    return past_trained_context(n_ctx, trained, what) if isinstance(trained, int) and n_ctx else None

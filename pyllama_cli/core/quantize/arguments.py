@@ -1,4 +1,5 @@
-"""llama-quantize's command line as it reads it: the positional arguments, type names, --override-kv.
+"""llama-quantize's command line as it reads it: the positional arguments, type names, --override-kv, and
+the `QuantizeRequest` they make (quantizer.py runs it; staging.py and llama_log.py read it too).
 
 The type table itself is in `core.gguf.ftypes`; here are the rules for reading INPUT [OUTPUT] TYPE
 [NTHREADS], the output name made from INPUT and the type, and KEY=TYPE:VALUE metadata overrides.
@@ -124,3 +125,38 @@ def _kv_value(kind: str, raw: str) -> int | float | bool | str:
             raise ValueError(raw)
         return raw == "true"
     return {"int": int, "float": float, "str": str}[kind](raw)
+
+
+@dataclass
+class QuantizeRequest:
+    """Everything one quantization needs; field names follow llama-quantize's flags."""
+
+    inputs: tuple[Path, ...]  # the input file, or every part of a split input (first part first)
+    output: Path  # with keep_split: the name prefix of the output parts
+    quant: QuantType
+    nthread: int = 0  # 0: llama.cpp uses every hardware thread
+    allow_requantize: bool = False
+    leave_output_tensor: bool = False
+    pure: bool = False
+    keep_split: bool = False
+    output_tensor_type: int | None = None
+    token_embedding_type: int | None = None
+    imatrix: str | None = None  # as the user wrote it: llama-quantize stores this text in the file
+    include_weights: tuple[str, ...] = ()
+    exclude_weights: tuple[str, ...] = ()
+    overrides: tuple[KvOverride, ...] = ()
+    force: bool = False
+    verbose: bool = False
+    log_file: Path | None = None
+
+    @property
+    def source(self) -> Path:
+        return self.inputs[0]
+
+    def output_paths(self) -> list[Path]:
+        """The files the run writes: one, or one per input part with keep_split (llama.cpp's names)."""
+        if not self.keep_split:
+            return [self.output]
+        prefix = split_prefix(self.output)
+        n = len(self.inputs)
+        return [prefix.with_name(f"{prefix.name}-{i:05d}-of-{n:05d}.gguf") for i in range(1, n + 1)]

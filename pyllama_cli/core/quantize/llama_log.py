@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from ...errors import InputError, PyllamaError, UsageError
 
 if TYPE_CHECKING:
-    from .quantizer import QuantizeRequest
+    from .arguments import QuantizeRequest
     from .staging import Staging
 
 _TENSOR_LINE = re.compile(r"^\[\s*(\d+)/\s*(\d+)\]\s+(\S+)")

@@ -1,10 +1,10 @@
 """Quantize a GGUF model with llama.cpp's `llama_model_quantize`, as `llama-quantize` does.
 
-Holds the request and its checks, the parameters llama-quantize passes (imatrix data and metadata
-overrides included, in the same order, so the output is byte-identical), and the run: llama.cpp works
-in a thread, writing to a hidden temporary file (`staging`) that is renamed into place only on
-success; an error or Ctrl-C removes it. Reading the command line is in `arguments`, following
-llama.cpp's log in `llama_log`.
+Holds the request's checks, the parameters llama-quantize passes (imatrix data and metadata overrides
+included, in the same order, so the output is byte-identical), and the run: llama.cpp works in a
+thread, writing to a hidden temporary file (`staging`) that is renamed into place only on success; an
+error or Ctrl-C removes it. Reading the command line, and the request it makes, is in `arguments`,
+following llama.cpp's log in `llama_log`.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from ..gguf.ftypes import QuantType
 from ..gguf.reader import read_gguf
 from ..model.settings import MAX_THREADS
 from ..paths import output_target, require_folder
-from .arguments import KvOverride, split_prefix
+from .arguments import KvOverride, QuantizeRequest
 # commands/quantize.py calls these as quantizer.NAME, so they stay reachable here.
 from .arguments import default_output, parse_override_kv, parse_positionals  # noqa: F401
 from .llama_log import LogParser, TensorProgress, failure_error
@@ -36,41 +36,6 @@ if TYPE_CHECKING:  # the imatrix reader is imported only by the runs that pass -
 
 
 # ---------------------------------------------------------------- the request
-
-
-@dataclass
-class QuantizeRequest:
-    """Everything one quantization needs; field names follow llama-quantize's flags."""
-
-    inputs: tuple[Path, ...]  # the input file, or every part of a split input (first part first)
-    output: Path  # with keep_split: the name prefix of the output parts
-    quant: QuantType
-    nthread: int = 0  # 0: llama.cpp uses every hardware thread
-    allow_requantize: bool = False
-    leave_output_tensor: bool = False
-    pure: bool = False
-    keep_split: bool = False
-    output_tensor_type: int | None = None
-    token_embedding_type: int | None = None
-    imatrix: str | None = None  # as the user wrote it: llama-quantize stores this text in the file
-    include_weights: tuple[str, ...] = ()
-    exclude_weights: tuple[str, ...] = ()
-    overrides: tuple[KvOverride, ...] = ()
-    force: bool = False
-    verbose: bool = False
-    log_file: Path | None = None
-
-    @property
-    def source(self) -> Path:
-        return self.inputs[0]
-
-    def output_paths(self) -> list[Path]:
-        """The files the run writes: one, or one per input part with keep_split (llama.cpp's names)."""
-        if not self.keep_split:
-            return [self.output]
-        prefix = split_prefix(self.output)
-        n = len(self.inputs)
-        return [prefix.with_name(f"{prefix.name}-{i:05d}-of-{n:05d}.gguf") for i in range(1, n + 1)]
 
 
 @dataclass

@@ -12,7 +12,7 @@ from ..paths import hidden_temp_name, keep_mode, output_target
 from .arguments import split_prefix
 
 if TYPE_CHECKING:
-    from .quantizer import QuantizeRequest
+    from .arguments import QuantizeRequest
 
 
 class Staging:

@@ -9,6 +9,7 @@ evaluation). A job the server cuts (`cancel(reason)`: shutdown, a model unloaded
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -84,6 +85,11 @@ class Event:
     error: BaseException | None = None
 
 
+# A reader that wants the statistics of every generation it reads (serve's access log) sets a list
+# here for its context; each job's last event adds its GenerationStats.
+JOB_STATS: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar("pyllama_job_stats", default=None)
+
+
 class JobStream:
     """The events of one job, read with `async for` on the event loop that submitted it.
 
@@ -147,6 +153,8 @@ class JobStream:
             self._finished = True
             raise event.error
         self._finished = event.done
+        if event.done and event.stats is not None and (collected := JOB_STATS.get()) is not None:
+            collected.append(event.stats)
         if event.done and self.cut is not None and _interrupted(event):
             raise self.cut
         return event

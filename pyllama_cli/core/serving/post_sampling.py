@@ -22,19 +22,21 @@ def candidate_probs(logits: np.ndarray, settings: SamplingSettings) -> tuple[np.
     for token, bias in settings.logit_bias:
         values[token] += bias
     order = np.argsort(-values, kind="stable")
-    if settings.temperature <= 0:  # greedy: one candidate, certain
+    stages = set(settings.samplers)  # a stage the order leaves out does not run
+    temperature = settings.temperature if "temperature" in stages else 1.0
+    if temperature <= 0:  # greedy: one candidate, certain
         return order[:1], np.ones(1)
-    if settings.top_k > 0:
+    if settings.top_k > 0 and "top_k" in stages:
         order = order[:settings.top_k]
     probs = _softmax(values[order])
-    if settings.top_p < 1.0:
+    if settings.top_p < 1.0 and "top_p" in stages:
         keep = int(np.searchsorted(np.cumsum(probs), settings.top_p)) + 1
         order = order[:keep]
         probs = _softmax(values[order])
-    if settings.min_p > 0:
+    if settings.min_p > 0 and "min_p" in stages:
         kept = probs >= settings.min_p * probs[0]
         order = order[kept]
-    probs = _softmax(values[order] / settings.temperature)
+    probs = _softmax(values[order] / temperature)
     return order, probs
 
 

@@ -40,9 +40,10 @@ from ..generate.stats import GenerationStats
 from ..text.reasoning import ThinkBudget
 from .engine import BROKEN, CLOSED, READY, Engine
 from .jobs import EmbeddingJob, EngineStats, Event, GenerationJob, JobStream, ModelSummary
+from .cut import StepCut, roll_back
 from .post_sampling import post_sampling_prob
 from .lora_sets import LoraTurns
-from .slots import GENERATING, IDLE, PREFILL, PaddingTrial, Slot, plan_drafts
+from .slots import GENERATING, IDLE, PREFILL, PaddingTrial, Slot, add_slot_tokens, plan_drafts
 # How long a step may wait for a request that reached the server but is not submitted yet.
 ARRIVAL_WAIT_S = 0.003
 
@@ -86,6 +87,8 @@ class ParallelEngine(Engine):
         self._pad: tuple[Slot, int] | None = None  # (idle slot, position) of this step's throwaway token
         self._timing_padding = False  # whether this step is one of PaddingTrial's
         self._slot_tasks: list[tuple[int, Callable[[Any, Slot], Any], Future[Any]]] = []  # guarded by _cond
+        self._cut = StepCut()  # aborts the step in flight (cut.py)
+        self._marks: dict[int, int] = {}  # each slot's cached length before this step
         self.lora = LoraTurns()  # the LoRA adapters and whose turn it is (set by _load)
 
     # ---------------------------------------------------------------- Engine interface
@@ -169,6 +172,8 @@ class ParallelEngine(Engine):
             for stream in [*(slot.stream for slot in self.slots), *self._queue]:
                 if stream is not None:
                     stream.cancel(reason)
+            if reason is not None:
+                self._cut.request()  # a cut that waited for the step in flight could miss its deadline
             self._cond.notify()
 
     def break_down(self, error: BaseException) -> None:
@@ -192,6 +197,7 @@ class ParallelEngine(Engine):
             for slot in self.slots:
                 if slot.stream is not None:
                     slot.stream.cancel()
+            self._cut.request()
             self._cond.notify()
         self._join_and_free(self._thread, timeout)
 
@@ -205,6 +211,7 @@ class ParallelEngine(Engine):
         self.session, self._ctx = session, session.ctx
         # Without a unified cache each sequence gets an equal share of the context, as llama-server does.
         self.n_ctx_slot = self._ctx.n_ctx if self.kv_unified else self._ctx.n_ctx // self.n_slots
+        self._cut.install(self._ctx)
         try:
             self._batch = Batch(max(session.ctx.n_batch, self.n_slots), n_seq_max=1)
             self._open_speculation()
@@ -248,6 +255,7 @@ class ParallelEngine(Engine):
                 self._run_slot_tasks()
                 self._assign_waiting()
                 self._wait_for_arrivals()
+                self._cut.clear()  # requested for requests cut by now: dropped next
             self._drop_cancelled()
             if self._build_batch():
                 self._decode_and_sample()
@@ -313,6 +321,7 @@ class ParallelEngine(Engine):
                                   hint="shorten the prompt, or restart with a larger -c/--ctx-size or fewer --parallel")
         job: GenerationJob = stream.job  # type: ignore[assignment]
         slot.sampler = Sampler(self.model, job.sampling)
+        slot.sampler.accept_prompt(prompt)
         lora = self.lora.scales_of(job)
         reuse = reusable_prefix(slot.cached, prompt) if job.cache_prompt and lora == slot.lora else 0
         slot.lora = lora
@@ -348,6 +357,7 @@ class ParallelEngine(Engine):
         """
         batch = self._batch
         batch.clear()
+        self._marks = {slot.id: len(slot.cached) for slot in self.slots}
         room = self._ctx.n_batch - sum(slot.state == GENERATING for slot in self.slots)
         room -= plan_drafts(self.slots, self.speculative, self.n_ctx_slot, room)
         turn = self.lora.next_turn(self._ctx, self.slots)
@@ -362,21 +372,8 @@ class ParallelEngine(Engine):
             if slot is pad_slot:
                 self._pad = (slot, len(slot.cached))
                 batch.add(0, len(slot.cached), (slot.id,), False)
-            elif slot.state == GENERATING:
-                slot.batch_index, slot.in_batch = batch.n_tokens, True
-                for token in [slot.last_token, *slot.drafts]:
-                    batch.add(token, len(slot.cached), (slot.id,), True)
-                    slot.cached.append(token)
-            elif slot.state == PREFILL and room > 0:
-                chunk, slot.pending = slot.pending[:room], slot.pending[room:]
-                room -= len(chunk)
-                slot.in_batch = True
-                for k, token in enumerate(chunk):
-                    last = not slot.pending and k == len(chunk) - 1
-                    if last:
-                        slot.batch_index = batch.n_tokens
-                    batch.add(token, len(slot.cached), (slot.id,), last)
-                    slot.cached.append(token)
+            else:
+                room = add_slot_tokens(slot, batch, room)
         return batch.n_tokens > 0
 
     def _pad_candidate(self) -> Slot | None:
@@ -406,6 +403,10 @@ class ParallelEngine(Engine):
         try:
             self._ctx.decode(self._batch)
         except Exception as exc:  # noqa: BLE001 - fail the slots in this batch, keep serving
+            if self._cut.requested:  # aborted (cut.py): its cut requests end, the others go on next step
+                for slot in roll_back(self._ctx, self.slots, self._marks):
+                    self._finish(slot, STOP_INTERRUPTED)
+                return
             for slot in self.slots:
                 if slot.state != IDLE and slot.in_batch:
                     self._fail(slot, exc)

@@ -127,3 +127,25 @@ class PaddingTrial:
         self.seconds[padded].append(seconds)
         if all(len(times) >= self.TRIALS for times in self.seconds.values()):
             self.decision = statistics.median(self.seconds[True]) < statistics.median(self.seconds[False])
+
+
+def add_slot_tokens(slot: Slot, batch: Any, room: int) -> int:
+    """Add a slot's tokens to the step's batch: a generating slot's last token and its draft (logits at
+    each), or a prefilling slot's next prompt chunk of at most `room` tokens (logits at the prompt's
+    last). Returns the room left for the prompt chunks of the slots after it."""
+    if slot.state == GENERATING:
+        slot.batch_index, slot.in_batch = batch.n_tokens, True
+        for token in [slot.last_token, *slot.drafts]:
+            batch.add(token, len(slot.cached), (slot.id,), True)
+            slot.cached.append(token)
+    elif slot.state == PREFILL and room > 0:
+        chunk, slot.pending = slot.pending[:room], slot.pending[room:]
+        room -= len(chunk)
+        slot.in_batch = True
+        for k, token in enumerate(chunk):
+            last = not slot.pending and k == len(chunk) - 1
+            if last:
+                slot.batch_index = batch.n_tokens
+            batch.add(token, len(slot.cached), (slot.id,), last)
+            slot.cached.append(token)
+    return room

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,19 @@ class LocalModel:
     repo: str | None = None  # Hugging Face repo id, for cached models
     filename: str | None = None  # the first part's path inside the repo
     files: tuple[Any, ...] = field(default=(), compare=False, repr=False)  # huggingface_hub CachedFileInfo, all revisions
+
+    @cached_property
+    def file_type(self) -> str | None:
+        """The quantization the GGUF header states (`general.file_type`), whatever the file is called;
+        None for a file whose header does not say, or cannot be read."""
+        from ..gguf.ftypes import ftype_name
+        from ..gguf.reader import read_metadata
+        from ...errors import InvalidGGUF
+
+        try:
+            return ftype_name(read_metadata(self.path).get("general.file_type"))
+        except (InvalidGGUF, OSError):
+            return None
 
     @property
     def name(self) -> str:

@@ -18,7 +18,8 @@ from typing import Any
 
 from ...errors import ServerError, UsageError
 
-DEFAULT_URL = "http://127.0.0.1:8080"
+DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8080  # serve's
+DEFAULT_URL = f"http://{DEFAULT_HOST}:{DEFAULT_PORT}"
 TIMEOUT_S = 10
 UNLOAD_TIMEOUT_S = 120  # an unload waits for the model's running requests to finish
 
@@ -84,6 +85,25 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def server_url(url: str | None, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> str:
+    """The server's base URL from --url (a bare host:port taken as http://), else from --host and --port."""
+    if url is None:
+        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    return url if "://" in url else f"http://{url}"
+
+
+def has_router_api(cards: list[dict[str, Any]]) -> bool:
+    """Whether a /v1/models answer comes from a router (pyllama serve, llama-server --models-dir): its
+    cards carry a status; a plain llama-server's do not."""
+    return all("status" in card for card in cards)
+
+
+def no_router_api(url: str) -> ServerError:
+    return ServerError(f"the server at {url} has no router API (llama-server, or a server that is not "
+                       "pyllama's): it serves one model and cannot unload it",
+                       hint="stop that server instead (Ctrl-C, or SIGTERM to its process)")
+
+
 def server_models(url: str, api_key: str | None = None) -> list[dict[str, Any]]:
     """The `data` list of the server's GET /v1/models.
 
@@ -117,7 +137,8 @@ def _request(url: str, method: str, route: str, payload: Any, api_key: str | Non
 
     base = url.rstrip("/")
     if not base.startswith(("http://", "https://")):
-        raise UsageError(f"--url {url!r} is not an http:// or https:// address", hint=f"e.g. --url {DEFAULT_URL}")
+        raise UsageError(f"--url {url!r} is not an http:// or https:// address",
+                         hint=f"e.g. --url {DEFAULT_URL}, or --url {DEFAULT_HOST}:{DEFAULT_PORT}")
     headers = {"Content-Type": "application/json"}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
@@ -127,11 +148,12 @@ def _request(url: str, method: str, route: str, payload: Any, api_key: str | Non
         with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - the user's own URL
             return _json(response.read(), url)
     except urllib.error.HTTPError as exc:
-        raise _http_error(url, exc.code, _json(exc.read(), url, strict=False)) from None
+        raise _http_error(url, route, exc.code, _json(exc.read(), url, strict=False)) from None
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
         raise ServerError(f"no server answers at {url} ({getattr(reason, 'strerror', None) or reason})",
-                          hint="start one with `pyllama serve`, or give its address with --url") from None
+                          hint="start one with `pyllama serve`, or give its address with --host/--port "
+                               "or --url") from None
 
 
 def _json(raw: bytes, url: str, *, strict: bool = True) -> Any:
@@ -143,7 +165,7 @@ def _json(raw: bytes, url: str, *, strict: bool = True) -> Any:
         raise ServerError(f"{url} did not answer with JSON", hint="is it a pyllama serve address?") from None
 
 
-def _http_error(url: str, status: int, body: Any) -> ServerError:
+def _http_error(url: str, route: str, status: int, body: Any) -> ServerError:
     error = body.get("error") if isinstance(body, dict) else None
     error = error if isinstance(error, dict) else {"message": str(error or "")}
     message, code = str(error.get("message") or f"HTTP {status}"), error.get("code")
@@ -153,4 +175,6 @@ def _http_error(url: str, status: int, body: Any) -> ServerError:
     if code in ("not_router", "not_found"):  # a one-model server: by the contract, or one older than it
         return ServerError(f"the server at {url} serves one model and cannot unload it",
                            hint="stop that server instead (Ctrl-C, or SIGTERM to its process)")
+    if status in (404, 405) and route.startswith("/models/") and code != "model_not_found":
+        return no_router_api(url)  # llama-server's "File Not Found": the route is not there at all
     return ServerError(f"the server at {url} answered {status}: {message}")

@@ -17,9 +17,9 @@ from starlette.requests import Request
 from ...core.generate.decide import STOP_CONTEXT, STOP_LENGTH, STOP_STOP
 from ...core.serving.engine import Engine
 from ...core.serving.jobs import JobStream
-from .. import responses as r
-from ..openai_answers import CALLS, PING, REASONING, TEXT, Running, collect_all, streamed_parts, whole_parts
-from ..prepare import PreparedChat
+from ..openai import bodies as r
+from ..openai.answers import CALLS, PING, REASONING, TEXT, Running, collect_all, streamed_parts, whole_parts
+from ..openai.prepare import PreparedChat
 from ..sse import EventStream, anthropic_error_event
 
 PING_S = 5.0  # a ping this long after the last event, while a long prompt is still being read

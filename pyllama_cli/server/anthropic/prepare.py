@@ -1,8 +1,8 @@
 """A Messages request as the chat request the server already knows how to run.
 
 System text, turns of content blocks, tools with `input_schema` and Anthropic's tool choices become
-OpenAI-style messages, tools and tool_choice; prepare.py then renders, tokenizes and constrains them
-exactly as it does for /v1/chat/completions (a forced tool goes through the same call grammar).
+OpenAI-style messages, tools and tool_choice; openai/prepare.py then renders, tokenizes and constrains
+them exactly as it does for /v1/chat/completions (a forced tool goes through the same call grammar).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 from ...core.serving.engine import Engine
 from ..errors import APIError
-from ..prepare import PreparedChat, chat_request, message_dicts, plan_request_tools, prepare_chat, render_prompt
+from ..openai.prepare import PreparedChat, chat_request, message_dicts, plan_request_tools, prepare_chat, render_prompt
 from ..settings import ServerSettings
 from .schemas import ContentBlock, CountTokensRequest, MessageParam, MessagesRequest
 

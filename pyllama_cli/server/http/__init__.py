@@ -7,4 +7,5 @@
 - `leases`: a request holds its model from the route until the answer is sent (no unload under it).
 - `redact`: no key or token in any log line.
 - `memory`: glibc's mmap threshold, so a huge request's memory goes back.
+- `header_case`: response header names written as llama-server writes them (for its clients).
 """

@@ -10,20 +10,21 @@ import hmac
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..errors import APIError
-from ..webui.routes import PAGE_PATHS
 
-# Routes that answer without a key: liveness probes, the API's own documentation, and the chat page
-# (whose API calls then carry the key).
-OPEN_PATHS = frozenset({"/health", "/v1/health", "/docs", "/docs/oauth2-redirect", "/openapi.json"}) | PAGE_PATHS
+# Routes that answer without a key: liveness probes and the API's own documentation.
+OPEN_PATHS = frozenset({"/health", "/v1/health", "/docs", "/docs/oauth2-redirect", "/openapi.json"})
 
 
 class ApiKeyMiddleware:
-    def __init__(self, app: ASGIApp, api_key: str):
+    """`pages` answer without a key too: the chat page and its files (its API calls then carry the key)."""
+
+    def __init__(self, app: ASGIApp, api_key: str, pages: frozenset[str] = frozenset()):
         self.app = app
         self.expected = api_key.encode()
+        self.open_paths = OPEN_PATHS | pages
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in OPEN_PATHS or scope["method"] == "OPTIONS":
+        if scope["type"] != "http" or scope["path"] in self.open_paths or scope["method"] == "OPTIONS":
             await self.app(scope, receive, send)
             return
         given = _presented_key(dict(scope["headers"]))

@@ -26,6 +26,21 @@ def hold(release: Callable[[], None]) -> bool:
     return True
 
 
+def keep() -> Callable[[], None]:
+    """Move the current request's holds out of it: the caller runs the returned release when its work
+    ends (a detached stream outlives its request, and holds its model until then)."""
+    held = _HELD.get()
+    taken = list(held or ())
+    if held:
+        held.clear()
+
+    def release() -> None:
+        for each in taken:
+            each()
+
+    return release
+
+
 class LeaseMiddleware:
     """Runs each request's release callbacks after its response."""
 

@@ -16,8 +16,9 @@ from starlette.concurrency import run_in_threadpool
 
 from ...core.embed.rerank import MAX_DOCUMENTS
 from ...core.serving.jobs import EmbeddingJob
+from .. import spine
 from ..errors import APIError, body_error
-from ..models import ModelSet
+from ..model_set import ModelSet
 
 RANK_POOLING = 4  # llama.cpp's LLAMA_POOLING_TYPE_RANK
 
@@ -49,9 +50,7 @@ def add_routes(app: FastAPI, models: ModelSet) -> None:
 
 
 def _ranking_engine(engine: Any) -> Any:
-    from ..app import _ready
-
-    _ready(engine)
+    spine.ready(engine)
     if not engine.embeddings or getattr(engine, "pooling", -1) != RANK_POOLING:
         raise APIError(400, "this server does not rerank: start it with --rerank and a reranker model",
                        code="not_supported")

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ...core.model.adapters import AdapterFile, AdapterSettings
+from ...core.model.settings import KV_CACHE_TYPES
 from ...errors import UsageError
 
 def preset_loras(value: str) -> AdapterSettings:
@@ -55,7 +56,21 @@ _KEYS: dict[tuple[str, ...], tuple[str, type]] = {
     ("m", "model", "LLAMA_ARG_MODEL"): ("model", Path),
     ("load-on-startup",): ("load_on_startup", bool),
     ("lora", "LLAMA_ARG_LORA"): ("adapters", preset_loras),
+    # KV cache types and llama.cpp's newer samplers
+    ("ctk", "cache-type-k", "LLAMA_ARG_CACHE_TYPE_K"): ("cache_type_k", str),
+    ("ctv", "cache-type-v", "LLAMA_ARG_CACHE_TYPE_V"): ("cache_type_v", str),
+    ("dry-multiplier",): ("dry_multiplier", float),
+    ("dry-base",): ("dry_base", float),
+    ("dry-allowed-length",): ("dry_allowed_length", int),
+    ("dry-penalty-last-n",): ("dry_penalty_last_n", int),
+    ("xtc-probability",): ("xtc_probability", float),
+    ("xtc-threshold",): ("xtc_threshold", float),
+    ("top-n-sigma", "top-nsigma"): ("top_n_sigma", float),
+    ("dynatemp-range",): ("dynatemp_range", float),
+    ("dynatemp-exp",): ("dynatemp_exponent", float),
 }
+# Settings that take one of a few names, checked when the file is read (a bad one would fail at load).
+_CHOICES = {"cache_type_k": KV_CACHE_TYPES, "cache_type_v": KV_CACHE_TYPES}
 KEYS = {spelling: target for spellings, target in _KEYS.items() for spelling in spellings}
 # The command-line parameter each setting comes from, for "a flag given on the command line wins".
 CLI_PARAMS = {"n_ctx": "ctx_size", "parallel": "parallel", "n_threads": "threads", "n_gpu_layers": "n_gpu_layers",
@@ -63,7 +78,11 @@ CLI_PARAMS = {"n_ctx": "ctx_size", "parallel": "parallel", "n_threads": "threads
               "chat_template": "chat_template", "n_predict": "n_predict", "temperature": "temp", "top_k": "top_k",
               "top_p": "top_p", "min_p": "min_p", "typical_p": "typical", "repeat_penalty": "repeat_penalty",
               "repeat_last_n": "repeat_last_n", "presence_penalty": "presence_penalty",
-              "frequency_penalty": "frequency_penalty", "seed": "seed", "adapters": "lora"}
+              "frequency_penalty": "frequency_penalty", "seed": "seed", "cache_type_k": "cache_type_k",
+              "cache_type_v": "cache_type_v", "dry_multiplier": "dry_multiplier", "dry_base": "dry_base",
+              "dry_allowed_length": "dry_allowed_length", "dry_penalty_last_n": "dry_penalty_last_n",
+              "xtc_probability": "xtc_probability", "xtc_threshold": "xtc_threshold", "top_n_sigma": "top_n_sigma",
+              "dynatemp_range": "dynatemp_range", "dynatemp_exponent": "dynatemp_exp", "adapters": "lora"}
 _TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
 
 
@@ -127,6 +146,8 @@ def load_presets(path: Path) -> Presets:
             raise UsageError(f"{where}: {key!r} comes before any [section]", hint="put it under [*] for every model")
         setting, kind = _setting(key, where)
         current.values[setting] = _convert(value, kind, key, where)
+        if setting in _CHOICES and value not in _CHOICES[setting]:
+            raise UsageError(f"{where}: {key} = {value!r} is not one of {', '.join(_CHOICES[setting])}")
     return Presets(path, every, models)
 
 

@@ -16,8 +16,10 @@ from ...core.serving.engine import Engine
 from ...core.serving.pool import FAILED, LOADED, EnginePool, PoolModel
 from ..cards import model_card
 from ..errors import APIError
+from ..http.access_log import note_model
 from ..http.leases import hold
-from ..models import ModelSet, ServedModel
+from ..metrics import label_pair
+from ..model_set import ModelSet, ServedModel
 from ..settings import ServerSettings
 
 
@@ -52,6 +54,7 @@ class Router(ModelSet):
 
     async def get(self, requested: str | None, keep_alive: float | None = None) -> ServedModel:
         model = self._find(requested)
+        note_model(model.id)
         try:
             await self.pool.acquire(model.id, keep_alive)
         except Exception as exc:  # noqa: BLE001 - whatever stopped the load, the client gets it as a 500
@@ -93,9 +96,9 @@ class Router(ModelSet):
         models = self.pool.models.values()
         return [
             ("model_loads_total", "counter", "Times each model was loaded.",
-             [(f'model="{m.id}"', m.loads) for m in models]),
+             [(label_pair("model", m.id), m.loads) for m in models]),
             ("model_loaded", "gauge", "Whether each model is loaded (1) or not (0).",
-             [(f'model="{m.id}"', int(m.state == LOADED)) for m in models]),
+             [(label_pair("model", m.id), int(m.state == LOADED)) for m in models]),
         ]
 
     def cancel_all(self, reason: BaseException | None = None) -> None:

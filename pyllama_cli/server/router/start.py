@@ -13,6 +13,7 @@ from typing import Any
 
 from ...console import err, warn
 from ...core.generate.sampling import SamplingSettings
+from ...core.model.resolve import ModelRequests
 from ...core.model.settings import LoadSettings
 from ...core.serving.pool import EnginePool, PoolModel
 from ...errors import Interrupted, UsageError
@@ -44,29 +45,26 @@ class RouterOptions:
     from_command_line: frozenset[str] = frozenset()  # serve's parameters the user gave (they beat presets)
 
 
-def find_models(paths: list[str], repos: list[str], folders: list[Path], cache: bool, request: Any,
-                tqdm_class: Any = None) -> list[Found]:
+def find_models(named: ModelRequests, folders: list[Path], cache: bool, tqdm_class: Any = None) -> list[Found]:
     """The models named by -m (files, checked only to exist: one that fails to load fails its own
     requests), -hf (resolved and downloaded now), --models-dir folders and the Hugging Face cache.
 
     Raises:
         ModelNotFound, UsageError: a file that is not there, a repo that cannot be resolved, no model at all.
     """
-    from dataclasses import replace as with_fields
-
     from ...core.store.catalog import cached_models, model_stem, models_in_dir
     from ...core.model.resolve import resolve_model
     from ...errors import ModelNotFound
-    from ..models import file_size
+    from ..model_set import file_size
 
     found = []
-    for text in paths:
+    for text in named.paths:
         path = Path(text).expanduser()
         if not path.is_file():
             raise ModelNotFound(f"model file not found: {text}", hint="check the -m path")
         found.append(Found(model_stem(path.name), path, (path,), file_size(path)))
-    for repo in repos:
-        resolved = resolve_model(with_fields(request, model=None, hf_repo=repo), tqdm_class=tqdm_class)
+    for repo in named.hf_repos:
+        resolved = resolve_model(named.for_repo(repo), tqdm_class=tqdm_class)
         found.append(Found(model_stem(resolved.path.name), resolved.path, resolved.parts,
                            sum(p.stat().st_size for p in resolved.parts)))
     for folder in folders:
@@ -119,7 +117,7 @@ def _server_settings(model_id: str, settings: ServerSettings, values: dict[str, 
 
 def _preset_models(presets: Presets, ids: set[str]) -> list[Found]:
     """Models that a preset section brings with `model = PATH` (a served id's section only sets it up)."""
-    from ..models import file_size
+    from ..model_set import file_size
 
     added = []
     for name, section in presets.models.items():

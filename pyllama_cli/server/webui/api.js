@@ -51,7 +51,8 @@ export async function loadModels() {
   picker.replaceChildren(...state.models.map((id) => new Option(id, id)));
   const remembered = load(STORE.model, null);
   picker.value = state.models.includes(remembered) ? remembered : state.models[0];
-  picker.hidden = state.models.length < 2;
+  // Always shown, so the page says which model answers; with one model there is nothing to pick.
+  picker.disabled = state.models.length < 2;
   // With several models, /props would load the one it names: it is asked after that model has answered.
   if (state.models.length < 2) await loadProps();
 }

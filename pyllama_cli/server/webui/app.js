@@ -3,10 +3,10 @@
 // POST /render: model text only ever reaches the page as textContent or as that sanitized HTML.
 
 import {STORE, $, state, load, store, setStatus} from "./util.js";
-import {loadModels} from "./api.js";
-import {newChat, selectChat, drawList, exportChat, importChat} from "./chats.js";
+import {api, loadModels} from "./api.js";
+import {newChat, selectChat, drawList, exportChat, importChat, generating, saveChats} from "./chats.js";
 import {drawMessages} from "./view.js";
-import {send, stop} from "./stream.js";
+import {send, stop, reattach} from "./stream.js";
 
 const THEMES = ["auto", "light", "dark"];
 
@@ -91,6 +91,28 @@ function start() {
   drawMessages();
   $("input").focus();
   loadModels().catch((err) => setStatus("Cannot reach the server: " + err.message, true));
+  resumeAnswers().catch(() => {});
+}
+
+// Answers that were generating when the page went: the server says which are still there; the open
+// chat's is read again from its start, the others stay marked until they are opened.
+async function resumeAnswers() {
+  const pending = state.chats.filter(generating);
+  if (!pending.length) return;
+  const ids = pending.map((chat) => chat.messages[chat.messages.length - 1].stream);
+  const response = await api("v1/streams/lookup", {method: "POST", body: JSON.stringify({conversation_ids: ids})});
+  const known = new Set(response.ok ? (await response.json()).map((s) => s.conversation_id) : []);
+  for (const chat of pending) {
+    const m = chat.messages[chat.messages.length - 1];
+    if (!known.has(m.stream)) {
+      delete m.stream;  // gone from the server: what came before the reload is all there is
+      if (!m.content) m.error = "Error: the answer was no longer on the server";
+    }
+  }
+  saveChats();
+  drawList();
+  drawMessages();
+  if (generating(state.current)) reattach(state.current);
 }
 
 start();

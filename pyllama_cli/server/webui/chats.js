@@ -2,7 +2,7 @@
 
 import {STORE, $, state, store, el, button, setStatus} from "./util.js";
 import {drawMessages} from "./view.js";
-import {stop} from "./stream.js";
+import {stop, reattach} from "./stream.js";
 
 export function saveChats() {
   store(STORE.chats, state.chats.map((chat) => ({...chat, messages: chat.messages.map(storedMessage)})));
@@ -11,7 +11,7 @@ export function saveChats() {
 
 function storedMessage(m) {
   const out = {role: m.role, content: m.content};
-  for (const k of ["reasoning", "stats", "error"]) if (m[k]) out[k] = m[k];
+  for (const k of ["reasoning", "stats", "error", "stream"]) if (m[k]) out[k] = m[k];
   return out;
 }
 
@@ -30,12 +30,19 @@ export function selectChat(chat) {
   drawMessages();
   document.body.classList.remove("show-sidebar");
   $("input").focus();
+  setTimeout(() => reattach(chat), 0);  // once a stopped answer has let go of the page
+}
+
+// A chat whose last answer was still generating on the server (its stream id is kept until it ends).
+export function generating(chat) {
+  const last = chat.messages[chat.messages.length - 1];
+  return Boolean(last && last.stream);
 }
 
 export function drawList() {
   const list = $("conversations");
   list.replaceChildren(...state.chats.map((chat) => {
-    const item = el("li", chat === state.current ? "chat current" : "chat");
+    const item = el("li", (chat === state.current ? "chat current" : "chat") + (generating(chat) ? " generating" : ""));
     const open = el("button", "title", chat.title);
     open.type = "button";
     open.onclick = () => selectChat(chat);

@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict
 from starlette.concurrency import run_in_threadpool
 
-from ..settings import ServerSettings
+from ..model_set import ModelSet
 from .render import RenderLimiter, check_size, render_markdown
 
 PAGE = "/"
@@ -29,8 +29,9 @@ ASSETS = {f"/webui/{f.name}": (f.name, MEDIA_TYPES[ext]) for f in files(__packag
 PAGE_PATHS = frozenset({PAGE, *ASSETS})
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' data:; "
        "form-action 'none'; frame-ancestors 'none'; base-uri 'none'")
-HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
-           "Cache-Control": "no-cache"}
+# X-Frame-Options: what browsers that predate CSP's frame-ancestors read instead.
+HEADERS = {"Content-Security-Policy": CSP, "X-Frame-Options": "DENY", "X-Content-Type-Options": "nosniff",
+           "Referrer-Policy": "no-referrer", "Cache-Control": "no-cache"}
 
 
 class RenderRequest(BaseModel):
@@ -48,10 +49,9 @@ def asset(name: str) -> bytes:
     return files(__package__).joinpath(name).read_bytes()
 
 
-def add_webui_routes(app: FastAPI, settings: ServerSettings) -> None:
-    """Serve the chat page on `app`, unless the server was started with --no-webui."""
-    if not settings.webui:
-        return
+def add_routes(app: FastAPI, models: ModelSet) -> None:
+    """Serve the chat page on `app` (create_app leaves this out with --no-webui). The page finds the
+    models through the public API, as any client does, so `models` is not read here."""
     limiter = RenderLimiter()
 
     @app.get(PAGE, include_in_schema=False)

@@ -1,6 +1,9 @@
 // Asking: a streamed answer read from /v1/chat/completions, stop, regenerate, and the stats.
+// Each answer is sent with its chat's id as X-Conversation-Id, so the server keeps generating it when the
+// page goes away; the message keeps that id (`stream`) until it ends, and a reloaded page reattaches to
+// GET /v1/stream from byte 0 (docs/streams.md). Stop is a DELETE, since a closed connection no longer is.
 
-import {$, state, el, setStatus} from "./util.js";
+import {$, state, el, setStatus, chatTitle} from "./util.js";
 import {api, errorText, loadProps, renderMarkdown, readEvents} from "./api.js";
 import {saveChats, drawList, systemPrompt} from "./chats.js";
 import {drawMessages, reasoningNode, showHTML} from "./view.js";
@@ -12,7 +15,7 @@ export function send(event) {
   const text = $("input").value;
   if (!text.trim() || state.running) return;
   const chat = state.current;
-  if (!chat.messages.length && chat.title === "New chat") chat.title = text.trim().split("\n")[0].slice(0, 40);
+  if (!chat.messages.length && chat.title === "New chat") chat.title = chatTitle(text);
   chat.messages.push({role: "user", content: text});
   $("input").value = "";
   drawList();
@@ -29,8 +32,13 @@ export function regenerate() {
 }
 
 export function stop() {
-  if (state.running) state.running.controller.abort();
+  const run = state.running;
+  if (!run) return;
+  run.controller.abort();
+  if (run.m.stream) api("v1/stream?conv_id=" + encodeURIComponent(run.m.stream), {method: "DELETE"}).catch(() => {});
 }
+
+const streamPath = (id) => "v1/stream?conv_id=" + encodeURIComponent(id) + "&from=0";
 
 function requestBody(chat) {
   const s = state.settings;
@@ -46,20 +54,36 @@ function requestBody(chat) {
   return {...(s.extra ? JSON.parse(s.extra) : {}), ...body};
 }
 
-export async function answer(chat) {
-  const m = {role: "assistant", content: ""};
+export function answer(chat) {
+  const m = {role: "assistant", content: "", stream: chat.id};
   const body = requestBody(chat);
   chat.messages.push(m);
   saveChats();
   drawMessages();
+  return follow(chat, m, () => api("v1/chat/completions", {method: "POST", body: JSON.stringify(body),
+    headers: {"X-Conversation-Id": chat.id}, signal: state.running.controller.signal}));
+}
+
+// The last answer of `chat` again, from the start of its stream: it was generating when the page went.
+export function reattach(chat) {
+  const m = chat.messages[chat.messages.length - 1];
+  if (!m || !m.stream || state.running) return;
+  m.content = "";
+  delete m.reasoning;
+  drawMessages();
+  return follow(chat, m, () => api(streamPath(m.stream), {signal: state.running.controller.signal}), true);
+}
+
+async function follow(chat, m, request, again) {
   const node = $("messages").lastElementChild;
   const run = {controller: new AbortController(), chat, m, node, started: performance.now(), chunks: 0};
   state.running = run;
   setRunning(true);
+  drawList();
   setStatus("");
   try {
-    const response = await api("v1/chat/completions", {method: "POST", body: JSON.stringify(body),
-      signal: run.controller.signal});
+    const response = await request();
+    if (again && response.status === 404) return fail(run, "the answer was no longer on the server");
     if (!response.ok) throw new Error(await errorText(response));
     await readEvents(response, (chunk) => onChunk(run, chunk));
     finish(run, false);
@@ -138,6 +162,7 @@ function fail(run, message) {
 }
 
 async function done(run) {
+  delete run.m.stream;
   clearTimeout(run.timer);
   cancelAnimationFrame(run.frame);
   if (state.nCtx === null && run.m.stats) {  // first answer of this model (or the page opened while it loaded)
@@ -147,6 +172,7 @@ async function done(run) {
   state.running = null;
   setRunning(false);
   saveChats();
+  drawList();
   if (state.current === run.chat) drawMessages();
 }
 

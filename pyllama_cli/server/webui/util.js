@@ -57,3 +57,21 @@ export function setStatus(text, isError) {
   $("status").textContent = text || "";
   $("status").classList.toggle("error", Boolean(isError));
 }
+
+// A chat's name from its first message: the words a reader sees, not the Markdown that writes them
+// (before: the first 40 raw characters, "**robot** wit").
+export function chatTitle(text, limit = 40) {
+  const plain = text
+    .replace(/```[^\n]*\n?/g, " ")                      // code fences (the code inside stays)
+    .replace(/!?\[([^\]]*)\]\([^)]*\)/g, "$1")          // links and images: their text
+    .replace(/<[^>]+>/g, " ")                            // HTML tags
+    .replace(/^\s{0,3}(#{1,6}\s+|>\s?|[-*+]\s+|\d+[.)]\s+)/gm, "")  // headings, quotes, list items
+    .replace(/(\*\*|__|~~|\*|_|`)(?=\S)([^]*?\S)\1/g, "$2")  // emphasis, strike-through, inline code
+    .replace(/\s+/g, " ")
+    .trim();
+  if (plain.length <= limit) return plain || "New chat";
+  const cut = plain.slice(0, limit);
+  const space = cut.lastIndexOf(" ");
+  return (space > limit / 2 ? cut.slice(0, space) : cut) + "…";
+}
+
