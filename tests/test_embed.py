@@ -7,6 +7,7 @@ import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -222,3 +223,36 @@ def test_serve_reads_llama_servers_embedding_variables() -> None:
     envvars = {p.name: p.envvar for p in serve.params}
     assert [envvars[name] for name in ("embeddings_flag", "pooling", "rerank")] == [
         "LLAMA_ARG_EMBEDDINGS", "LLAMA_ARG_POOLING", "LLAMA_ARG_RERANKING"]
+
+
+def test_ollama_embed_stays_l2_normalised_under_the_server_s_embd_normalize(tiny_model: Path,
+                                                                           reranker: Path) -> None:
+    import time
+
+    from fastapi.testclient import TestClient
+
+    from pyllama_cli.core.embed.pooling import RANK
+    from pyllama_cli.core.model.settings import LoadSettings
+    from pyllama_cli.core.serving.embedding_engine import EmbeddingEngine
+    from pyllama_cli.server.app import create_app
+    from pyllama_cli.server.model_set import OneModel
+    from pyllama_cli.server.settings import ServerSettings
+
+    def answers(path: Path, pooling: int, normalize: int) -> tuple[Any, Any]:
+        engine = EmbeddingEngine(path, LoadSettings(n_ctx=512, n_threads=1), pooling=pooling, embd_normalize=normalize)
+        settings = ServerSettings(alias="tiny", pooling=pooling, embd_normalize=normalize)
+        with TestClient(create_app(OneModel(engine, settings), settings)) as client:
+            deadline = time.monotonic() + 60
+            while client.get("/health").status_code != 200:
+                assert time.monotonic() < deadline, "the model did not load"
+                time.sleep(0.02)
+            return (client.post("/api/embed", json={"model": "tiny", "input": ["hello world"]}),
+                    client.post("/v1/embeddings", json={"input": ["hello world"]}))
+
+    ollama, openai = answers(tiny_model, -1, -1)  # --embd-normalize -1: /v1/embeddings gives raw vectors
+    assert ollama.status_code == 200 and openai.status_code == 200
+    assert abs(float(np.linalg.norm(ollama.json()["embeddings"][0])) - 1.0) < 1e-5
+    assert abs(float(np.linalg.norm(openai.json()["data"][0]["embedding"])) - 1.0) > 1e-3
+    ollama, _ = answers(reranker, RANK, -1)
+    assert ollama.status_code == 400 and ollama.json()["error"] == (
+        "this server's pooling gives no vector per input: restart it with --pooling mean, cls or last")
