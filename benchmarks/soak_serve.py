@@ -3,7 +3,12 @@
 With --router, the server is in router mode over three models (tiny ones of different depths, made
 once) with --models-max 2, and each client's requests rotate over the three, so that models load and
 unload throughout; GET /v1/models is polled during the run, and no more than --models-max models may
-ever be loaded at once. With --rpc, every layer runs on one local `pyllama rpc-server` (-ngl 99).
+ever be loaded at once. With --rpc, every layer runs on one local `pyllama rpc-server` (-ngl 99),
+which is killed (SIGKILL) half way through (--kill-rpc-at; 0: never). From then on the model cannot
+run: the streams in flight must end with an error event and later requests get 503, none may hang,
+/health must answer 503 naming the dead server, and SIGTERM must still stop the server with 0 (these
+checks replace the others: memory and idle slots do not apply to a server whose model died under it;
+a dropped stream read on after the kill must end with its last event or an error event too).
 
 A bounded load (127.0.0.1 only, at most --max-requests requests, at most --duration seconds):
 each client sends streaming requests (ROUTES: chat, text completions, llama-server's /completion and
@@ -28,7 +33,7 @@ The routes the clients draw from are the ROUTES table: a route is one entry (its
 body, and the event that ends a good stream), chosen with --routes.
 
     python benchmarks/soak_serve.py [-m MODEL.gguf] [--duration 300] [--clients 16] [--max-requests 50000]
-                                    [--routes chat,completions] [--router [--models-max 2]] [--rpc]
+                                    [--routes chat,completions] [--router [--models-max 2]] [--rpc [--kill-rpc-at 0.5]]
 """
 
 from __future__ import annotations
@@ -104,11 +109,37 @@ class Tally:
     latencies: list[float] = field(default_factory=list)
     ttfts: list[float] = field(default_factory=list)
     tokens: int = 0
+    cut: int = 0  # --rpc with a kill: streams that ended with an error event once the rpc-server was dead
+    refused: int = 0  # ... and requests answered 503 then
     by_route: dict[str, int] = field(default_factory=dict)  # completed requests per route
 
     @property
     def sent(self) -> int:
-        return self.completed + self.disconnected + len(self.failures) + len(self.lost)
+        return self.completed + self.disconnected + len(self.failures) + len(self.lost) + self.cut + self.refused
+
+    def count(self, name: str, read: Read, start: float) -> None:
+        """Counts one request by how its stream (and its resumption, if it was dropped) ended."""
+        if read.cut:
+            self.cut += 1
+        elif read.resumed and (read.failure or not read.done):
+            self.lost.append(read.failure or "the resumed stream ended without its last event")
+        elif read.failure:
+            self.failures.append(read.failure)
+        elif read.hung_up:
+            self.disconnected += 1
+        elif not read.done:
+            self.failures.append("the stream ended without its route's last event")
+        else:
+            self.resumed += read.resumed  # a dropped answer read to its end counts as completed
+            self.add_completed(name, read, start)
+
+    def add_completed(self, name: str, read: Read, start: float) -> None:
+        self.completed += 1
+        self.by_route[name] = self.by_route.get(name, 0) + 1
+        self.latencies.append(time.perf_counter() - start)
+        self.ttfts.append((read.first or time.perf_counter()) - start)
+        usage = read.usage
+        self.tokens += (usage.get("completion_tokens") or usage.get("output_tokens") or 0) if usage else 0
 
 
 def parse_args() -> argparse.Namespace:
@@ -128,10 +159,14 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--models-max", type=int, default=2, help="router mode's --models-max (default 2)")
     p.add_argument("--rpc", action="store_true",
                    help="offload every layer (-ngl 99) to one local `pyllama rpc-server` (its own process)")
+    p.add_argument("--kill-rpc-at", type=float, default=0.5,
+                   help="with --rpc: kill the rpc-server (SIGKILL) at this fraction of --duration (0.5; 0 = never)")
     args = p.parse_args()
     if args.router and args.model:
         p.error("--router makes its own three models; leave out -m")
     args.model_ids = tuple(ROUTER_MODELS) if args.router else ()
+    args.kill_at = args.duration * args.kill_rpc_at if args.rpc and args.kill_rpc_at > 0 else None
+    args.killed = False  # set just before the kill: an error event may follow at once
     args.routes = [name.strip() for name in args.routes.split(",")]
     unknown = [name for name in args.routes if name not in ROUTES]
     if unknown:
@@ -217,45 +252,39 @@ async def one_request(client, url: str, rng: random.Random, tally: Tally, args: 
     conversation = f"soak-{rng.randrange(1 << 60):x}"
     headers = {"X-Conversation-Id": conversation} if route.resume == "stream" else {}
     read = Read(hang_up_after=rng.randint(1, 8) if rng.random() < args.disconnect_rate else None)
+    timeout = 30 if args.kill_at else 120  # with a kill, a stream the dead model leaves hanging must show up
     start = time.perf_counter()
     try:
-        async with client.stream("POST", url + route.path, json=body, headers=headers, timeout=120) as resp:
+        async with client.stream("POST", url + route.path, json=body, headers=headers, timeout=timeout) as resp:
             if resp.status_code != 200:
-                tally.failures.append(f"HTTP {resp.status_code}: {(await resp.aread())[:200]!r}")
-                return
-            await read.lines(resp, route)
-        if read.hung_up and route.resume:  # read on where it stopped: the answer must not be lost
-            read.hang_up_after = None
-            resume = (f"/v1/stream?conv_id={conversation}&from={read.offset}" if route.resume == "stream" else
-                      f"/v1/responses/{read.response_id}?stream=true&starting_after={read.sequence}")
-            async with client.stream("GET", url + resume, timeout=120) as resp:
+                return await turned_away(resp, tally, args, tally.failures, "")
+            await read.lines(resp, route, args)
+        if read.hung_up and route.resume and not read.failure:  # read on where it stopped: not to be lost
+            read.hang_up_after, read.hung_up, read.resumed = None, False, True
+            async with client.stream("GET", url + resume_path(route, conversation, read), timeout=timeout) as resp:
                 if resp.status_code != 200:
-                    tally.lost.append(f"resume: HTTP {resp.status_code}: {(await resp.aread())[:200]!r}")
-                    return
-                await read.lines(resp, route)
-            if read.failure or not read.done:
-                tally.lost.append(read.failure or "the resumed stream ended without its last event")
-                return
-            tally.resumed += 1
-            read.hung_up = False  # a whole answer after all: counted as completed
+                    return await turned_away(resp, tally, args, tally.lost, "resume: ")
+                await read.lines(resp, route, args)
     except Exception as exc:  # noqa: BLE001 - every way a request can fail is a failure to count
         tally.failures.append(f"{type(exc).__name__}: {exc}")
         return
-    if read.failure:
-        tally.failures.append(read.failure)
+    tally.count(name, read, start)
+
+
+def resume_path(route: Route, conversation: str, read: Read) -> str:
+    """Where a dropped stream reads on: the conversation's byte offset, or the response's sequence number."""
+    if route.resume == "stream":
+        return f"/v1/stream?conv_id={conversation}&from={read.offset}"
+    return f"/v1/responses/{read.response_id}?stream=true&starting_after={read.sequence}"
+
+
+async def turned_away(resp: Any, tally: Tally, args: argparse.Namespace, into: list[str], what: str) -> None:
+    """A request answered with an HTTP error: once the rpc-server is dead, 503 is the right answer."""
+    if resp.status_code == 503 and args.killed:
+        tally.refused += 1
+        await asyncio.sleep(0.05)  # a refusal is instant: don't spin the client loop
         return
-    if read.hung_up:
-        tally.disconnected += 1
-        return
-    if not read.done:
-        tally.failures.append("the stream ended without data: [DONE]")
-        return
-    tally.completed += 1
-    tally.by_route[name] = tally.by_route.get(name, 0) + 1
-    tally.latencies.append(time.perf_counter() - start)
-    tally.ttfts.append((read.first or time.perf_counter()) - start)
-    usage = read.usage
-    tally.tokens += (usage.get("completion_tokens") or usage.get("output_tokens") or 0) if usage else 0
+    into.append(f"{what}HTTP {resp.status_code}: {(await resp.aread())[:200]!r}")
 
 
 @dataclass
@@ -267,13 +296,19 @@ class Read:
     first: float | None = None
     done: bool = False
     hung_up: bool = False
+    resumed: bool = False  # dropped, and read on from where it stopped
     failure: str | None = None
     usage: dict[str, Any] | None = None
     offset: int = 0  # bytes of whole lines read: where /v1/stream reads on
     sequence: int = -1  # the last sequence_number seen: where a background response reads on
     response_id: str = ""
+    cut: bool = False  # ended by an error event once the rpc-server was killed: the right end then
 
-    async def lines(self, resp: Any, route: Route) -> None:
+    async def lines(self, resp: Any, route: Route, args: argparse.Namespace) -> None:
+        await self.read_lines(resp, route)
+        self.cut = self.cut or (self.failure is not None and args.killed)
+
+    async def read_lines(self, resp: Any, route: Route) -> None:
         async for line in resp.aiter_lines():
             self.offset += len(line.encode()) + 1
             if line == route.done:
@@ -340,8 +375,16 @@ async def load(url: str, args: argparse.Namespace, tally: Tally, pid: int, rss: 
                 rss["1min"], rss["first_s"] = rss_mib(pid), first
                 print(f"  after {first:.0f} s: {tally.sent} requests, RSS {rss['1min']:.1f} MiB", file=sys.stderr)
 
+    async def kill_rpc() -> None:
+        await asyncio.sleep(args.kill_at)
+        args.killed = True  # before the kill: the first error event may follow at once
+        args.rpc_proc.kill()
+        print(f"  after {args.kill_at:.0f} s: killed the rpc-server (SIGKILL), {tally.sent} requests so far",
+              file=sys.stderr)
+
     started = time.monotonic()
-    watchers = [asyncio.create_task(sample_rss())] + ([asyncio.create_task(poll_models())] if args.router else [])
+    watchers = [asyncio.create_task(sample_rss())] + ([asyncio.create_task(kill_rpc())] if args.kill_at else [])
+    watchers += [asyncio.create_task(poll_models())] if args.router else []
     await asyncio.gather(*(client_loop(i) for i in range(args.clients)))
     for watcher in watchers:
         watcher.cancel()
@@ -358,6 +401,18 @@ def idle_after(url: str, timeout: float = 5.0) -> tuple[int, int]:
         if (busy == 0 and queued == 0) or time.monotonic() > deadline:
             return busy, queued
         time.sleep(0.2)
+
+
+def dead_server_health(url: str, endpoint: str) -> str:
+    """What /health says once the rpc-server is dead: "503 naming it" when it does what it must."""
+    import httpx
+
+    try:
+        reply = httpx.get(url + "/health", timeout=10)
+    except httpx.HTTPError as exc:
+        return f"no answer: {type(exc).__name__}"
+    named = f"RPC server {endpoint} is gone" in reply.text
+    return "503 naming it" if reply.status_code == 503 and named else f"{reply.status_code} {reply.text[:200]}"
 
 
 def metric_sum(url: str, series: str) -> float:
@@ -394,10 +449,28 @@ def pct(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
 
 
+def usual_checks(tally: Tally, growth: float, busy: int, queued: int) -> dict[str, bool]:
+    return {
+        "zero failed requests": not tally.failures,
+        "zero lost answers (dropped resumable/background streams resumed to their end)": not tally.lost,
+        "RSS at the end within 10% of 1 min": abs(growth) <= 0.10,
+        "no slot busy, no request queued after the load": busy == 0 and queued == 0,
+    }
+
+
+def kill_checks(tally: Tally, health: str | None) -> dict[str, bool]:
+    """After the rpc-server's kill: no request hangs or ends silently, and the server says what died."""
+    return {
+        "0 hangs; every stream ends with a finish or an error event": not tally.failures and not tally.lost,
+        f"/health answers 503 naming the dead rpc-server ({health})": health == "503 naming it",
+    }
+
+
 def main() -> int:
     args = parse_args()
     models = router_models() if args.router else [args.model or tiny_model()]
     rpc, args.rpc_address = start_rpc_server() if args.rpc else (None, None)
+    args.rpc_proc = rpc
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp) / "serve.log"
         try:
@@ -423,6 +496,7 @@ def main() -> int:
                 tally.failures.append(f"after the load, /metrics did not answer: {type(exc).__name__}: {exc}")
                 busy, queued = -1, -1
             rss["end"] = rss_mib(proc.pid)
+            health = dead_server_health(url, args.rpc_address) if args.killed else None
         finally:
             code, stop_s = stop(proc)
             rpc_alive = rpc is None or rpc.poll() is None
@@ -431,20 +505,18 @@ def main() -> int:
         log_text = log.read_text(errors="replace")
     growth = (rss["end"] - rss["1min"]) / rss["1min"] if rss["1min"] == rss["1min"] else float("nan")
     checks = {
-        "zero failed requests": not tally.failures,
-        "zero lost answers (dropped resumable/background streams resumed to their end)": not tally.lost,
-        "RSS at the end within 10% of 1 min": abs(growth) <= 0.10,
-        "no slot busy, no request queued after the load": busy == 0 and queued == 0,
+        **(kill_checks(tally, health) if args.killed else usual_checks(tally, growth, busy, queued)),
         **({f"never more than --models-max {args.models_max} models loaded ({seen['polls']} polls)":
             0 < seen["max_loaded"] <= args.models_max} if args.router else {}),
         "SIGTERM: exit 0 within 5 s": code == 0 and stop_s <= 5,
         "no traceback in the server log": "Traceback" not in log_text,
-        **({"the rpc-server still up after the run": rpc_alive} if args.rpc else {}),
+        **({"the rpc-server still up after the run": rpc_alive} if args.rpc and not args.killed else {}),
     }
     summary = {
         "duration_s": round(wall, 1), "requests": tally.sent, "completed": tally.completed,
         "disconnected": tally.disconnected, "resumed": tally.resumed, "lost": len(tally.lost),
         "failed": len(tally.failures), "tokens": tally.tokens,
+        **({"cut_by_the_kill": tally.cut, "refused_after_the_kill": tally.refused} if args.killed else {}),
         "completed_by_route": tally.by_route,
         "rss_start_mib": round(rss["start"], 1), "rss_1min_mib": round(rss["1min"], 1), "rss_end_mib": round(rss["end"], 1),
         "rss_growth_pct": round(growth * 100, 2), "latency_p50_s": round(pct(tally.latencies, 50), 3),
@@ -457,7 +529,9 @@ def main() -> int:
     }
     print(f"requests      {tally.sent} in {wall:.0f} s: {tally.completed} completed, {tally.disconnected} hung up "
           f"mid-stream, {tally.resumed} dropped and resumed, {len(tally.lost)} lost, {len(tally.failures)} failed "
-          f"({tally.tokens} tokens streamed)")
+          f"({tally.tokens} tokens streamed)"
+          + (f"; after the rpc-server's kill {tally.cut} streams ended with an error event, {tally.refused} "
+             "requests got 503" if args.killed else ""))
     print("by route      " + ", ".join(f"{name} {n}" for name, n in sorted(tally.by_route.items())) + " completed")
     print(f"memory (RSS)  {rss['start']:.1f} MiB at the start, {rss['1min']:.1f} MiB after {rss.get('first_s', 60):.0f} s, {rss['end']:.1f} MiB at the end "
           f"({growth:+.1%})")
