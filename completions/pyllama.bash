@@ -131,8 +131,8 @@ _pyllama() {
 _pyllama_spec() {
     case $1 in
         "")
-            subs="bench chat complete completion detokenize gguf-split imatrix info list perplexity ps pull \
-                quantize rm rpc-server serve stop tokenize"
+            subs="bench chat complete completion detokenize embed gguf-split imatrix info list perplexity ps \
+                pull quantize rm rpc-server serve stop tokenize"
             opts="--version -h --help"
             ;;
         "bench")
@@ -165,11 +165,13 @@ _pyllama_spec() {
                 --mlock --no-mmap -s= --seed= -v --verbose --log-file= --rpc= -dev= --device= -ts= \
                 --tensor-split= --list-devices -tb= --threads-batch= -C= --cpu-mask= -Cr= --cpu-range= \
                 --cpu-strict= --prio= --poll= -Cb= --cpu-mask-batch= -Crb= --cpu-range-batch= \
-                --cpu-strict-batch= --prio-batch= --poll-batch= -ctk= --cache-type-k= -ctv= --cache-type-v= \
-                --swa-full -kvo --kv-offload -nkvo --no-kv-offload --rope-scaling= --rope-scale= \
-                --rope-freq-base= --rope-freq-scale= --yarn-orig-ctx= --yarn-ext-factor= --yarn-attn-factor= \
-                --yarn-beta-slow= --yarn-beta-fast= -ot= --override-tensor= -cmoe --cpu-moe -ncmoe= \
-                --n-cpu-moe= -sm= --split-mode= -mg= --main-gpu= -h --help"
+                --cpu-strict-batch= --prio-batch= --poll-batch= --lora= --lora-scaled= \
+                --lora-init-without-apply --control-vector= --control-vector-scaled= \
+                --control-vector-layer-range= -ctk= --cache-type-k= -ctv= --cache-type-v= --swa-full -kvo \
+                --kv-offload -nkvo --no-kv-offload --rope-scaling= --rope-scale= --rope-freq-base= \
+                --rope-freq-scale= --yarn-orig-ctx= --yarn-ext-factor= --yarn-attn-factor= --yarn-beta-slow= \
+                --yarn-beta-fast= -ot= --override-tensor= -cmoe --cpu-moe -ncmoe= --n-cpu-moe= -sm= \
+                --split-mode= -mg= --main-gpu= -h --help"
             ;;
         "complete")
             subs=""
@@ -192,11 +194,12 @@ _pyllama_spec() {
                 --verbose --log-file= --rpc= -dev= --device= -ts= --tensor-split= --list-devices -tb= \
                 --threads-batch= -C= --cpu-mask= -Cr= --cpu-range= --cpu-strict= --prio= --poll= -Cb= \
                 --cpu-mask-batch= -Crb= --cpu-range-batch= --cpu-strict-batch= --prio-batch= --poll-batch= \
-                -ctk= --cache-type-k= -ctv= --cache-type-v= --swa-full -kvo --kv-offload -nkvo \
-                --no-kv-offload --rope-scaling= --rope-scale= --rope-freq-base= --rope-freq-scale= \
-                --yarn-orig-ctx= --yarn-ext-factor= --yarn-attn-factor= --yarn-beta-slow= --yarn-beta-fast= \
-                -ot= --override-tensor= -cmoe --cpu-moe -ncmoe= --n-cpu-moe= -sm= --split-mode= -mg= \
-                --main-gpu= -h --help"
+                --lora= --lora-scaled= --lora-init-without-apply --control-vector= --control-vector-scaled= \
+                --control-vector-layer-range= -ctk= --cache-type-k= -ctv= --cache-type-v= --swa-full -kvo \
+                --kv-offload -nkvo --no-kv-offload --rope-scaling= --rope-scale= --rope-freq-base= \
+                --rope-freq-scale= --yarn-orig-ctx= --yarn-ext-factor= --yarn-attn-factor= --yarn-beta-slow= \
+                --yarn-beta-fast= -ot= --override-tensor= -cmoe --cpu-moe -ncmoe= --n-cpu-moe= -sm= \
+                --split-mode= -mg= --main-gpu= -h --help"
             ;;
         "completion")
             subs="install show"
@@ -215,6 +218,22 @@ _pyllama_spec() {
             opts="--stdin -v --verbose -m= --model= -hf= --hf-repo= -hff= --hf-file= -hft= --hf-token= \
                 --offline -h --help"
             ;;
+        "embed")
+            subs=""
+            opts="-p= --prompt= -f= --file= --embd-separator= --cls-separator= --embd-output-format= \
+                --pooling= --embd-normalize= -m= --model= -hf= --hf-repo= -hff= --hf-file= -hft= --hf-token= \
+                --offline -c= --ctx-size= -t= --threads= -ngl= --gpu-layers= --n-gpu-layers= -fa= \
+                --flash-attn= -b= --batch-size= -ub= --ubatch-size= --mlock --no-mmap -s= --seed= -v \
+                --verbose --log-file= --rpc= -dev= --device= -ts= --tensor-split= --list-devices -tb= \
+                --threads-batch= -C= --cpu-mask= -Cr= --cpu-range= --cpu-strict= --prio= --poll= -Cb= \
+                --cpu-mask-batch= -Crb= --cpu-range-batch= --cpu-strict-batch= --prio-batch= --poll-batch= \
+                --lora= --lora-scaled= --lora-init-without-apply --control-vector= --control-vector-scaled= \
+                --control-vector-layer-range= -ctk= --cache-type-k= -ctv= --cache-type-v= --swa-full -kvo \
+                --kv-offload -nkvo --no-kv-offload --rope-scaling= --rope-scale= --rope-freq-base= \
+                --rope-freq-scale= --yarn-orig-ctx= --yarn-ext-factor= --yarn-attn-factor= --yarn-beta-slow= \
+                --yarn-beta-fast= -ot= --override-tensor= -cmoe --cpu-moe -ncmoe= --n-cpu-moe= -sm= \
+                --split-mode= -mg= --main-gpu= -h --help"
+            ;;
         "gguf-split")
             subs=""
             opts="--split --merge --split-max-tensors= --split-max-size= --no-tensor-first-split --dry-run \
@@ -230,11 +249,12 @@ _pyllama_spec() {
                 --verbose --log-file= --rpc= -dev= --device= -ts= --tensor-split= --list-devices -tb= \
                 --threads-batch= -C= --cpu-mask= -Cr= --cpu-range= --cpu-strict= --prio= --poll= -Cb= \
                 --cpu-mask-batch= -Crb= --cpu-range-batch= --cpu-strict-batch= --prio-batch= --poll-batch= \
-                -ctk= --cache-type-k= -ctv= --cache-type-v= --swa-full -kvo --kv-offload -nkvo \
-                --no-kv-offload --rope-scaling= --rope-scale= --rope-freq-base= --rope-freq-scale= \
-                --yarn-orig-ctx= --yarn-ext-factor= --yarn-attn-factor= --yarn-beta-slow= --yarn-beta-fast= \
-                -ot= --override-tensor= -cmoe --cpu-moe -ncmoe= --n-cpu-moe= -sm= --split-mode= -mg= \
-                --main-gpu= -h --help"
+                --lora= --lora-scaled= --lora-init-without-apply --control-vector= --control-vector-scaled= \
+                --control-vector-layer-range= -ctk= --cache-type-k= -ctv= --cache-type-v= --swa-full -kvo \
+                --kv-offload -nkvo --no-kv-offload --rope-scaling= --rope-scale= --rope-freq-base= \
+                --rope-freq-scale= --yarn-orig-ctx= --yarn-ext-factor= --yarn-attn-factor= --yarn-beta-slow= \
+                --yarn-beta-fast= -ot= --override-tensor= -cmoe --cpu-moe -ncmoe= --n-cpu-moe= -sm= \
+                --split-mode= -mg= --main-gpu= -h --help"
             ;;
         "info")
             subs=""
@@ -254,11 +274,13 @@ _pyllama_spec() {
                 --mlock --no-mmap -s= --seed= -v --verbose --log-file= --rpc= -dev= --device= -ts= \
                 --tensor-split= --list-devices -tb= --threads-batch= -C= --cpu-mask= -Cr= --cpu-range= \
                 --cpu-strict= --prio= --poll= -Cb= --cpu-mask-batch= -Crb= --cpu-range-batch= \
-                --cpu-strict-batch= --prio-batch= --poll-batch= -ctk= --cache-type-k= -ctv= --cache-type-v= \
-                --swa-full -kvo --kv-offload -nkvo --no-kv-offload --rope-scaling= --rope-scale= \
-                --rope-freq-base= --rope-freq-scale= --yarn-orig-ctx= --yarn-ext-factor= --yarn-attn-factor= \
-                --yarn-beta-slow= --yarn-beta-fast= -ot= --override-tensor= -cmoe --cpu-moe -ncmoe= \
-                --n-cpu-moe= -sm= --split-mode= -mg= --main-gpu= -h --help"
+                --cpu-strict-batch= --prio-batch= --poll-batch= --lora= --lora-scaled= \
+                --lora-init-without-apply --control-vector= --control-vector-scaled= \
+                --control-vector-layer-range= -ctk= --cache-type-k= -ctv= --cache-type-v= --swa-full -kvo \
+                --kv-offload -nkvo --no-kv-offload --rope-scaling= --rope-scale= --rope-freq-base= \
+                --rope-freq-scale= --yarn-orig-ctx= --yarn-ext-factor= --yarn-attn-factor= --yarn-beta-slow= \
+                --yarn-beta-fast= -ot= --override-tensor= -cmoe --cpu-moe -ncmoe= --n-cpu-moe= -sm= \
+                --split-mode= -mg= --main-gpu= -h --help"
             ;;
         "ps")
             subs=""
@@ -286,34 +308,37 @@ _pyllama_spec() {
         "serve")
             subs=""
             opts="--host= --port= -a= --alias= --api-key= --cors-origin= --allowed-hosts= --docs \
-                --slot-save-path= --embeddings --max-body-size= --chat-template= -np= --parallel= \
-                --kv-unified --no-webui --models-dir= --models-cache --models-max= --sleep-idle-seconds= \
-                --models-preset= --reasoning-format= --reasoning-budget= --log-format= -q --quiet \
-                --verbose-native -cram= --cache-ram= --cache-idle-slots --no-cache-idle-slots --cache-disk= \
-                --cache-disk-max= --cache-disk-min-tokens= --shutdown-grace= --max-header-size= \
-                --max-headers= --max-url-length= --header-timeout= --body-timeout= --max-connections= \
-                --keep-alive-timeout= --max-grammar-size= --max-grammar-seconds= --stream-buffer-size= \
-                --stream-sessions= --stream-grace= --spec-type= -md= --model-draft= --spec-draft-model= \
-                -hfd= --hf-repo-draft= --spec-draft-hf= --spec-draft-n-max= --spec-draft-n-min= \
-                --draft-p-min= --spec-draft-p-min= --spec-ngram-simple-size-n= --spec-ngram-simple-size-m= \
-                --spec-ngram-simple-min-hits= --spec-ngram-map-k-size-n= --spec-ngram-map-k-size-m= \
-                --spec-ngram-map-k-min-hits= -n= --n-predict= --temp= --top-k= --top-p= --min-p= --typical= \
-                --repeat-penalty= --repeat-last-n= --presence-penalty= --frequency-penalty= --mirostat= \
-                --mirostat-lr= --mirostat-ent= --ignore-eos -r= --reverse-prompt= --logit-bias= --grammar= \
-                --grammar-file= -j= --json-schema= -jf= --json-schema-file= --samplers= --sampler-seq= \
-                --sampling-seq= --top-n-sigma= --top-nsigma= --xtc-probability= --xtc-threshold= \
-                --dry-multiplier= --dry-base= --dry-allowed-length= --dry-penalty-last-n= \
-                --dry-sequence-breaker= --dynatemp-range= --dynatemp-exp= --adaptive-target= \
-                --adaptive-decay= -m= --model= -hf= --hf-repo= -hff= --hf-file= -hft= --hf-token= --offline \
-                -c= --ctx-size= -t= --threads= -ngl= --gpu-layers= --n-gpu-layers= -fa= --flash-attn= -b= \
-                --batch-size= -ub= --ubatch-size= --mlock --no-mmap -s= --seed= -v --verbose --log-file= \
-                --rpc= -dev= --device= -ts= --tensor-split= --list-devices -tb= --threads-batch= -C= \
-                --cpu-mask= -Cr= --cpu-range= --cpu-strict= --prio= --poll= -Cb= --cpu-mask-batch= -Crb= \
-                --cpu-range-batch= --cpu-strict-batch= --prio-batch= --poll-batch= -ctk= --cache-type-k= \
-                -ctv= --cache-type-v= --swa-full -kvo --kv-offload -nkvo --no-kv-offload --rope-scaling= \
-                --rope-scale= --rope-freq-base= --rope-freq-scale= --yarn-orig-ctx= --yarn-ext-factor= \
-                --yarn-attn-factor= --yarn-beta-slow= --yarn-beta-fast= -ot= --override-tensor= -cmoe \
-                --cpu-moe -ncmoe= --n-cpu-moe= -sm= --split-mode= -mg= --main-gpu= -h --help"
+                --slot-save-path= --max-body-size= --chat-template= -np= --parallel= --kv-unified --no-webui \
+                --models-dir= --models-cache --models-max= --sleep-idle-seconds= --models-preset= \
+                --reasoning-format= --reasoning-budget= --log-format= -q --quiet --verbose-native \
+                --embeddings --pooling= --embd-normalize= --rerank --reranking -cram= --cache-ram= \
+                --cache-idle-slots --no-cache-idle-slots --cache-disk= --cache-disk-max= \
+                --cache-disk-min-tokens= --shutdown-grace= --max-header-size= --max-headers= \
+                --max-url-length= --header-timeout= --body-timeout= --max-connections= --keep-alive-timeout= \
+                --max-grammar-size= --max-grammar-seconds= --stream-buffer-size= --stream-sessions= \
+                --stream-grace= --spec-type= -md= --model-draft= --spec-draft-model= -hfd= --hf-repo-draft= \
+                --spec-draft-hf= --spec-draft-n-max= --spec-draft-n-min= --draft-p-min= --spec-draft-p-min= \
+                --spec-ngram-simple-size-n= --spec-ngram-simple-size-m= --spec-ngram-simple-min-hits= \
+                --spec-ngram-map-k-size-n= --spec-ngram-map-k-size-m= --spec-ngram-map-k-min-hits= -n= \
+                --n-predict= --temp= --top-k= --top-p= --min-p= --typical= --repeat-penalty= \
+                --repeat-last-n= --presence-penalty= --frequency-penalty= --mirostat= --mirostat-lr= \
+                --mirostat-ent= --ignore-eos -r= --reverse-prompt= --logit-bias= --grammar= --grammar-file= \
+                -j= --json-schema= -jf= --json-schema-file= --samplers= --sampler-seq= --sampling-seq= \
+                --top-n-sigma= --top-nsigma= --xtc-probability= --xtc-threshold= --dry-multiplier= \
+                --dry-base= --dry-allowed-length= --dry-penalty-last-n= --dry-sequence-breaker= \
+                --dynatemp-range= --dynatemp-exp= --adaptive-target= --adaptive-decay= -m= --model= -hf= \
+                --hf-repo= -hff= --hf-file= -hft= --hf-token= --offline -c= --ctx-size= -t= --threads= -ngl= \
+                --gpu-layers= --n-gpu-layers= -fa= --flash-attn= -b= --batch-size= -ub= --ubatch-size= \
+                --mlock --no-mmap -s= --seed= -v --verbose --log-file= --rpc= -dev= --device= -ts= \
+                --tensor-split= --list-devices -tb= --threads-batch= -C= --cpu-mask= -Cr= --cpu-range= \
+                --cpu-strict= --prio= --poll= -Cb= --cpu-mask-batch= -Crb= --cpu-range-batch= \
+                --cpu-strict-batch= --prio-batch= --poll-batch= --lora= --lora-scaled= \
+                --lora-init-without-apply --control-vector= --control-vector-scaled= \
+                --control-vector-layer-range= -ctk= --cache-type-k= -ctv= --cache-type-v= --swa-full -kvo \
+                --kv-offload -nkvo --no-kv-offload --rope-scaling= --rope-scale= --rope-freq-base= \
+                --rope-freq-scale= --yarn-orig-ctx= --yarn-ext-factor= --yarn-attn-factor= --yarn-beta-slow= \
+                --yarn-beta-fast= -ot= --override-tensor= -cmoe --cpu-moe -ncmoe= --n-cpu-moe= -sm= \
+                --split-mode= -mg= --main-gpu= -h --help"
             ;;
         "stop")
             subs=""
@@ -332,33 +357,36 @@ _pyllama_spec() {
 _pyllama_value() {
     case "$1|$2" in
         "bench|-m" | "bench|--model" | "chat|-m" | "chat|--model" | "complete|-m" | "complete|--model" | \
-        "detokenize|-m" | "detokenize|--model" | "imatrix|-m" | "imatrix|--model" | "info|-m" | \
-        "info|--model" | "perplexity|-m" | "perplexity|--model" | "quantize|-m" | "quantize|--model" | \
-        "serve|-m" | "serve|--model" | "tokenize|-m" | "tokenize|--model")
+        "detokenize|-m" | "detokenize|--model" | "embed|-m" | "embed|--model" | "imatrix|-m" | \
+        "imatrix|--model" | "info|-m" | "info|--model" | "perplexity|-m" | "perplexity|--model" | \
+        "quantize|-m" | "quantize|--model" | "serve|-m" | "serve|--model" | "tokenize|-m" | \
+        "tokenize|--model")
             _pyllama_values gguf ;;
         "bench|-hf" | "bench|--hf-repo" | "chat|-hf" | "chat|--hf-repo" | "complete|-hf" | \
-        "complete|--hf-repo" | "detokenize|-hf" | "detokenize|--hf-repo" | "imatrix|-hf" | \
-        "imatrix|--hf-repo" | "info|-hf" | "info|--hf-repo" | "perplexity|-hf" | "perplexity|--hf-repo" | \
-        "pull|-hf" | "pull|--hf-repo" | "quantize|-hf" | "quantize|--hf-repo" | "serve|-hf" | \
-        "serve|--hf-repo" | "tokenize|-hf" | "tokenize|--hf-repo")
+        "complete|--hf-repo" | "detokenize|-hf" | "detokenize|--hf-repo" | "embed|-hf" | "embed|--hf-repo" | \
+        "imatrix|-hf" | "imatrix|--hf-repo" | "info|-hf" | "info|--hf-repo" | "perplexity|-hf" | \
+        "perplexity|--hf-repo" | "pull|-hf" | "pull|--hf-repo" | "quantize|-hf" | "quantize|--hf-repo" | \
+        "serve|-hf" | "serve|--hf-repo" | "tokenize|-hf" | "tokenize|--hf-repo")
             _pyllama_values hf ;;
         "bench|-ctk" | "bench|--cache-type-k" | "bench|-ctv" | "bench|--cache-type-v")
             _pyllama_values none bf16 f16 iq4_nl q4_0 q4_1 q5_0 q5_1 q8_0 ;;
         "bench|-fa" | "bench|--flash-attn" | "chat|-fa" | "chat|--flash-attn" | "complete|-fa" | \
-        "complete|--flash-attn" | "imatrix|-fa" | "imatrix|--flash-attn" | "perplexity|-fa" | \
-        "perplexity|--flash-attn" | "serve|-fa" | "serve|--flash-attn")
+        "complete|--flash-attn" | "embed|-fa" | "embed|--flash-attn" | "imatrix|-fa" | \
+        "imatrix|--flash-attn" | "perplexity|-fa" | "perplexity|--flash-attn" | "serve|-fa" | \
+        "serve|--flash-attn")
             _pyllama_values none auto off on ;;
         "bench|-o" | "bench|--output")
             _pyllama_values none csv json jsonl md sql ;;
         "bench|--compare" | "bench|--plot" | "chat|-sysf" | "chat|--system-prompt-file" | \
         "chat|--grammar-file" | "chat|-jf" | "chat|--json-schema-file" | "chat|--log-file" | "complete|-f" | \
         "complete|--file" | "complete|--prompt-cache" | "complete|--grammar-file" | "complete|-jf" | \
-        "complete|--json-schema-file" | "complete|--log-file" | "imatrix|-f" | "imatrix|--file" | \
-        "imatrix|-o" | "imatrix|--output" | "imatrix|--output-file" | "imatrix|--in-file" | \
-        "imatrix|--log-file" | "perplexity|-f" | "perplexity|--file" | "perplexity|--kl-divergence-base" | \
-        "perplexity|--hellaswag" | "perplexity|--winogrande" | "perplexity|--log-file" | \
-        "quantize|--imatrix" | "quantize|--log-file" | "serve|--models-preset" | "serve|--grammar-file" | \
-        "serve|-jf" | "serve|--json-schema-file" | "serve|--log-file" | "tokenize|-f" | "tokenize|--file")
+        "complete|--json-schema-file" | "complete|--log-file" | "embed|-f" | "embed|--file" | \
+        "embed|--log-file" | "imatrix|-f" | "imatrix|--file" | "imatrix|-o" | "imatrix|--output" | \
+        "imatrix|--output-file" | "imatrix|--in-file" | "imatrix|--log-file" | "perplexity|-f" | \
+        "perplexity|--file" | "perplexity|--kl-divergence-base" | "perplexity|--hellaswag" | \
+        "perplexity|--winogrande" | "perplexity|--log-file" | "quantize|--imatrix" | "quantize|--log-file" | \
+        "serve|--models-preset" | "serve|--grammar-file" | "serve|-jf" | "serve|--json-schema-file" | \
+        "serve|--log-file" | "tokenize|-f" | "tokenize|--file")
             _pyllama_values file ;;
         "chat|--chat-template" | "complete|--chat-template" | "serve|--chat-template" | \
         "tokenize|--chat-template")
@@ -370,17 +398,18 @@ _pyllama_value() {
             _pyllama_values none adaptive_p dry infill min_p penalties temperature top_k top_n_sigma top_p \
                 typ_p xtc ;;
         "chat|-ctk" | "chat|--cache-type-k" | "chat|-ctv" | "chat|--cache-type-v" | "complete|-ctk" | \
-        "complete|--cache-type-k" | "complete|-ctv" | "complete|--cache-type-v" | "imatrix|-ctk" | \
+        "complete|--cache-type-k" | "complete|-ctv" | "complete|--cache-type-v" | "embed|-ctk" | \
+        "embed|--cache-type-k" | "embed|-ctv" | "embed|--cache-type-v" | "imatrix|-ctk" | \
         "imatrix|--cache-type-k" | "imatrix|-ctv" | "imatrix|--cache-type-v" | "perplexity|-ctk" | \
         "perplexity|--cache-type-k" | "perplexity|-ctv" | "perplexity|--cache-type-v" | "serve|-ctk" | \
         "serve|--cache-type-k" | "serve|-ctv" | "serve|--cache-type-v")
             _pyllama_values none bf16 f16 f32 iq4_nl q4_0 q4_1 q5_0 q5_1 q8_0 ;;
-        "chat|--rope-scaling" | "complete|--rope-scaling" | "imatrix|--rope-scaling" | \
-        "perplexity|--rope-scaling" | "serve|--rope-scaling")
+        "chat|--rope-scaling" | "complete|--rope-scaling" | "embed|--rope-scaling" | \
+        "imatrix|--rope-scaling" | "perplexity|--rope-scaling" | "serve|--rope-scaling")
             _pyllama_values none linear none yarn ;;
-        "chat|-sm" | "chat|--split-mode" | "complete|-sm" | "complete|--split-mode" | "imatrix|-sm" | \
-        "imatrix|--split-mode" | "perplexity|-sm" | "perplexity|--split-mode" | "serve|-sm" | \
-        "serve|--split-mode")
+        "chat|-sm" | "chat|--split-mode" | "complete|-sm" | "complete|--split-mode" | "embed|-sm" | \
+        "embed|--split-mode" | "imatrix|-sm" | "imatrix|--split-mode" | "perplexity|-sm" | \
+        "perplexity|--split-mode" | "serve|-sm" | "serve|--split-mode")
             _pyllama_values none layer none row tensor ;;
         "list|--models-dir" | "serve|--slot-save-path" | "serve|--models-dir" | "serve|--cache-disk")
             _pyllama_values dir ;;

@@ -11,7 +11,7 @@ function __pyllama_path
     set -l path
     for token in $tokens
         string match -q -- '-*' $token; and continue
-        contains -- (string join ' ' -- $path $token) 'bench' 'chat' 'complete' 'completion' 'completion install' 'completion show' 'detokenize' 'gguf-split' 'imatrix' 'info' 'list' 'perplexity' 'ps' 'pull' 'quantize' 'rm' 'rpc-server' 'serve' 'stop' 'tokenize'; or break
+        contains -- (string join ' ' -- $path $token) 'bench' 'chat' 'complete' 'completion' 'completion install' 'completion show' 'detokenize' 'embed' 'gguf-split' 'imatrix' 'info' 'list' 'perplexity' 'ps' 'pull' 'quantize' 'rm' 'rpc-server' 'serve' 'stop' 'tokenize'; or break
         set path $path $token
     end
     string join ' ' -- $path
@@ -79,6 +79,7 @@ complete -c pyllama -n '__pyllama_using' -a 'chat' -d 'Chat with a model using i
 complete -c pyllama -n '__pyllama_using' -a 'complete' -d 'Complete a prompt and stream the generated text to stdout (only the text: `> out.txt`...'
 complete -c pyllama -n '__pyllama_using' -a 'completion' -d 'Shell completion for pyllama: install it, or print the script.'
 complete -c pyllama -n '__pyllama_using' -a 'detokenize' -d 'Print the text that token ids stand for: the inverse of `pyllama tokenize`.'
+complete -c pyllama -n '__pyllama_using' -a 'embed' -d 'Print the embeddings of prompts, as llama-embedding does: pipe them on (jq, numpy, a...'
 complete -c pyllama -n '__pyllama_using' -a 'gguf-split' -d 'Split a GGUF model into parts, or merge the parts, as llama.cpp\'s llama-gguf-split does.'
 complete -c pyllama -n '__pyllama_using' -a 'imatrix' -d 'Compute an importance matrix over a text, as llama.cpp\'s llama-imatrix does (the same...'
 complete -c pyllama -n '__pyllama_using' -a 'info' -d 'Show what a GGUF model holds: architecture, size, quantization, vocab, template.'
@@ -221,6 +222,12 @@ complete -c pyllama -n '__pyllama_using chat' -o Crb -l cpu-range-batch -d 'Rang
 complete -c pyllama -n '__pyllama_using chat' -l cpu-strict-batch -d 'Strict CPU placement of the batch threads (default: same as --cpu-strict).' -x
 complete -c pyllama -n '__pyllama_using chat' -l prio-batch -d 'Priority of the batch threads: normal (0), medium (1), high (2), realtime (3) (default: same as --prio).' -x
 complete -c pyllama -n '__pyllama_using chat' -l poll-batch -d 'Polling level of the batch threads (default: same as --poll).' -x
+complete -c pyllama -n '__pyllama_using chat' -l lora -d 'LoRA adapter to apply at scale 1 (repeat, or comma-separated for several).' -x
+complete -c pyllama -n '__pyllama_using chat' -l lora-scaled -d 'LoRA adapter with its scale (repeat, or comma-separated).' -x
+complete -c pyllama -n '__pyllama_using chat' -l lora-init-without-apply -d 'Load the LoRA adapters at scale 0 (serve: apply them later with POST /lora-adapters).'
+complete -c pyllama -n '__pyllama_using chat' -l control-vector -d 'Control vector to add at scale 1 (repeat, or comma-separated).' -x
+complete -c pyllama -n '__pyllama_using chat' -l control-vector-scaled -d 'Control vector with its scale (repeat, or comma-separated).' -x
+complete -c pyllama -n '__pyllama_using chat' -l control-vector-layer-range -d 'Layers to apply the control vectors to, both inclusive (default: all).' -x
 complete -c pyllama -n '__pyllama_using chat' -o ctk -l cache-type-k -d 'KV cache data type for K: f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1.' -x -a '(__pyllama_values none bf16 f16 f32 iq4_nl q4_0 q4_1 q5_0 q5_1 q8_0)'
 complete -c pyllama -n '__pyllama_using chat' -o ctv -l cache-type-v -d 'KV cache data type for V: f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1 (a quantized type needs flash attention).' -x -a '(__pyllama_values none bf16 f16 f32 iq4_nl q4_0 q4_1 q5_0 q5_1 q8_0)'
 complete -c pyllama -n '__pyllama_using chat' -l swa-full -d 'Use a full-size cache for sliding-window attention layers.'
@@ -333,6 +340,12 @@ complete -c pyllama -n '__pyllama_using complete' -o Crb -l cpu-range-batch -d '
 complete -c pyllama -n '__pyllama_using complete' -l cpu-strict-batch -d 'Strict CPU placement of the batch threads (default: same as --cpu-strict).' -x
 complete -c pyllama -n '__pyllama_using complete' -l prio-batch -d 'Priority of the batch threads: normal (0), medium (1), high (2), realtime (3) (default: same as --prio).' -x
 complete -c pyllama -n '__pyllama_using complete' -l poll-batch -d 'Polling level of the batch threads (default: same as --poll).' -x
+complete -c pyllama -n '__pyllama_using complete' -l lora -d 'LoRA adapter to apply at scale 1 (repeat, or comma-separated for several).' -x
+complete -c pyllama -n '__pyllama_using complete' -l lora-scaled -d 'LoRA adapter with its scale (repeat, or comma-separated).' -x
+complete -c pyllama -n '__pyllama_using complete' -l lora-init-without-apply -d 'Load the LoRA adapters at scale 0 (serve: apply them later with POST /lora-adapters).'
+complete -c pyllama -n '__pyllama_using complete' -l control-vector -d 'Control vector to add at scale 1 (repeat, or comma-separated).' -x
+complete -c pyllama -n '__pyllama_using complete' -l control-vector-scaled -d 'Control vector with its scale (repeat, or comma-separated).' -x
+complete -c pyllama -n '__pyllama_using complete' -l control-vector-layer-range -d 'Layers to apply the control vectors to, both inclusive (default: all).' -x
 complete -c pyllama -n '__pyllama_using complete' -o ctk -l cache-type-k -d 'KV cache data type for K: f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1.' -x -a '(__pyllama_values none bf16 f16 f32 iq4_nl q4_0 q4_1 q5_0 q5_1 q8_0)'
 complete -c pyllama -n '__pyllama_using complete' -o ctv -l cache-type-v -d 'KV cache data type for V: f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1 (a quantized type needs flash attention).' -x -a '(__pyllama_values none bf16 f16 f32 iq4_nl q4_0 q4_1 q5_0 q5_1 q8_0)'
 complete -c pyllama -n '__pyllama_using complete' -l swa-full -d 'Use a full-size cache for sliding-window attention layers.'
@@ -375,6 +388,71 @@ complete -c pyllama -n '__pyllama_using detokenize' -o hff -l hf-file -d 'Exact 
 complete -c pyllama -n '__pyllama_using detokenize' -o hft -l hf-token -d 'Hugging Face token for gated or private repos (default: $HF_TOKEN).' -x
 complete -c pyllama -n '__pyllama_using detokenize' -l offline -d 'Resolve -hf from the local cache only, with no network call (also HF_HUB_OFFLINE=1).'
 complete -c pyllama -n '__pyllama_using detokenize' -s h -l help -d 'Show this message and exit.'
+
+# pyllama embed
+complete -c pyllama -n '__pyllama_using embed' -s p -l prompt -d 'The text to embed: one prompt per line (see --embd-separator).' -x
+complete -c pyllama -n '__pyllama_using embed' -s f -l file -d 'Read the prompts from FILE (default: -p, else standard input).' -x -a '(__pyllama_values file)'
+complete -c pyllama -n '__pyllama_using embed' -l embd-separator -d 'What separates prompts (default: a newline).' -x
+complete -c pyllama -n '__pyllama_using embed' -l cls-separator -d 'With --pooling rank: what separates a query from its document (default: a tab).' -x
+complete -c pyllama -n '__pyllama_using embed' -l embd-output-format -d 'Output: raw, array, json, json+ (raw: one embedding per line).' -x
+complete -c pyllama -n '__pyllama_using embed' -l pooling -d 'Pooling: none, mean, cls, last, rank (default: the model\'s own, else mean).' -x
+complete -c pyllama -n '__pyllama_using embed' -l embd-normalize -d 'Normalisation: -1 none, 0 max absolute as int16, 1 taxicab, 2 euclidean, >2 p-norm.' -x
+complete -c pyllama -n '__pyllama_using embed' -s m -l model -d 'Local GGUF model file.' -x -a '(__pyllama_values gguf)'
+complete -c pyllama -n '__pyllama_using embed' -o hf -l hf-repo -d 'Hugging Face repo as user/repo[:quant] (default quant: Q4_K_M, else the first GGUF).' -x -a '(__pyllama_values hf)'
+complete -c pyllama -n '__pyllama_using embed' -o hff -l hf-file -d 'Exact GGUF file in the -hf repo (overrides the quant tag).' -x
+complete -c pyllama -n '__pyllama_using embed' -o hft -l hf-token -d 'Hugging Face token for gated or private repos (default: $HF_TOKEN).' -x
+complete -c pyllama -n '__pyllama_using embed' -l offline -d 'Resolve -hf from the local cache only, with no network call (also HF_HUB_OFFLINE=1).'
+complete -c pyllama -n '__pyllama_using embed' -s c -l ctx-size -d 'Context size in tokens (0 = the model\'s trained context).' -x
+complete -c pyllama -n '__pyllama_using embed' -s t -l threads -d 'CPU threads (-1 = physical cores).' -x
+complete -c pyllama -n '__pyllama_using embed' -o ngl -l gpu-layers -l n-gpu-layers -d 'Layers to offload to the GPU (-1 = all).' -x
+complete -c pyllama -n '__pyllama_using embed' -o fa -l flash-attn -d 'Flash attention: auto, on or off.' -x -a '(__pyllama_values none auto off on)'
+complete -c pyllama -n '__pyllama_using embed' -s b -l batch-size -d 'Logical batch size (tokens per llama_decode).' -x
+complete -c pyllama -n '__pyllama_using embed' -o ub -l ubatch-size -d 'Physical batch size.' -x
+complete -c pyllama -n '__pyllama_using embed' -l mlock -d 'Keep the model in RAM (no swapping).'
+complete -c pyllama -n '__pyllama_using embed' -l no-mmap -d 'Read the model into memory instead of mapping it.'
+complete -c pyllama -n '__pyllama_using embed' -s s -l seed -d 'Random seed (-1 = random).' -x
+complete -c pyllama -n '__pyllama_using embed' -s v -l verbose -d 'Show llama.cpp\'s own log on stderr.'
+complete -c pyllama -n '__pyllama_using embed' -l log-file -d 'Append llama.cpp\'s log to this file.' -x -a '(__pyllama_values file)'
+complete -c pyllama -n '__pyllama_using embed' -l rpc -d 'RPC servers (`pyllama rpc-server` or llama.cpp\'s rpc-server) whose devices hold part of the model, comma-separated.' -x
+complete -c pyllama -n '__pyllama_using embed' -o dev -l device -d 'Devices to offload to, comma-separated (none = no offload; default: every GPU and RPC server).' -x
+complete -c pyllama -n '__pyllama_using embed' -o ts -l tensor-split -d 'Each device\'s share of the layers, e.g.' -x
+complete -c pyllama -n '__pyllama_using embed' -l list-devices -d 'Print the devices (local, and the --rpc servers\') with their memory and exit.'
+complete -c pyllama -n '__pyllama_using embed' -o tb -l threads-batch -d 'CPU threads for batch and prompt processing (-1 = same as --threads).' -x
+complete -c pyllama -n '__pyllama_using embed' -s C -l cpu-mask -d 'CPU affinity mask: hex of any length, bit i = CPU i.' -x
+complete -c pyllama -n '__pyllama_using embed' -o Cr -l cpu-range -d 'Range of CPUs for affinity.' -x
+complete -c pyllama -n '__pyllama_using embed' -l cpu-strict -d 'Strict CPU placement: one CPU of the mask per thread.' -x
+complete -c pyllama -n '__pyllama_using embed' -l prio -d 'Process/thread priority: low (-1), normal (0), medium (1), high (2), realtime (3).' -x
+complete -c pyllama -n '__pyllama_using embed' -l poll -d 'Polling level while waiting for work (0 = no polling).' -x
+complete -c pyllama -n '__pyllama_using embed' -o Cb -l cpu-mask-batch -d 'CPU affinity mask of the batch threads.' -x
+complete -c pyllama -n '__pyllama_using embed' -o Crb -l cpu-range-batch -d 'Range of CPUs for the batch threads.' -x
+complete -c pyllama -n '__pyllama_using embed' -l cpu-strict-batch -d 'Strict CPU placement of the batch threads (default: same as --cpu-strict).' -x
+complete -c pyllama -n '__pyllama_using embed' -l prio-batch -d 'Priority of the batch threads: normal (0), medium (1), high (2), realtime (3) (default: same as --prio).' -x
+complete -c pyllama -n '__pyllama_using embed' -l poll-batch -d 'Polling level of the batch threads (default: same as --poll).' -x
+complete -c pyllama -n '__pyllama_using embed' -l lora -d 'LoRA adapter to apply at scale 1 (repeat, or comma-separated for several).' -x
+complete -c pyllama -n '__pyllama_using embed' -l lora-scaled -d 'LoRA adapter with its scale (repeat, or comma-separated).' -x
+complete -c pyllama -n '__pyllama_using embed' -l lora-init-without-apply -d 'Load the LoRA adapters at scale 0 (serve: apply them later with POST /lora-adapters).'
+complete -c pyllama -n '__pyllama_using embed' -l control-vector -d 'Control vector to add at scale 1 (repeat, or comma-separated).' -x
+complete -c pyllama -n '__pyllama_using embed' -l control-vector-scaled -d 'Control vector with its scale (repeat, or comma-separated).' -x
+complete -c pyllama -n '__pyllama_using embed' -l control-vector-layer-range -d 'Layers to apply the control vectors to, both inclusive (default: all).' -x
+complete -c pyllama -n '__pyllama_using embed' -o ctk -l cache-type-k -d 'KV cache data type for K: f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1.' -x -a '(__pyllama_values none bf16 f16 f32 iq4_nl q4_0 q4_1 q5_0 q5_1 q8_0)'
+complete -c pyllama -n '__pyllama_using embed' -o ctv -l cache-type-v -d 'KV cache data type for V: f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1 (a quantized type needs flash attention).' -x -a '(__pyllama_values none bf16 f16 f32 iq4_nl q4_0 q4_1 q5_0 q5_1 q8_0)'
+complete -c pyllama -n '__pyllama_using embed' -l swa-full -d 'Use a full-size cache for sliding-window attention layers.'
+complete -c pyllama -n '__pyllama_using embed' -o kvo -l kv-offload -o nkvo -l no-kv-offload -d 'Keep the KV cache (and the attention) on the GPU.'
+complete -c pyllama -n '__pyllama_using embed' -l rope-scaling -d 'RoPE frequency scaling method (default: the model\'s, else linear).' -x -a '(__pyllama_values none linear none yarn)'
+complete -c pyllama -n '__pyllama_using embed' -l rope-scale -d 'RoPE context scaling factor: expands the context by N (sets --rope-freq-scale to 1/N).' -x
+complete -c pyllama -n '__pyllama_using embed' -l rope-freq-base -d 'RoPE base frequency (0 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using embed' -l rope-freq-scale -d 'RoPE frequency scaling factor: expands the context by 1/N (0 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using embed' -l yarn-orig-ctx -d 'YaRN: the model\'s original context size (0 = its training context).' -x
+complete -c pyllama -n '__pyllama_using embed' -l yarn-ext-factor -d 'YaRN: extrapolation mix factor (0.0 = full interpolation, -1 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using embed' -l yarn-attn-factor -d 'YaRN: attention magnitude scale (-1 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using embed' -l yarn-beta-slow -d 'YaRN: high correction dim or alpha (-1 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using embed' -l yarn-beta-fast -d 'YaRN: low correction dim or beta (-1 = the model\'s).' -x
+complete -c pyllama -n '__pyllama_using embed' -o ot -l override-tensor -d 'Put the weights whose name matches PATTERN (a regular expression) in buffer type BUFTYPE (CPU, CUDA0, ...), e.g.' -x
+complete -c pyllama -n '__pyllama_using embed' -o cmoe -l cpu-moe -d 'Keep every Mixture-of-Experts expert weight in the CPU.'
+complete -c pyllama -n '__pyllama_using embed' -o ncmoe -l n-cpu-moe -d 'Keep the expert weights of the first N layers in the CPU.' -x
+complete -c pyllama -n '__pyllama_using embed' -o sm -l split-mode -d 'How to split the model across GPUs: none (one GPU), layer (default), row, tensor.' -x -a '(__pyllama_values none layer none row tensor)'
+complete -c pyllama -n '__pyllama_using embed' -o mg -l main-gpu -d 'The GPU for the whole model with -sm none, or for intermediate results and the KV cache with -sm row (default: 0).' -x
+complete -c pyllama -n '__pyllama_using embed' -s h -l help -d 'Show this message and exit.'
 
 # pyllama gguf-split
 complete -c pyllama -n '__pyllama_using gguf-split' -l split -d 'Split GGUF_IN into parts (the default).'
@@ -428,6 +506,12 @@ complete -c pyllama -n '__pyllama_using imatrix' -o Crb -l cpu-range-batch -d 'R
 complete -c pyllama -n '__pyllama_using imatrix' -l cpu-strict-batch -d 'Strict CPU placement of the batch threads (default: same as --cpu-strict).' -x
 complete -c pyllama -n '__pyllama_using imatrix' -l prio-batch -d 'Priority of the batch threads: normal (0), medium (1), high (2), realtime (3) (default: same as --prio).' -x
 complete -c pyllama -n '__pyllama_using imatrix' -l poll-batch -d 'Polling level of the batch threads (default: same as --poll).' -x
+complete -c pyllama -n '__pyllama_using imatrix' -l lora -d 'LoRA adapter to apply at scale 1 (repeat, or comma-separated for several).' -x
+complete -c pyllama -n '__pyllama_using imatrix' -l lora-scaled -d 'LoRA adapter with its scale (repeat, or comma-separated).' -x
+complete -c pyllama -n '__pyllama_using imatrix' -l lora-init-without-apply -d 'Load the LoRA adapters at scale 0 (serve: apply them later with POST /lora-adapters).'
+complete -c pyllama -n '__pyllama_using imatrix' -l control-vector -d 'Control vector to add at scale 1 (repeat, or comma-separated).' -x
+complete -c pyllama -n '__pyllama_using imatrix' -l control-vector-scaled -d 'Control vector with its scale (repeat, or comma-separated).' -x
+complete -c pyllama -n '__pyllama_using imatrix' -l control-vector-layer-range -d 'Layers to apply the control vectors to, both inclusive (default: all).' -x
 complete -c pyllama -n '__pyllama_using imatrix' -o ctk -l cache-type-k -d 'KV cache data type for K: f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1.' -x -a '(__pyllama_values none bf16 f16 f32 iq4_nl q4_0 q4_1 q5_0 q5_1 q8_0)'
 complete -c pyllama -n '__pyllama_using imatrix' -o ctv -l cache-type-v -d 'KV cache data type for V: f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1 (a quantized type needs flash attention).' -x -a '(__pyllama_values none bf16 f16 f32 iq4_nl q4_0 q4_1 q5_0 q5_1 q8_0)'
 complete -c pyllama -n '__pyllama_using imatrix' -l swa-full -d 'Use a full-size cache for sliding-window attention layers.'
@@ -505,6 +589,12 @@ complete -c pyllama -n '__pyllama_using perplexity' -o Crb -l cpu-range-batch -d
 complete -c pyllama -n '__pyllama_using perplexity' -l cpu-strict-batch -d 'Strict CPU placement of the batch threads (default: same as --cpu-strict).' -x
 complete -c pyllama -n '__pyllama_using perplexity' -l prio-batch -d 'Priority of the batch threads: normal (0), medium (1), high (2), realtime (3) (default: same as --prio).' -x
 complete -c pyllama -n '__pyllama_using perplexity' -l poll-batch -d 'Polling level of the batch threads (default: same as --poll).' -x
+complete -c pyllama -n '__pyllama_using perplexity' -l lora -d 'LoRA adapter to apply at scale 1 (repeat, or comma-separated for several).' -x
+complete -c pyllama -n '__pyllama_using perplexity' -l lora-scaled -d 'LoRA adapter with its scale (repeat, or comma-separated).' -x
+complete -c pyllama -n '__pyllama_using perplexity' -l lora-init-without-apply -d 'Load the LoRA adapters at scale 0 (serve: apply them later with POST /lora-adapters).'
+complete -c pyllama -n '__pyllama_using perplexity' -l control-vector -d 'Control vector to add at scale 1 (repeat, or comma-separated).' -x
+complete -c pyllama -n '__pyllama_using perplexity' -l control-vector-scaled -d 'Control vector with its scale (repeat, or comma-separated).' -x
+complete -c pyllama -n '__pyllama_using perplexity' -l control-vector-layer-range -d 'Layers to apply the control vectors to, both inclusive (default: all).' -x
 complete -c pyllama -n '__pyllama_using perplexity' -o ctk -l cache-type-k -d 'KV cache data type for K: f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1.' -x -a '(__pyllama_values none bf16 f16 f32 iq4_nl q4_0 q4_1 q5_0 q5_1 q8_0)'
 complete -c pyllama -n '__pyllama_using perplexity' -o ctv -l cache-type-v -d 'KV cache data type for V: f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1 (a quantized type needs flash attention).' -x -a '(__pyllama_values none bf16 f16 f32 iq4_nl q4_0 q4_1 q5_0 q5_1 q8_0)'
 complete -c pyllama -n '__pyllama_using perplexity' -l swa-full -d 'Use a full-size cache for sliding-window attention layers.'
@@ -591,7 +681,6 @@ complete -c pyllama -n '__pyllama_using serve' -l cors-origin -d 'Also allow bro
 complete -c pyllama -n '__pyllama_using serve' -l allowed-hosts -d 'Host names the server answers to (repeatable or comma-separated; \'*\' = any).' -x
 complete -c pyllama -n '__pyllama_using serve' -l docs -d 'Serve Swagger UI at /docs (it loads its scripts from a CDN); /openapi.json is always there.'
 complete -c pyllama -n '__pyllama_using serve' -l slot-save-path -d 'Folder for /slots/ID?action=save|restore files (off unless given).' -x -a '(__pyllama_values dir)'
-complete -c pyllama -n '__pyllama_using serve' -l embeddings -d 'Serve an embedding model: /v1/embeddings only.'
 complete -c pyllama -n '__pyllama_using serve' -l max-body-size -d 'Largest request body accepted (bytes, or with K/M/G; larger gets 413).' -x
 complete -c pyllama -n '__pyllama_using serve' -l chat-template -d 'Chat template: a built-in name (chatml, llama3, ...), a .jinja file or Jinja text (default: the model\'s own).' -x -a '(__pyllama_values file chatml gemma llama2 llama2-sys llama2-sys-bos llama2-sys-strip llama3 mistral phi3 zephyr)'
 complete -c pyllama -n '__pyllama_using serve' -o np -l parallel -d 'Slots: requests generated at once, batched together (continuous batching); more wait in a queue.' -x
@@ -607,6 +696,10 @@ complete -c pyllama -n '__pyllama_using serve' -l reasoning-budget -d 'Thinking 
 complete -c pyllama -n '__pyllama_using serve' -l log-format -d 'The access log\'s form: one text line per request (method, path, model, status, tokens, time; errors with their reason), or one JSON object per line for log collectors.' -x
 complete -c pyllama -n '__pyllama_using serve' -s q -l quiet -d 'No access log (the start-up lines and errors that stop the server still show).'
 complete -c pyllama -n '__pyllama_using serve' -l verbose-native -d 'Show llama.cpp\'s own log on stderr (what -v shows in the other commands).'
+complete -c pyllama -n '__pyllama_using serve' -l embeddings -d 'Serve an embedding model: /v1/embeddings only.'
+complete -c pyllama -n '__pyllama_using serve' -l pooling -d 'Pooling of embeddings: none, mean, cls, last, rank (default: the model\'s own, else mean).' -x
+complete -c pyllama -n '__pyllama_using serve' -l embd-normalize -d 'Normalisation of embeddings: -1 none, 0 max absolute as int16, 1 taxicab, 2 euclidean, >2 p-norm.' -x
+complete -c pyllama -n '__pyllama_using serve' -l rerank -l reranking -d 'Serve a reranker: POST /rerank, /reranking and /v1/rerank (rank pooling).'
 complete -c pyllama -n '__pyllama_using serve' -o cram -l cache-ram -d 'Host memory (MiB) for slot states kept across requests: a prompt that starts like a cached one evaluates only the rest (0 = off, -1 = no limit; router mode: shared by all models).' -x
 complete -c pyllama -n '__pyllama_using serve' -l cache-idle-slots -l no-cache-idle-slots -d 'With --kv-unified: when a request starts, save the idle slots to the cache and clear them, freeing their cells (without it an idle slot is read in place, and saved when its cells are cut).'
 complete -c pyllama -n '__pyllama_using serve' -l cache-disk -d 'Folder for a disk tier of the prompt cache: states survive a restart and a model\'s unload (off unless given).' -x -a '(__pyllama_values dir)'
@@ -702,6 +795,12 @@ complete -c pyllama -n '__pyllama_using serve' -o Crb -l cpu-range-batch -d 'Ran
 complete -c pyllama -n '__pyllama_using serve' -l cpu-strict-batch -d 'Strict CPU placement of the batch threads (default: same as --cpu-strict).' -x
 complete -c pyllama -n '__pyllama_using serve' -l prio-batch -d 'Priority of the batch threads: normal (0), medium (1), high (2), realtime (3) (default: same as --prio).' -x
 complete -c pyllama -n '__pyllama_using serve' -l poll-batch -d 'Polling level of the batch threads (default: same as --poll).' -x
+complete -c pyllama -n '__pyllama_using serve' -l lora -d 'LoRA adapter to apply at scale 1 (repeat, or comma-separated for several).' -x
+complete -c pyllama -n '__pyllama_using serve' -l lora-scaled -d 'LoRA adapter with its scale (repeat, or comma-separated).' -x
+complete -c pyllama -n '__pyllama_using serve' -l lora-init-without-apply -d 'Load the LoRA adapters at scale 0 (serve: apply them later with POST /lora-adapters).'
+complete -c pyllama -n '__pyllama_using serve' -l control-vector -d 'Control vector to add at scale 1 (repeat, or comma-separated).' -x
+complete -c pyllama -n '__pyllama_using serve' -l control-vector-scaled -d 'Control vector with its scale (repeat, or comma-separated).' -x
+complete -c pyllama -n '__pyllama_using serve' -l control-vector-layer-range -d 'Layers to apply the control vectors to, both inclusive (default: all).' -x
 complete -c pyllama -n '__pyllama_using serve' -o ctk -l cache-type-k -d 'KV cache data type for K: f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1.' -x -a '(__pyllama_values none bf16 f16 f32 iq4_nl q4_0 q4_1 q5_0 q5_1 q8_0)'
 complete -c pyllama -n '__pyllama_using serve' -o ctv -l cache-type-v -d 'KV cache data type for V: f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1 (a quantized type needs flash attention).' -x -a '(__pyllama_values none bf16 f16 f32 iq4_nl q4_0 q4_1 q5_0 q5_1 q8_0)'
 complete -c pyllama -n '__pyllama_using serve' -l swa-full -d 'Use a full-size cache for sliding-window attention layers.'

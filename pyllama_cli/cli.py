@@ -24,8 +24,9 @@ def build_app(only: str | None = None) -> typer.Typer:
     """The Typer app with every command, or with just `only` (faster start-up for a known command)."""
     application = typer.Typer(
         name="pyllama",
-        help="llama.cpp's command-line tools in Python: chat, complete, serve, bench, perplexity, tokenize, "
-        "quantize, imatrix, gguf-split, info, rpc-server; list, pull, rm, ps and stop manage local models.",
+        help="llama.cpp's command-line tools in Python: chat, complete, serve, bench, perplexity, embed, "
+        "tokenize, quantize, imatrix, gguf-split, info, rpc-server; list, pull, rm, ps and stop manage local "
+        "models.",
         no_args_is_help=True,
         add_completion=False,
         pretty_exceptions_enable=False,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import threading
 import time
 import tracemalloc
 from collections.abc import Iterator
@@ -354,3 +355,51 @@ def test_a_grammar_parsed_while_preparing_is_the_one_the_engine_takes(tiny_model
             pass
     finally:
         model.close()
+
+
+
+# 20,000 numbers (240 KB of GBNF; 449,993 is prime to 9,000,000, so all differ): llama.cpp's parse expands every
+# alternative at once (about 1.3 s here), while its sampling follows only those that share the digits so far.
+SLOW_TO_BUILD_ENUM = {"enum": [1_000_000 + i * 449_993 % 9_000_000 for i in range(20_000)]}
+
+
+def _stream_arrivals(url: str, arrivals: list[float], started: threading.Event) -> None:
+    """Slot A: a long streamed generation; the time each token's event arrives."""
+    body = {"prompt": "a", "n_predict": 15_000, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", f"{url}/completion", json=body, timeout=120) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                arrivals.append(time.monotonic())
+                if len(arrivals) == 20:
+                    started.set()
+
+
+def test_other_slots_keep_generating_while_a_big_grammar_is_built(tiny_model: Path, tmp_path: Path) -> None:
+    """A schema within the (raised) bounds whose grammar is slow to build is built off the engine thread, so slot
+    A's tokens keep coming meanwhile. The enum is of numbers so that its sampling is cheap (0.15 s for the first
+    token, then milliseconds) and the test sees the build: an enum of strings that share a prefix costs as much
+    at every token as at the build (llama.cpp's accept expands every alternative that still matches), on the one
+    thread that samples for every slot, as in llama-server; the size bound is what limits that."""
+    server = _start(tiny_model, tmp_path / "stderr.log", "-c", "32768", "-np", "2",
+                    "--max-grammar-size", str(1 << 20), "--max-grammar-seconds", "60")
+    arrivals: list[float] = []
+    started = threading.Event()
+    reader = threading.Thread(target=_stream_arrivals, args=(server.url, arrivals, started), daemon=True)
+    try:
+        reader.start()
+        assert started.wait(60), server.stderr
+        sent = time.monotonic()
+        big = httpx.post(f"{server.url}/completion", json={"prompt": "a", "n_predict": 1,
+                                                          "json_schema": SLOW_TO_BUILD_ENUM}, timeout=120)
+        answered = time.monotonic()
+        assert reader.is_alive(), "slot A finished before the big grammar's request: lengthen it"
+    finally:
+        server.stop()
+        reader.join(timeout=30)
+    assert big.status_code == 200, big.text
+    assert big.json()["content"][:1].isdigit()
+    during = [t for t in arrivals if sent <= t <= answered]
+    gaps = [later - earlier for earlier, later in zip([sent, *during], [*during, answered])]
+    took = answered - sent
+    print(f"slot A: {len(during)} tokens, longest gap {max(gaps):.3f} s, while the grammar's request took {took:.3f} s")
+    assert max(gaps) < 0.25 * took, f"slot A stalled {max(gaps):.2f} s of the {took:.2f} s the big grammar took"

@@ -271,3 +271,38 @@ def test_a_cache_folder_that_cannot_be_made_is_one_error_line(tiny_model: Path, 
     assert result.stderr.splitlines() == [
         f"Error: --cache-disk {tmp_path / 'file' / 'cache'}: cannot use it as the prompt cache folder (Not a directory)",
         "Hint: name a folder you can write, or drop --cache-disk"]
+
+
+# ---- LoRA adapter sets (#36)
+
+def test_a_prefix_cached_under_one_adapter_set_never_serves_another(tiny_model: Path, tmp_path: Path) -> None:
+    from tests.fixtures.make_adapters import write_lora_gguf
+
+    adapter = write_lora_gguf(tmp_path / "a.gguf", seed=1)
+    lora_flags = ("--lora", str(adapter), "--lora-init-without-apply")
+    srv = _serve(tiny_model, tmp_path / "lora.log", "--cache-ram", "64", *lora_flags)
+    cold = _serve(tiny_model, tmp_path / "cold.log", "--cache-ram", "0", *lora_flags)
+    on_set, off_set = [{"id": 0, "scale": 1.0}], [{"id": 0, "scale": 0.0}]
+
+    def complete(server: Server, prompt: list[int], lora: list[dict], slot: int = -1) -> dict:
+        body = {"prompt": prompt, "n_predict": 6, "temperature": 0, "return_tokens": True, "cache_prompt": True,
+                "lora": lora, "id_slot": slot}
+        response = httpx.post(f"{server.url}/completion", json=body, timeout=60)
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    try:
+        prompt = _tokens(srv, _text(60, 20))
+        first = complete(srv, prompt, on_set, 0)  # slot 0: the prompt's cells under the adapter
+        other = complete(srv, prompt, off_set, 1)  # slot 0 holds the same tokens, under another set: not used
+        assert (first["timings"]["cache_n"], other["timings"]["cache_n"]) == (0, 0)
+        assert other["tokens"] == complete(cold, prompt, off_set)["tokens"] != first["tokens"]
+        # Each set finds its own cells: the adapter's in slot 0 (slot 1's go to RAM first), the others' in RAM.
+        again = complete(srv, prompt, on_set, 1)
+        other_again = complete(srv, prompt, off_set, 0)
+        assert [again["timings"]["cache_n"], other_again["timings"]["cache_n"]] == [len(prompt) - 1] * 2
+        assert (again["tokens"], other_again["tokens"]) == (first["tokens"], other["tokens"])
+        assert {r: n for r, n in _routes(srv).items() if n} == {"none": 2, "other_slot": 1, "ram": 1}
+    finally:
+        srv.stop()
+        cold.stop()

@@ -18,7 +18,7 @@ from pyllama_cli.core.model.library import shipped_library
 from pyllama_cli.core.model.settings import CpuPlacement, LoadSettings, parse_cpu_mask, parse_cpu_range
 from pyllama_cli.core.model.threads import _typed, pool_functions, pool_params
 from pyllama_cli.errors import ThreadPoolError, UsageError
-from pyllama_cli.options.cpu import cpu_set
+from pyllama_cli.options.hardware.cpu import cpu_set
 from tests.helpers import run_cli
 from tests.test_bench import _llama_bench
 

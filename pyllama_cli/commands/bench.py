@@ -12,10 +12,10 @@ import typer
 from ..console import bench_progress, download_tqdm, print_table, stdout_is_tty
 from ..core.bench import spec as defaults
 from ..errors import Interrupted, UsageError
-from ..options.cpu import BenchCpuMaskOpt, BenchCpuStrictOpt, BenchPollOpt, PrioOpt
-from ..options.devices import BenchDeviceOpt, BenchTensorSplitOpt, ListDevicesOpt, RpcOpt, list_devices, parse_rpc
+from ..options.hardware.cpu import BenchCpuMaskOpt, BenchCpuStrictOpt, BenchPollOpt, PrioOpt
+from ..options.hardware.devices import BenchDeviceOpt, BenchTensorSplitOpt, ListDevicesOpt, RpcOpt, list_devices, parse_rpc
 from ..options.load import HfFileOpt, HfRepoOpt, HfTokenOpt, ModelPathOpt, OfflineOpt, VerboseOpt, in_panel, repeatable
-from ..options.placement import BenchOverrideTensorOpt
+from ..options.hardware.placement import BenchOverrideTensorOpt
 
 EXAMPLES = """\
 Examples:

@@ -15,7 +15,7 @@ import typer
 
 from ..console import info, warn
 from ..errors import RpcError, UsageError
-from ..options.devices import DEVICE_PANEL
+from ..options.hardware.devices import DEVICE_PANEL
 
 EXAMPLES = """\
 Examples:

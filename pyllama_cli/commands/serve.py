@@ -14,6 +14,7 @@ from ..core.model.session import trained_context_warning
 from ..core.model.settings import LoadSettings
 from ..errors import UsageError
 from ..core.serving.cache.settings import CacheSettings
+from ..options.embedding import EmbeddingMode, embedding_options
 from ..options.limits import cache_options, limit_options
 from ..options.load import ChatTemplateOpt, in_panel, model_options
 from ..options.sampling import SamplingOptions, sampling_options
@@ -33,7 +34,6 @@ from ..options.serve import (
     ServeVerboseOpt,
     VerboseNativeOpt,
     DocsOpt,
-    EmbeddingsOpt,
     HostOpt,
     KvUnifiedOpt,
     MaxBodySizeOpt,
@@ -69,6 +69,7 @@ Examples:
 @speculative_options()
 @limit_options()
 @cache_options()
+@embedding_options()
 def serve(
     ctx: typer.Context,
     model: ModelRequests,
@@ -85,7 +86,7 @@ def serve(
     allowed_hosts: AllowedHostsOpt = None,
     docs: DocsOpt = False,
     slot_save_path: SlotSavePathOpt = None,
-    embeddings: EmbeddingsOpt = False,
+    embeddings: EmbeddingMode = EmbeddingMode(),
     max_body_size: MaxBodySizeOpt = "8MiB",
     chat_template: in_panel(ChatTemplateOpt, SERVER_PANEL) = None,
     parallel: ParallelOpt = 1,
@@ -136,7 +137,7 @@ def serve(
         limits=limits, speculative=spec, slot_save_path=slot_save_path.resolve() if slot_save_path else None,
         reasoning_format=reasoning_format, reasoning_budget=reasoning_budget, docs=docs,
         allowed_hosts=hosts_allowed(host, allowed_hosts or []),
-        access_log=None if quiet else log_format, verbose=load.verbose,
+        access_log=None if quiet else log_format, verbose=load.verbose, **embeddings.fields,
         prompt_cache=replace(prompt_cache, template=chat_template),
     )
     load = replace(load, verbose=verbose_native)  # -v is the server's detail; llama.cpp's log is its own switch

@@ -5,12 +5,14 @@
   `VerboseOpt`, `ChatTemplateOpt`, `SystemPromptOpt`, ...), and what adapts a shared flag to one
   command: `in_panel` (its own help panel), `repeatable` (given several times), and
   `model_options(own=...)` (its own meaning, as perplexity's -c).
-- `devices`: `--rpc`, `-dev/--device`, `-ts/--tensor-split`, `--list-devices` (part of the load flags).
-- `cpu`: `-tb`, `-C/-Cr`, `--prio`, `--poll`, `--cpu-strict` and their batch variants (part of the load
-  flags): how the context's thread pools run.
+- `hardware/`: where the model runs (part of the load flags): `devices` (`--rpc`, `-dev/--device`,
+  `-ts/--tensor-split`, `--list-devices`), `cpu` (`-tb`, `-C/-Cr`, `--prio`, `--poll`, `--cpu-strict`
+  and their batch variants: how the context's thread pools run), `placement` (-ot/--cpu-moe/--n-cpu-moe/
+  -sm/-mg).
+- `adapters`: `--lora`, `--lora-scaled`, `--control-vector` and their kin (part of the load flags).
+- `embedding`: `--pooling`, `--embd-normalize`, and serve's `--embeddings` and `--rerank`.
 - `sampling`: sampling and output-constraint flags of complete, chat and serve.
-- `kv_cache`, `context`, `placement`: llama.cpp's -ctk/-ctv/--swa-full/-kvo, RoPE/YaRN/--keep,
-  -ot/--cpu-moe/--n-cpu-moe/-sm/-mg (part of the load flags).
+- `kv_cache`, `context`: llama.cpp's -ctk/-ctv/--swa-full/-kvo, RoPE/YaRN/--keep (part of the load flags).
 - `sampler_chain`: DRY, XTC, top-n-sigma, dynatemp, adaptive-p, --samplers/--sampler-seq (with `sampling`).
 - `llama_env`: llama.cpp's LLAMA_ARG_* environment variables for the shared flags.
 - `speculative`: speculative decoding flags of complete, chat and serve (`--spec-type`, `-md`, ...).

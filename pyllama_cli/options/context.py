@@ -1,7 +1,7 @@
 """Context flags of every command that loads a model, with llama.cpp's names: RoPE and YaRN scaling
 (`--rope-scaling`, `--rope-scale`, `--rope-freq-base`, `--rope-freq-scale`, `--yarn-*`); and complete's
 `--context-shift` and `--keep` (the prompt tokens a shift keeps), which `sampling.shift_options()` adds.
-(`-tb/--threads-batch` is main's, in options/cpu.py.)
+(`-tb/--threads-batch` is main's, in options/hardware/cpu.py.)
 
 `CONTEXT_PARAMS` join the load flags (load.py); `context_settings(kwargs)` pops their values and
 returns the `LoadSettings` fields they set.

@@ -30,8 +30,9 @@ from ..core.model.settings import (
     LoadSettings,
 )
 from ..errors import UsageError
-from .cpu import cpu_params, cpu_settings
-from .devices import (
+from .adapters import ADAPTER_PARAMS, adapter_settings
+from .hardware.cpu import cpu_params, cpu_settings
+from .hardware.devices import (
     DeviceOpt,
     ListDevicesOpt,
     RpcOpt,
@@ -44,7 +45,7 @@ from .devices import (
 from .context import CONTEXT_PARAMS, context_settings
 from .kv_cache import KV_CACHE_PARAMS, kv_cache_settings
 from .llama_env import with_llama_env
-from .placement import PLACEMENT_PARAMS, placement_settings
+from .hardware.placement import PLACEMENT_PARAMS, placement_settings
 
 MODEL_PANEL = "Model"
 LOAD_PANEL = "Loading"
@@ -156,7 +157,8 @@ _LOAD_PARAMS = [
     option_param("device", DeviceOpt, None),
     option_param("tensor_split", TensorSplitOpt, None),
     option_param("list_devices", ListDevicesOpt, False),
-    *cpu_params(),  # -tb, -C/-Cr, --prio, --poll, --cpu-strict and their batch variants (options/cpu.py)
+    *cpu_params(),  # -tb, -C/-Cr, --prio, --poll, --cpu-strict and their batch variants (options/hardware/cpu.py)
+    *ADAPTER_PARAMS,  # --lora, --lora-scaled, --control-vector... (options/adapters.py)
 ]
 # Flags of their own modules, added to the load flags (kept apart so each concern has one module).
 _LOAD_PARAMS += KV_CACHE_PARAMS + CONTEXT_PARAMS + PLACEMENT_PARAMS
@@ -197,7 +199,7 @@ def load_settings(kwargs: dict[str, Any]) -> LoadSettings:
         n_ctx=kwargs.pop("ctx_size"), n_threads=kwargs.pop("threads"), n_gpu_layers=kwargs.pop("n_gpu_layers"),
         flash_attn=flash, n_batch=kwargs.pop("batch_size"), n_ubatch=kwargs.pop("ubatch_size"),
         mlock=kwargs.pop("mlock"), mmap=not kwargs.pop("no_mmap"), seed=kwargs.pop("seed"),
-        verbose=kwargs.pop("verbose"), log_file=kwargs.pop("log_file"),
+        verbose=kwargs.pop("verbose"), log_file=kwargs.pop("log_file"), adapters=adapter_settings(kwargs),
         **kv_cache_settings(kwargs), **context_settings(kwargs), **placement_settings(kwargs),
         **cpu_settings(kwargs),
     )

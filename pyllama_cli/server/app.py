@@ -29,10 +29,12 @@ from .http.leases import LeaseMiddleware
 from .http.middleware import BodyLimitMiddleware, CorsMiddleware
 from .job_rules import Lenient
 from .llama_server import routes as llama_server
+from .lora import routes as lora
 from .metrics import CONTENT_TYPE, Metrics, MetricsMiddleware
 from .model_set import ModelSet
 from .ollama import routes as ollama
 from .openai import routes as openai
+from .rerank import routes as rerank
 from .responses_api import routes as responses_api
 from .http.hosts import AllowedHostsMiddleware
 from .http.unicode import LoneSurrogateMiddleware
@@ -45,7 +47,7 @@ from .webui import routes as webui
 # Every API family, in the order its routes are added, each by its `add_routes(app, models)`; the web
 # page's too, unless --no-webui. ollama's GET / comes before the page's, so it answers first: "Ollama is
 # running" to its clients, the page to a browser (Accept: text/html).
-API_FAMILIES = (openai, anthropic, responses_api, llama_server, ollama)
+API_FAMILIES = (openai, anthropic, responses_api, llama_server, lora, rerank, ollama)
 
 
 class HealthResponse(BaseModel):

@@ -83,6 +83,8 @@ class GenerationFields(Lenient):
     grammar: str | None = Field(default=None, description="A GBNF grammar the output must match.")
     json_schema: dict[str, Any] | None = Field(default=None, description="llama-server's schema constraint.")
     ignore_eos: bool | None = None
+    lora: Any = Field(default=None, description="llama-server's per-request LoRA scales: [{\"id\": 0, \"scale\": 0.5}]; "
+                      "adapters not listed run at 0 (default: the global scales of /lora-adapters).")
     # llama.cpp's newer samplers and the chain's order, under llama-server's names and limits.
     dynatemp_range: float | None = None
     dynatemp_exponent: float | None = None
@@ -337,3 +339,48 @@ def _json_schema(req: GenerationFields) -> tuple[Any, str]:
     if req.json_schema is not None:
         return req.json_schema, "json_schema"
     return None, ""
+
+
+# ---------------------------------------------------------------- LoRA scales (server/lora/ sets the global ones)
+
+
+def request_scales(n_adapters: int, entries: Any, field: str = "lora") -> tuple[float, ...]:
+    """One scale per adapter from llama-server's [{"id", "scale"}] list (unlisted adapters: 0).
+
+    Raises:
+        APIError: 400 for a list that is not of {id, scale} objects, or an id out of range.
+    """
+    if not isinstance(entries, list):
+        raise APIError(400, f"{field} must be an array of objects with 'id' and 'scale' fields", param=field,
+                       code="invalid_value")
+    scales = [0.0] * n_adapters
+    for entry in entries:
+        if not (isinstance(entry, dict) and _is_lora_id(entry.get("id"))
+                and _is_finite_number(entry.get("scale", 0.0))):
+            raise APIError(400, f"{field} must be an array of objects with 'id' and 'scale' fields", param=field,
+                           code="invalid_value")
+        lora_id = entry["id"]
+        if not 0 <= lora_id < n_adapters:
+            loaded = f"ids 0..{n_adapters - 1}" if n_adapters else "none"
+            raise APIError(400, f"{field}: no LoRA adapter with id {lora_id} (loaded: {loaded})", param=field,
+                           code="invalid_value")
+        scales[lora_id] = float(entry.get("scale", 0.0))
+    return tuple(scales)
+
+
+def job_lora(engine: Any, entries: Any) -> tuple[float, ...] | None:
+    """A request's `lora` field as the job's scales (None when the request has none, or an empty list, as
+    llama-server reads it: the global scales)."""
+    if entries is None or entries == []:
+        return None
+    turns = getattr(engine, "lora", None)
+    loras = turns.adapters.loras if turns is not None and turns.adapters is not None else []
+    return request_scales(len(loras), entries)
+
+
+def _is_lora_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_finite_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)

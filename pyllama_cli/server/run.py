@@ -78,12 +78,13 @@ def url(sock: socket.socket) -> str:
 
 
 def make_engine(path: Path, load: LoadSettings, embeddings: bool, parallel: int, kv_unified: bool,
-                speculative: Any = None, prompt_cache: Any = None, **callbacks: Any) -> Any:
+                speculative: Any = None, pooling: int = -1, embd_normalize: int = 2, prompt_cache: Any = None,
+                **callbacks: Any) -> Any:
     """Embeddings run one input at a time; generation runs on the continuous-batching slots."""
     if embeddings:
         from ..core.serving.embedding_engine import EmbeddingEngine
 
-        return EmbeddingEngine(path, load, **callbacks)
+        return EmbeddingEngine(path, load, pooling=pooling, embd_normalize=embd_normalize, **callbacks)
     from ..core.serving.scheduler import ParallelEngine
 
     return ParallelEngine(path, load, n_slots=parallel, kv_unified=kv_unified, speculative=speculative,
@@ -117,8 +118,13 @@ def serve(sock: socket.socket | list[socket.socket], path: Path, load: LoadSetti
     def on_failure(_: BaseException) -> None:
         server.should_exit = True
 
-    engine = make_engine(path, load, embeddings, parallel, kv_unified, settings.speculative,
-                         prompt_cache=settings.prompt_cache, on_ready=on_ready, on_failure=on_failure)
+    if embeddings:  # before loading: llama.cpp aborts on a pooling the model cannot do
+        from ..core.embed.pooling import check_pooling
+
+        check_pooling(path, settings.pooling)
+    engine = make_engine(path, load, embeddings, parallel, kv_unified, settings.speculative, settings.pooling,
+                         settings.embd_normalize, prompt_cache=settings.prompt_cache, on_ready=on_ready,
+                         on_failure=on_failure)
     if load.rpc and hasattr(engine, "break_down"):
         _survive_dead_rpc_servers(engine)
     app = create_app(OneModel(engine, settings), settings)

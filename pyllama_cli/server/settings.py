@@ -59,3 +59,5 @@ class ServerSettings:
     prompt_cache: CacheSettings = field(default_factory=CacheSettings)  # --cache-ram, --cache-disk...
     access_log: str | None = "text"  # one line per request on stderr: "text" or "json"; None: off (-q)
     verbose: bool = False  # -v: each request's prompt tokens by part, uvicorn's own log
+    pooling: int = -1  # --pooling as llama.cpp's pooling type (-1: the model's own); 4 (rank) with --rerank
+    embd_normalize: int = 2  # --embd-normalize

@@ -320,7 +320,12 @@ def open_speculation(settings: SpeculativeSettings, load: Any, target: Any, *, n
     from ..model.resolve import ResolvedModel
     from ..model.session import load_session
 
+    from dataclasses import replace
+
+    from ..model.adapters import AdapterSettings
+
     resolved = ResolvedModel(settings.draft_path, (settings.draft_path,))
+    load = replace(load, adapters=AdapterSettings())  # --lora and --control-vector are the target's
     session = load_session(resolved, load, context=None)
     try:
         check_same_vocab(target, session.model)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import InputError, Interrupted, ModelLoadError
 from ..gguf.ftypes import size_label
+from .adapters import ModelAdapters
 from .library import configure_logging, keeping_gil, lib
 from .mapped_file import MappedFile
 from .placement import apply_placement
@@ -59,6 +60,7 @@ class Model:
         # few thousand tokens over and over, so each is fetched from llama.cpp once.
         self._pieces: dict[tuple[int, bool], bytes] = {}
         self._eog: dict[int, bool] = {}
+        self.adapters = ModelAdapters()  # --lora and --control-vector, set by load()
 
     @classmethod
     def load(
@@ -111,6 +113,12 @@ class Model:
         model = cls(handle, path)
         if settings.mmap and not vocab_only:
             model.mapped = MappedFile(path)
+        if not vocab_only:
+            try:
+                model.adapters = ModelAdapters.load(model, settings.adapters)
+            except BaseException:
+                model.close()
+                raise
         return model
 
     def check_file(self) -> None:
@@ -320,6 +328,11 @@ class Context:
         self.n_ubatch = int(params.n_ubatch)
         self.memory = lib.llama_get_memory(handle)
         self._settle_after_decode = _computes_elsewhere(settings)
+        try:
+            model.adapters.apply(handle)
+        except BaseException:
+            self.close()
+            raise
 
     def close(self) -> None:
         if self.handle:
@@ -372,6 +385,9 @@ class Context:
 
         ptr = lib.llama_get_logits_ith(self.handle, i)
         return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,))
+
+    def pooling_type(self) -> int:
+        return int(lib.llama_pooling_type(self.handle))
 
     def clear_memory(self) -> None:
         lib.llama_memory_clear(self.memory, True)

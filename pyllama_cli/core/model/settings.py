@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...errors import UsageError
+from .adapters import AdapterSettings
 
 DEFAULT_N_CTX = 0  # 0 = the model's trained context length
 DEFAULT_N_BATCH = 2048
@@ -92,6 +93,7 @@ class LoadSettings:
     main_gpu: int | None = None
     cpu: CpuPlacement = CpuPlacement()  # the generation pool's CPUs, priority, polling
     cpu_batch: CpuPlacement | None = None  # the batch pool's (-Cb, --prio-batch, ...); None = same as `cpu`
+    adapters: AdapterSettings = AdapterSettings()  # --lora, --control-vector and their scales
 
     def resolved_threads(self) -> int:
         return self.n_threads if self.n_threads > 0 else default_threads()

@@ -13,7 +13,8 @@ import numpy as np
 from ...errors import InputError, Interrupted, ServerShutdown
 from ..generate.decide import STOP_INTERRUPTED
 from ..generate.stats import GenerationStats
-from ..model.settings import LoadSettings
+from ..embed.compute import embed_inputs
+from ..embed.pooling import embedding_context
 from .engine import CLOSED, READY, Engine
 from .jobs import EmbeddingJob, EngineStats, Event, GenerationJob, JobStream, ModelSummary
 
@@ -21,9 +22,10 @@ from .jobs import EmbeddingJob, EngineStats, Event, GenerationJob, JobStream, Mo
 class EmbeddingEngine(Engine):
     """One worker thread owns the model and its embedding context and runs queued jobs in order."""
 
-    def __init__(self, *args: Any, **kwargs: Any):
+    def __init__(self, *args: Any, pooling: int = -1, embd_normalize: int = 2, **kwargs: Any):
         kwargs["embeddings"] = True
         super().__init__(*args, **kwargs)
+        self.pooling, self.embd_normalize = pooling, embd_normalize  # --pooling (-1: the model's), --embd-normalize
         self._jobs: queue.Queue[JobStream | None] = queue.Queue()
         self._lock = threading.Lock()
         self._stats = EngineStats()
@@ -72,7 +74,8 @@ class EmbeddingEngine(Engine):
         session = self._open_session(None)
         try:
             # Pooling needs a whole input in one micro-batch.
-            session.ctx = _embedding_context(session.model, replace(self.settings, n_ubatch=self.settings.n_batch))
+            session.ctx = embedding_context(session.model, self.settings, self.pooling)
+            self.pooling = session.ctx.pooling_type()  # what the context pools with (the model's own, if -1)
         except BaseException:
             session.close()
             raise
@@ -126,35 +129,5 @@ class EmbeddingEngine(Engine):
             s.embedding_inputs += len(job.inputs) if outcome == "done" else 0
 
     def _embed(self, job: EmbeddingJob, stream: JobStream) -> list[np.ndarray]:
-        from ..model.native import Batch, lib
-
-        ctx = self.session.ctx
-        vectors = []
-        with Batch(ctx.n_batch) as batch:
-            for ids in job.inputs:
-                if len(ids) > ctx.n_batch:
-                    raise InputError(f"an input has {len(ids)} tokens but at most {ctx.n_batch} fit in one batch",
-                                     hint="restart the server with a larger -b/--batch-size")
-                if stream.cancelled:
-                    raise Interrupted("embedding cancelled")
-                ctx.clear_memory()
-                batch.clear()
-                for pos, token in enumerate(ids):
-                    batch.add(token, pos, (0,), True)
-                ctx.decode(batch)
-                ptr = lib.llama_get_embeddings_seq(ctx.handle, 0)
-                vector = np.ctypeslib.as_array(ptr, shape=(self.model.n_embd,)).astype(np.float32)
-                norm = float(np.linalg.norm(vector))
-                vectors.append(vector / norm if norm > 0 else vector)
-        return vectors
-
-
-def _embedding_context(model: Any, settings: LoadSettings) -> Any:
-    """A context that returns pooled embeddings; mean pooling when the model declares none."""
-    from ..model.native import Context, lib
-
-    ctx = Context(model, settings, embeddings=True)
-    if lib.llama_pooling_type(ctx.handle) == lib.LLAMA_POOLING_TYPE_NONE:
-        ctx.close()
-        ctx = Context(model, settings, embeddings=True, pooling_type=lib.LLAMA_POOLING_TYPE_MEAN)
-    return ctx
+        mode = self.embd_normalize if job.normalize is None else job.normalize
+        return embed_inputs(self.session.ctx, job.inputs, mode, lambda: stream.cancelled)

@@ -46,6 +46,7 @@ class GenerationJob:
     progress: bool = False
     post_sampling: bool = False
     think_budget: BudgetSpec | None = None  # close the think block after this many tokens
+    lora: tuple[float, ...] | None = None  # the request's scale of each LoRA adapter (None: the global scales)
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,7 @@ class EmbeddingJob:
     """One pooled, L2-normalised embedding per input (token ids)."""
 
     inputs: tuple[tuple[int, ...], ...]
+    normalize: int | None = None  # --embd-normalize's modes; None: the server's (a rerank's scores: -1, none)
 
 
 @dataclass(frozen=True)

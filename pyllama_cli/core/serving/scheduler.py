@@ -13,6 +13,11 @@ with nothing to draft adds one token, as without speculation.
 
 Requests beyond N wait in a FIFO queue. A new request goes to the idle slot whose cached tokens
 share the longest prefix with its prompt, and only the rest of the prompt is evaluated.
+
+LoRA adapters apply to the whole context, so a step runs the slots of one adapter set only (the
+sets of the busy slots take turns, step by step), and a slot's cached tokens are reused only by a
+request with the adapter set that made them (see lora_sets.py; the prompt cache, cache/, keeps
+each entry's set too).
 The HTTP layer only submits jobs and reads `JobStream`s; it never touches llama.cpp.
 """
 
@@ -39,7 +44,9 @@ from .engine import BROKEN, CLOSED, READY, Engine
 from .jobs import EmbeddingJob, EngineStats, Event, GenerationJob, JobStream, ModelSummary
 from .cut import StepCut, roll_back
 from .post_sampling import post_sampling_prob
-from .slots import GENERATING, IDLE, PREFILL, PaddingTrial, Slot, plan_drafts, plan_prefill
+from .lora_sets import LoraTurns
+from .slots import (GENERATING, IDLE, PREFILL, PaddingTrial, Slot, add_slot_tokens, plan_drafts,
+                    plan_prefill)
 
 
 class ParallelEngine(Engine):
@@ -73,6 +80,7 @@ class ParallelEngine(Engine):
         self._slot_tasks: list[tuple[int, Callable[[Any, Slot], Any], Future[Any]]] = []  # guarded by _cond
         self._cut = StepCut()  # aborts the step in flight (cut.py)
         self._marks: dict[int, int] = {}  # each slot's cached length before this step
+        self.lora = LoraTurns()  # the LoRA adapters and whose turn it is (set by _load)
 
     # ---------------------------------------------------------------- Engine interface
 
@@ -183,6 +191,7 @@ class ParallelEngine(Engine):
             session.close()
             raise
         self.summary = ModelSummary.of(self.path, session.model, self._ctx, n_ctx=self.n_ctx_slot, embeddings=False)
+        self.lora = LoraTurns(session.model.adapters)
         if self.cache_settings is not None and self.cache_settings.enabled:
             from .cache.prompt_cache import open_prompt_cache
 
@@ -293,11 +302,13 @@ class ParallelEngine(Engine):
         job: GenerationJob = stream.job  # type: ignore[assignment]
         slot.sampler = Sampler(self.model, job.sampling)
         slot.sampler.accept_prompt(prompt)
-        reuse = reusable_prefix(slot.cached, prompt) if job.cache_prompt else 0
-        if self.prompt_cache is not None:
-            reuse, _ = self.prompt_cache.prepare(self._ctx, slot, self.slots, prompt, reuse, job.cache_prompt)
+        lora = self.lora.scales_of(job)  # the slot's cells serve only the adapter set that made them
+        reuse = reusable_prefix(slot.cached, prompt) if job.cache_prompt and lora == slot.lora else 0
+        if self.prompt_cache is not None:  # saves the slot's cells under slot.lora, the set that made them
+            reuse, _ = self.prompt_cache.prepare(self._ctx, slot, self.slots, prompt, reuse, job.cache_prompt, lora)
         else:
             self._ctx.remove_tokens(slot.id, reuse, -1)
+        slot.lora = lora
         slot.cached = prompt[:reuse]
         slot.pending = prompt[reuse:]
         slot.stream, slot.state = stream, PREFILL
@@ -332,31 +343,21 @@ class ParallelEngine(Engine):
         self._marks = {slot.id: len(slot.cached) for slot in self.slots}
         room = self._ctx.n_batch - sum(slot.state == GENERATING for slot in self.slots)
         room -= plan_drafts(self.slots, self.speculative, self.n_ctx_slot, room)
-        candidate = self._pad_candidate()
+        turn = self.lora.next_turn(self._ctx, self.slots)
+        candidate = self._pad_candidate() if turn is None else None
         self._timing_padding = candidate is not None and self._padding.decision is None
         pad_slot = candidate if candidate is not None and self._padding.choose() else None
         self._pad = None
-        chunks = plan_prefill(self.slots, room)
+        chunks = plan_prefill([s for s in self.slots if turn is None or s.lora == turn], room)  # this turn's slots
         for slot in self.slots:
             slot.batch_index, slot.in_batch = -1, False
+            if turn is not None and slot.state != IDLE and slot.lora != turn:
+                continue  # another adapter set's turn: this slot waits for its own
             if slot is pad_slot:
                 self._pad = (slot, len(slot.cached))
                 batch.add(0, len(slot.cached), (slot.id,), False)
-            elif slot.state == GENERATING:
-                slot.batch_index, slot.in_batch = batch.n_tokens, True
-                for token in [slot.last_token, *slot.drafts]:
-                    batch.add(token, len(slot.cached), (slot.id,), True)
-                    slot.cached.append(token)
-            elif slot.state == PREFILL and chunks.get(slot.id, 0) > 0:
-                n = chunks[slot.id]
-                chunk, slot.pending = slot.pending[:n], slot.pending[n:]
-                slot.in_batch = True
-                for k, token in enumerate(chunk):
-                    last = not slot.pending and k == len(chunk) - 1
-                    if last:
-                        slot.batch_index = batch.n_tokens
-                    batch.add(token, len(slot.cached), (slot.id,), last)
-                    slot.cached.append(token)
+            else:
+                add_slot_tokens(slot, batch, chunks.get(slot.id, 0))
         return batch.n_tokens > 0
 
     def _pad_candidate(self) -> Slot | None:

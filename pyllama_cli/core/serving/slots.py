@@ -34,6 +34,7 @@ class Slot:
     requests_served: int = 0
     drafter: Any = None  # this slot's speculative drafter (None: no speculation)
     drafts: list[int] = field(default_factory=list)  # tokens drafted after last_token in this step's batch
+    lora: tuple[float, ...] = ()  # the LoRA scales the request runs with, and that made the cached tokens
 
     def plan_draft(self, n_ctx: int, n_max: int, n_min: int) -> list[int]:
         """What to draft after `last_token` this step (nothing without a drafter or room for one)."""
@@ -138,3 +139,23 @@ class PaddingTrial:
         self.seconds[padded].append(seconds)
         if all(len(times) >= self.TRIALS for times in self.seconds.values()):
             self.decision = statistics.median(self.seconds[True]) < statistics.median(self.seconds[False])
+
+
+def add_slot_tokens(slot: Slot, batch: Any, n_prompt: int) -> None:
+    """Add a slot's tokens to the step's batch: a generating slot's last token and its draft (logits at
+    each), or a prefilling slot's next `n_prompt` prompt tokens (plan_prefill's share; logits at the
+    prompt's last)."""
+    if slot.state == GENERATING:
+        slot.batch_index, slot.in_batch = batch.n_tokens, True
+        for token in [slot.last_token, *slot.drafts]:
+            batch.add(token, len(slot.cached), (slot.id,), True)
+            slot.cached.append(token)
+    elif slot.state == PREFILL and n_prompt > 0:
+        chunk, slot.pending = slot.pending[:n_prompt], slot.pending[n_prompt:]
+        slot.in_batch = True
+        for k, token in enumerate(chunk):
+            last = not slot.pending and k == len(chunk) - 1
+            if last:
+                slot.batch_index = batch.n_tokens
+            batch.add(token, len(slot.cached), (slot.id,), last)
+            slot.cached.append(token)

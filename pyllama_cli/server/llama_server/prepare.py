@@ -53,7 +53,7 @@ def _jobs(engine: Engine, settings: ServerSettings, req: NativeFields, prompts: 
                           max_tokens=rules.budget(requested, len(ids), engine, settings, "prompt"),
                           n_probs=req.n_probs if req.n_probs > 0 else -1, id_slot=req.id_slot,
                           cache_prompt=req.cache_prompt, progress=req.return_progress,
-                          post_sampling=req.post_sampling_probs)
+                          post_sampling=req.post_sampling_probs, lora=rules.job_lora(engine, req.lora))
             for ids in prompts]
     return NativeJobs(jobs, req, requested)
 

@@ -104,6 +104,9 @@ def _add_embedding_routes(app: FastAPI, names: Names) -> None:
 def _embedder(engine: Engine) -> Engine:
     if not spine.ready(engine).embeddings:
         raise APIError(400, "this server does not compute embeddings: start it with --embeddings")
+    if getattr(engine, "pooling", -1) in (0, 4):  # none: a vector per token; rank: scores (POST /rerank)
+        raise APIError(400, "this server's pooling gives no vector per input: restart it with --pooling mean, "
+                       "cls or last")
     return engine
 
 
@@ -124,7 +127,8 @@ async def _embed(engine: Engine, texts: list[str], truncate: bool, param: str) -
             raise APIError(400, f"{param}: an input has no tokens", param=param)
         inputs.append(tuple(ids))
     vectors: list[np.ndarray] = []
-    async for ev in engine.submit(EmbeddingJob(tuple(inputs))):
+    # ollama's embeddings are always L2-normalised, whatever the server's --embd-normalize.
+    async for ev in engine.submit(EmbeddingJob(tuple(inputs), normalize=2)):
         vectors = ev.embeddings or vectors
     return vectors, sum(len(ids) for ids in inputs)
 

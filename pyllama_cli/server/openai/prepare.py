@@ -62,7 +62,7 @@ def prepare_chat(engine: Engine, settings: ServerSettings, req: ChatCompletionRe
         prompt=tuple(ids), sampling=rules.sampling(req, settings, grammar, engine),
         max_tokens=rules.budget(requested, len(ids), engine, settings, "messages"), stop=rules.stops(req.stop, settings),
         n_probs=(req.top_logprobs or 0) if req.logprobs else -1, id_slot=req.id_slot, cache_prompt=req.cache_prompt,
-        progress=req.return_progress, think_budget=budget_spec,
+        progress=req.return_progress, think_budget=budget_spec, lora=rules.job_lora(engine, req.lora),
     )
     return PreparedChat(job, plan, bool(req.logprobs), extras_of(req, prompt), thinking)
 
@@ -106,7 +106,8 @@ def prepare_completion(engine: Engine, settings: ServerSettings, req: Completion
     for ids in prompt_tokens(engine, req.prompt, "prompt"):
         jobs.append(GenerationJob(prompt=tuple(ids), sampling=sampling,
                                   max_tokens=rules.budget(requested, len(ids), engine, settings, "prompt"), stop=stop,
-                                  n_probs=req.logprobs if req.logprobs is not None else -1))
+                                  n_probs=req.logprobs if req.logprobs is not None else -1,
+                                  lora=rules.job_lora(engine, req.lora)))
     return jobs
 
 

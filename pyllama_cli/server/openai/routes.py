@@ -58,6 +58,10 @@ def add_routes(app: FastAPI, models: ModelSet) -> None:
         if not engine.embeddings:
             raise APIError(400, "this server does not compute embeddings: start it with --embeddings",
                            code="not_supported")
+        if getattr(engine, "pooling", -1) in (0, 4):  # none: a vector per token; rank: scores (POST /rerank)
+            raise APIError(400, f"this server pools with {'none' if engine.pooling == 0 else 'rank'}: its "  # type: ignore[attr-defined]
+                           "embeddings are not one vector per input; restart it with --pooling mean, cls or last",
+                           code="not_supported")
         inputs = await run_in_threadpool(prompt_tokens, engine, body.input, "input")
         for ids in inputs:
             if len(ids) >= engine.n_ctx or len(ids) > engine.summary.n_batch:

@@ -20,8 +20,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ...core.model.adapters import AdapterFile, AdapterSettings
 from ...core.model.settings import KV_CACHE_TYPES
 from ...errors import UsageError
+
+def preset_loras(value: str) -> AdapterSettings:
+    """`lora = a.gguf, b.gguf`: the model's LoRA adapters at scale 1 (paths relative to the working folder)."""
+    return AdapterSettings(loras=tuple(AdapterFile(Path(item.strip()).expanduser().resolve())
+                                       for item in value.split(",") if item.strip()))
+
 
 # key (every spelling) -> (setting, type). Settings: LoadSettings fields, `parallel`, sampling fields
 # (SamplingSettings), the server's own (`n_predict`, `chat_template`, `aliases`) and `model`, `load_on_startup`.
@@ -48,6 +55,7 @@ _KEYS: dict[tuple[str, ...], tuple[str, type]] = {
     ("s", "seed"): ("seed", int),
     ("m", "model", "LLAMA_ARG_MODEL"): ("model", Path),
     ("load-on-startup",): ("load_on_startup", bool),
+    ("lora", "LLAMA_ARG_LORA"): ("adapters", preset_loras),
     # KV cache types and llama.cpp's newer samplers
     ("ctk", "cache-type-k", "LLAMA_ARG_CACHE_TYPE_K"): ("cache_type_k", str),
     ("ctv", "cache-type-v", "LLAMA_ARG_CACHE_TYPE_V"): ("cache_type_v", str),
@@ -74,7 +82,7 @@ CLI_PARAMS = {"n_ctx": "ctx_size", "parallel": "parallel", "n_threads": "threads
               "cache_type_v": "cache_type_v", "dry_multiplier": "dry_multiplier", "dry_base": "dry_base",
               "dry_allowed_length": "dry_allowed_length", "dry_penalty_last_n": "dry_penalty_last_n",
               "xtc_probability": "xtc_probability", "xtc_threshold": "xtc_threshold", "top_n_sigma": "top_n_sigma",
-              "dynatemp_range": "dynatemp_range", "dynatemp_exponent": "dynatemp_exp"}
+              "dynatemp_range": "dynatemp_range", "dynatemp_exponent": "dynatemp_exp", "adapters": "lora"}
 _TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
 
 

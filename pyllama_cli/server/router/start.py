@@ -149,6 +149,7 @@ def serve_router(socks: list[socket.socket], models: list[PoolModel], preload: t
     """
     import signal
 
+    from ...core.embed.pooling import RANK, has_classification_head
     from ...errors import ServerShutdown
     from .. import run
     from ..app import create_app
@@ -159,8 +160,10 @@ def serve_router(socks: list[socket.socket], models: list[PoolModel], preload: t
 
     def make_engine(model: PoolModel, **callbacks: Any) -> Any:
         # Speculation applies to every model; a -md draft whose vocabulary is not a model's fails that model's load.
-        return run.make_engine(model.path, model.load, False, model.parallel, model.kv_unified, settings.speculative,
-                               prompt_cache=settings.prompt_cache, **callbacks)
+        # A model with a classification head is a reranker: it answers POST /v1/rerank, as `serve --rerank` does.
+        rank = has_classification_head(model.path)
+        return run.make_engine(model.path, model.load, rank, model.parallel, model.kv_unified, settings.speculative,
+                               RANK if rank else -1, prompt_cache=settings.prompt_cache, **callbacks)
 
     pool = EnginePool(models, make_engine, max_loaded=options.models_max, idle_seconds=options.idle_seconds,
                       report=say)

@@ -219,7 +219,7 @@ class PromptCache:
 
 def _lora_of(slot: Any) -> Scales:
     """The adapter set that made the slot's cells (() on an engine without adapters)."""
-    return tuple(getattr(slot, "lora", ()))
+    return tuple(slot.lora)
 
 
 def open_prompt_cache(settings: CacheSettings, engine: Any, model: Any) -> PromptCache | None:
@@ -238,5 +238,5 @@ def open_prompt_cache(settings: CacheSettings, engine: Any, model: Any) -> Promp
     key = cache_key(engine.path, n_ctx_slot=engine.n_ctx_slot, kv_unified=engine.kv_unified,
                     flash_attn=str(load.flash_attn), template=template, type_k=load.cache_type_k,
                     type_v=load.cache_type_v, rope={name: getattr(load, name) for name in _ROPE_FIELDS},
-                    adapters=getattr(load, "adapters", None))
+                    adapters=load.adapters)
     return PromptCache(settings, key, f"{engine.path.name}#{id(engine)}", kv_unified=engine.kv_unified)

@@ -14,8 +14,8 @@ from typing import Annotated, Any
 
 import typer
 
-from ..core.model.settings import INT32_MAX, SPLIT_MODES, parse_overrides
-from ..errors import UsageError
+from ...core.model.settings import INT32_MAX, SPLIT_MODES, parse_overrides
+from ...errors import UsageError
 
 PLACEMENT_PANEL = "Devices"
 

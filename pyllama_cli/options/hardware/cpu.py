@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
-from ..core.model.settings import DEFAULT_POLL, MAX_THREADS, PRIORITIES, CpuPlacement, parse_cpu_mask, parse_cpu_range
+from ...core.model.settings import DEFAULT_POLL, MAX_THREADS, PRIORITIES, CpuPlacement, parse_cpu_mask, parse_cpu_range
 
 CPU_PANEL = "CPU threads"
 _PRIO_HELP = ", ".join(f"{name} ({value})" for value, name in PRIORITIES.items())

@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from ..core.model.settings import parse_devices, parse_rpc, parse_tensor_split
+from ...core.model.settings import parse_devices, parse_rpc, parse_tensor_split
 
 __all__ = ["parse_devices", "parse_rpc", "parse_tensor_split"]  # the commands read the flags through here
 
@@ -44,7 +44,7 @@ BenchTensorSplitOpt = Annotated[list[str] | None, typer.Option(
 
 def list_devices(rpc: tuple[str, ...]) -> None:
     """Print every device (after adding the RPC servers) with its memory, as llama.cpp's --list-devices."""
-    from ..core.model.rpc import add_servers, devices
+    from ...core.model.rpc import add_servers, devices
 
     add_servers(rpc)
     lines = ["Available devices:"] + [f"  {dev.line()}" for dev in devices()]
