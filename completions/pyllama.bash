@@ -169,7 +169,8 @@ _pyllama_spec() {
                 --swa-full -kvo --kv-offload -nkvo --no-kv-offload --rope-scaling= --rope-scale= \
                 --rope-freq-base= --rope-freq-scale= --yarn-orig-ctx= --yarn-ext-factor= --yarn-attn-factor= \
                 --yarn-beta-slow= --yarn-beta-fast= -ot= --override-tensor= -cmoe --cpu-moe -ncmoe= \
-                --n-cpu-moe= -sm= --split-mode= -mg= --main-gpu= -h --help"
+                --n-cpu-moe= -sm= --split-mode= -mg= --main-gpu= -fit= --fit= -fitt= --fit-target= -fitc= \
+                --fit-ctx= -h --help"
             ;;
         "complete")
             subs=""
@@ -196,7 +197,7 @@ _pyllama_spec() {
                 --no-kv-offload --rope-scaling= --rope-scale= --rope-freq-base= --rope-freq-scale= \
                 --yarn-orig-ctx= --yarn-ext-factor= --yarn-attn-factor= --yarn-beta-slow= --yarn-beta-fast= \
                 -ot= --override-tensor= -cmoe --cpu-moe -ncmoe= --n-cpu-moe= -sm= --split-mode= -mg= \
-                --main-gpu= -h --help"
+                --main-gpu= -fit= --fit= -fitt= --fit-target= -fitc= --fit-ctx= -h --help"
             ;;
         "completion")
             subs="install show"
@@ -234,12 +235,13 @@ _pyllama_spec() {
                 --no-kv-offload --rope-scaling= --rope-scale= --rope-freq-base= --rope-freq-scale= \
                 --yarn-orig-ctx= --yarn-ext-factor= --yarn-attn-factor= --yarn-beta-slow= --yarn-beta-fast= \
                 -ot= --override-tensor= -cmoe --cpu-moe -ncmoe= --n-cpu-moe= -sm= --split-mode= -mg= \
-                --main-gpu= -h --help"
+                --main-gpu= -fit= --fit= -fitt= --fit-target= -fitc= --fit-ctx= -h --help"
             ;;
         "info")
             subs=""
-            opts="--json --template --metadata -m= --model= -hf= --hf-repo= -hff= --hf-file= -hft= \
-                --hf-token= --offline -h --help"
+            opts="--json --template --metadata --fit -fitt= --fit-target= -fitc= --fit-ctx= -c= --ctx-size= \
+                -ctk= --cache-type-k= -ctv= --cache-type-v= -m= --model= -hf= --hf-repo= -hff= --hf-file= \
+                -hft= --hf-token= --offline -h --help"
             ;;
         "list")
             subs=""
@@ -258,7 +260,8 @@ _pyllama_spec() {
                 --swa-full -kvo --kv-offload -nkvo --no-kv-offload --rope-scaling= --rope-scale= \
                 --rope-freq-base= --rope-freq-scale= --yarn-orig-ctx= --yarn-ext-factor= --yarn-attn-factor= \
                 --yarn-beta-slow= --yarn-beta-fast= -ot= --override-tensor= -cmoe --cpu-moe -ncmoe= \
-                --n-cpu-moe= -sm= --split-mode= -mg= --main-gpu= -h --help"
+                --n-cpu-moe= -sm= --split-mode= -mg= --main-gpu= -fit= --fit= -fitt= --fit-target= -fitc= \
+                --fit-ctx= -h --help"
             ;;
         "ps")
             subs=""
@@ -312,7 +315,8 @@ _pyllama_spec() {
                 --swa-full -kvo --kv-offload -nkvo --no-kv-offload --rope-scaling= --rope-scale= \
                 --rope-freq-base= --rope-freq-scale= --yarn-orig-ctx= --yarn-ext-factor= --yarn-attn-factor= \
                 --yarn-beta-slow= --yarn-beta-fast= -ot= --override-tensor= -cmoe --cpu-moe -ncmoe= \
-                --n-cpu-moe= -sm= --split-mode= -mg= --main-gpu= -h --help"
+                --n-cpu-moe= -sm= --split-mode= -mg= --main-gpu= -fit= --fit= -fitt= --fit-target= -fitc= \
+                --fit-ctx= -h --help"
             ;;
         "stop")
             subs=""
@@ -370,7 +374,8 @@ _pyllama_value() {
                 typ_p xtc ;;
         "chat|-ctk" | "chat|--cache-type-k" | "chat|-ctv" | "chat|--cache-type-v" | "complete|-ctk" | \
         "complete|--cache-type-k" | "complete|-ctv" | "complete|--cache-type-v" | "imatrix|-ctk" | \
-        "imatrix|--cache-type-k" | "imatrix|-ctv" | "imatrix|--cache-type-v" | "perplexity|-ctk" | \
+        "imatrix|--cache-type-k" | "imatrix|-ctv" | "imatrix|--cache-type-v" | "info|-ctk" | \
+        "info|--cache-type-k" | "info|-ctv" | "info|--cache-type-v" | "perplexity|-ctk" | \
         "perplexity|--cache-type-k" | "perplexity|-ctv" | "perplexity|--cache-type-v" | "serve|-ctk" | \
         "serve|--cache-type-k" | "serve|-ctv" | "serve|--cache-type-v")
             _pyllama_values none bf16 f16 f32 iq4_nl q4_0 q4_1 q5_0 q5_1 q8_0 ;;
@@ -381,6 +386,9 @@ _pyllama_value() {
         "imatrix|--split-mode" | "perplexity|-sm" | "perplexity|--split-mode" | "serve|-sm" | \
         "serve|--split-mode")
             _pyllama_values none layer none row tensor ;;
+        "chat|-fit" | "chat|--fit" | "complete|-fit" | "complete|--fit" | "imatrix|-fit" | "imatrix|--fit" | \
+        "perplexity|-fit" | "perplexity|--fit" | "serve|-fit" | "serve|--fit")
+            _pyllama_values none on off ;;
         "list|--models-dir" | "serve|--slot-save-path" | "serve|--models-dir")
             _pyllama_values dir ;;
         "quantize|--output-tensor-type" | "quantize|--token-embedding-type")

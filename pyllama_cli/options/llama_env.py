@@ -43,7 +43,8 @@ LLAMA_ARG_ENV = {
     "--spec-type": "LLAMA_ARG_SPEC_TYPE", "--draft-max": "LLAMA_ARG_DRAFT_MAX", "--draft-min": "LLAMA_ARG_DRAFT_MIN",
     "--n-gpu-layers-draft": "LLAMA_ARG_N_GPU_LAYERS_DRAFT", "--cont-batching": "LLAMA_ARG_CONT_BATCHING",
     "--cache-reuse": "LLAMA_ARG_CACHE_REUSE", "--embeddings": "LLAMA_ARG_EMBEDDINGS",
-    "--kv-unified": "LLAMA_ARG_KV_UNIFIED",
+    "--kv-unified": "LLAMA_ARG_KV_UNIFIED", "--fit": "LLAMA_ARG_FIT", "--fit-target": "LLAMA_ARG_FIT_TARGET",
+    "--fit-ctx": "LLAMA_ARG_FIT_CTX",
 }
 
 
