@@ -240,8 +240,8 @@ _pyllama_spec() {
         "info")
             subs=""
             opts="--json --template --metadata --fit -fitt= --fit-target= -fitc= --fit-ctx= -c= --ctx-size= \
-                -ctk= --cache-type-k= -ctv= --cache-type-v= -m= --model= -hf= --hf-repo= -hff= --hf-file= \
-                -hft= --hf-token= --offline -h --help"
+                -ub= --ubatch-size= -ctk= --cache-type-k= -ctv= --cache-type-v= -m= --model= -hf= --hf-repo= \
+                -hff= --hf-file= -hft= --hf-token= --offline -h --help"
             ;;
         "list")
             subs=""

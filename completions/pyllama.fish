@@ -465,6 +465,7 @@ complete -c pyllama -n '__pyllama_using info' -l fit -d 'Print the context size 
 complete -c pyllama -n '__pyllama_using info' -o fitt -l fit-target -d 'Memory to leave free per device for --fit, in MiB (one value is used for all; with no GPU, the host\'s total memory is the budget).' -x
 complete -c pyllama -n '__pyllama_using info' -o fitc -l fit-ctx -d 'The smallest context size --fit may choose.' -x
 complete -c pyllama -n '__pyllama_using info' -s c -l ctx-size -d 'With --fit: the context size the command would get (0 = unset, --fit chooses).' -x
+complete -c pyllama -n '__pyllama_using info' -o ub -l ubatch-size -d 'With --fit: the physical batch size.' -x
 complete -c pyllama -n '__pyllama_using info' -o ctk -l cache-type-k -d 'With --fit: the K cache type.' -x -a '(__pyllama_values none bf16 f16 f32 iq4_nl q4_0 q4_1 q5_0 q5_1 q8_0)'
 complete -c pyllama -n '__pyllama_using info' -o ctv -l cache-type-v -d 'With --fit: the V cache type.' -x -a '(__pyllama_values none bf16 f16 f32 iq4_nl q4_0 q4_1 q5_0 q5_1 q8_0)'
 complete -c pyllama -n '__pyllama_using info' -s m -l model -d 'Local GGUF model file.' -x -a '(__pyllama_values gguf)'

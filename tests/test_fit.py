@@ -101,18 +101,22 @@ def _completion() -> Path | None:
 
 @pytest.mark.reference
 @pytest.mark.skipif(_completion() is None, reason="set LLAMA_CPP_BIN to a folder with llama-completion")
-@pytest.mark.parametrize("budget_mib", [150, 300, 420])
-def test_fit_chooses_llama_cpps_context_size(long_model: Path, budget_mib: int) -> None:
-    """A trained context of 262144 tokens (522 MiB projected) in a budget of 150-420 MiB: both reduce it
-    to the same size."""
+@pytest.mark.parametrize(("budget_mib", "flags"), [
+    (150, ()), (300, ()), (420, ()), (200, ("-ub", "128")),
+    (200, ("-ctk", "q8_0", "-ctv", "q8_0")), (250, ("-ctk", "q4_0", "-ctv", "q4_0")),
+])
+def test_fit_chooses_llama_cpps_context_size(long_model: Path, budget_mib: int, flags: tuple[str, ...]) -> None:
+    """A trained context of 262144 tokens (522 MiB projected with an f16 cache) in a budget of 150-420 MiB:
+    both reduce it to the same size, counting the ubatch and the cache types."""
     margin = margin_for_budget(budget_mib)
-    ref = subprocess.run([str(_completion()), "-m", str(long_model), "-fitt", margin, "-p", "hi", "-n", "1",
+    ref = subprocess.run([str(_completion()), "-m", str(long_model), "-fitt", margin, *flags, "-p", "hi", "-n", "1",
                           "-no-cnv", "--verbose", "-t", "1"], capture_output=True, text=True, errors="replace", timeout=120)
     assert ref.returncode == 0, ref.stderr[-2000:]
     expected = context_of(ref.stderr)
     assert expected < N_CTX_TRAIN  # the budget did make llama.cpp reduce it
-    ours = run_cli("complete", "-m", str(long_model), "-fitt", margin, "-p", "hi", "-n", "1", "--verbose", "-t", "1")
+    ours = run_cli("complete", "-m", str(long_model), "-fitt", margin, *flags, "-p", "hi", "-n", "1", "--verbose",
+                   "-t", "1")
     assert ours.exit_code == 0, ours.stderr
     assert context_of(ours.stderr) == expected
-    info = run_cli("info", "-m", str(long_model), "--fit", "-fitt", margin)
+    info = run_cli("info", "-m", str(long_model), "--fit", "-fitt", margin, *flags)
     assert info.stdout.splitlines()[0] == f"n_ctx: {expected}"

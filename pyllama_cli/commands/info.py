@@ -39,6 +39,8 @@ def info(
     fit_ctx: FitCtxOpt = 4096,
     ctx_size: Annotated[int, typer.Option("-c", "--ctx-size", help="With --fit: the context size the command "
                                           "would get (0 = unset, --fit chooses).", rich_help_panel="Memory fit")] = 0,
+    ubatch_size: Annotated[int, typer.Option("-ub", "--ubatch-size", help="With --fit: the physical batch size.",
+                                             rich_help_panel="Memory fit")] = 512,
     cache_type_k: Annotated[str, typer.Option("-ctk", "--cache-type-k", help="With --fit: the K cache type.",
                                               rich_help_panel="Memory fit")] = "f16",
     cache_type_v: Annotated[str, typer.Option("-ctv", "--cache-type-v", help="With --fit: the V cache type.",
@@ -49,7 +51,7 @@ def info(
         raise UsageError("--template, --metadata and --fit print different things: pick one")
     resolved = resolve_model(model, tqdm_class=download_tqdm())
     if fit:
-        _print_fit(preview_fit(read_headers(resolved), _fit_context(cache_type_k, cache_type_v), n_ctx=ctx_size,
+        _print_fit(preview_fit(read_headers(resolved), _fit_context(ubatch_size, cache_type_k, cache_type_v), n_ctx=ctx_size,
                                margin_bytes=parse_fit_target(fit_target), n_ctx_min=check_fit_ctx(fit_ctx)), as_json)
         return
     details, head = describe_model(resolved)
@@ -84,11 +86,13 @@ def _print_metadata(summary: dict[str, Any], as_json: bool) -> None:
         typer.echo(f"{key:<{width}}  {shown.translate(_CONTROL_ESCAPES)}")
 
 
-def _fit_context(cache_type_k: str, cache_type_v: str) -> ContextShape:
+def _fit_context(n_ubatch: int, cache_type_k: str, cache_type_v: str) -> ContextShape:
+    if n_ubatch < 1:
+        raise UsageError(f"-ub {n_ubatch}: must be 1 or more")
     for flag, value in (("-ctk", cache_type_k), ("-ctv", cache_type_v)):
         if value not in KV_CACHE_TYPES:
             raise UsageError(f"{flag} {value!r} is not a cache type", hint=f"allowed values: {', '.join(KV_CACHE_TYPES)}")
-    return ContextShape(cache_type_k=cache_type_k, cache_type_v=cache_type_v)
+    return ContextShape(n_ubatch=n_ubatch, cache_type_k=cache_type_k, cache_type_v=cache_type_v)
 
 
 def _print_fit(plan: dict[str, Any], as_json: bool) -> None:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from ..gguf.reader import GGUFFile, read_gguf
 from .library import LOG_INFO, gpu_device_present, lib, log_line
-from .settings import KV_CACHE_TYPES, LoadSettings
+from .settings import KV_CACHE_TYPES, QUANTIZED_CACHE_TYPES, LoadSettings
 
 if TYPE_CHECKING:
     from .memory import LoadedModel
@@ -86,6 +86,8 @@ def projected_bytes(model: ModelShape, n_ctx: int, ctx: ContextShape) -> int:
     # flash attention keeps one f16 mask row a token of the ubatch; without it, f32 scores a head
     attention = ctx.n_ubatch * 2 if ctx.flash_attn else ctx.n_ubatch * model.n_head * 4
     fixed = ctx.n_ubatch * 4 * (model.n_vocab + 2 * model.n_embd + model.n_ff)  # logits and activations
+    if {ctx.cache_type_k, ctx.cache_type_v} & QUANTIZED_CACHE_TYPES:
+        fixed += ctx.n_ubatch * model.n_head * head_dim * 4  # the queries again, converted for a quantized cache
     return int(model.weight_bytes + n_ctx * (kv_per_token + attention) + fixed)
 
 
