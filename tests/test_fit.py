@@ -120,3 +120,15 @@ def test_fit_chooses_llama_cpps_context_size(long_model: Path, budget_mib: int, 
     assert context_of(ours.stderr) == expected
     info = run_cli("info", "-m", str(long_model), "--fit", "-fitt", margin, *flags)
     assert info.stdout.splitlines()[0] == f"n_ctx: {expected}"
+
+
+def test_fit_target_and_fit_from_llama_arg_variables(long_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLAMA_ARG_FIT_TARGET", margin_for_budget(150))
+    r = run_cli("complete", "-m", str(long_model), "-p", "hi", "-n", "1", "--verbose", "-c", "512")
+    assert context_of(r.stderr) == 512  # a set context is never fitted
+    monkeypatch.setenv("LLAMA_ARG_FIT", "off")
+    r = run_cli("info", "-m", str(long_model), "--fit", "-fitt", margin_for_budget(150))
+    assert r.stdout.splitlines()[0] == "n_ctx: 71680"  # info --fit previews the fit, whatever -fit says
+    monkeypatch.delenv("LLAMA_ARG_FIT")
+    r = run_cli("complete", "-m", str(long_model), "-p", "hi", "-n", "1", "--verbose")
+    assert "fit: context size reduced from 262144 to 71680" in r.stderr

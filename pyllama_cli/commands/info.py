@@ -47,8 +47,9 @@ def info(
                                               rich_help_panel="Memory fit")] = "f16",
 ) -> None:
     """Show what a GGUF model holds: architecture, size, quantization, vocab, template."""
-    if sum((template, metadata, fit)) > 1:
-        raise UsageError("--template, --metadata and --fit print different things: pick one")
+    given = [flag for flag, on in (("--template", template), ("--metadata", metadata), ("--fit", fit)) if on]
+    if len(given) > 1:
+        raise UsageError(f"{', '.join(given[:-1])} and {given[-1]} print different things: pick one")
     resolved = resolve_model(model, tqdm_class=download_tqdm())
     if fit:
         _print_fit(preview_fit(read_headers(resolved), _fit_context(ubatch_size, cache_type_k, cache_type_v), n_ctx=ctx_size,
