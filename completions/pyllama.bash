@@ -171,7 +171,7 @@ _pyllama_spec() {
                 --kv-offload -nkvo --no-kv-offload --rope-scaling= --rope-scale= --rope-freq-base= \
                 --rope-freq-scale= --yarn-orig-ctx= --yarn-ext-factor= --yarn-attn-factor= --yarn-beta-slow= \
                 --yarn-beta-fast= -ot= --override-tensor= -cmoe --cpu-moe -ncmoe= --n-cpu-moe= -sm= \
-                --split-mode= -mg= --main-gpu= -h --help"
+                --split-mode= -mg= --main-gpu= -fit= --fit= -fitt= --fit-target= -fitc= --fit-ctx= -h --help"
             ;;
         "complete")
             subs=""
@@ -199,7 +199,7 @@ _pyllama_spec() {
                 --kv-offload -nkvo --no-kv-offload --rope-scaling= --rope-scale= --rope-freq-base= \
                 --rope-freq-scale= --yarn-orig-ctx= --yarn-ext-factor= --yarn-attn-factor= --yarn-beta-slow= \
                 --yarn-beta-fast= -ot= --override-tensor= -cmoe --cpu-moe -ncmoe= --n-cpu-moe= -sm= \
-                --split-mode= -mg= --main-gpu= -h --help"
+                --split-mode= -mg= --main-gpu= -fit= --fit= -fitt= --fit-target= -fitc= --fit-ctx= -h --help"
             ;;
         "completion")
             subs="install show"
@@ -232,7 +232,7 @@ _pyllama_spec() {
                 --kv-offload -nkvo --no-kv-offload --rope-scaling= --rope-scale= --rope-freq-base= \
                 --rope-freq-scale= --yarn-orig-ctx= --yarn-ext-factor= --yarn-attn-factor= --yarn-beta-slow= \
                 --yarn-beta-fast= -ot= --override-tensor= -cmoe --cpu-moe -ncmoe= --n-cpu-moe= -sm= \
-                --split-mode= -mg= --main-gpu= -h --help"
+                --split-mode= -mg= --main-gpu= -fit= --fit= -fitt= --fit-target= -fitc= --fit-ctx= -h --help"
             ;;
         "gguf-split")
             subs=""
@@ -254,12 +254,13 @@ _pyllama_spec() {
                 --kv-offload -nkvo --no-kv-offload --rope-scaling= --rope-scale= --rope-freq-base= \
                 --rope-freq-scale= --yarn-orig-ctx= --yarn-ext-factor= --yarn-attn-factor= --yarn-beta-slow= \
                 --yarn-beta-fast= -ot= --override-tensor= -cmoe --cpu-moe -ncmoe= --n-cpu-moe= -sm= \
-                --split-mode= -mg= --main-gpu= -h --help"
+                --split-mode= -mg= --main-gpu= -fit= --fit= -fitt= --fit-target= -fitc= --fit-ctx= -h --help"
             ;;
         "info")
             subs=""
-            opts="--json --template --metadata -m= --model= -hf= --hf-repo= -hff= --hf-file= -hft= \
-                --hf-token= --offline -h --help"
+            opts="--json --template --metadata --fit -fitt= --fit-target= -fitc= --fit-ctx= -c= --ctx-size= \
+                -ub= --ubatch-size= -ctk= --cache-type-k= -ctv= --cache-type-v= -m= --model= -hf= --hf-repo= \
+                -hff= --hf-file= -hft= --hf-token= --offline -h --help"
             ;;
         "list")
             subs=""
@@ -280,7 +281,7 @@ _pyllama_spec() {
                 --kv-offload -nkvo --no-kv-offload --rope-scaling= --rope-scale= --rope-freq-base= \
                 --rope-freq-scale= --yarn-orig-ctx= --yarn-ext-factor= --yarn-attn-factor= --yarn-beta-slow= \
                 --yarn-beta-fast= -ot= --override-tensor= -cmoe --cpu-moe -ncmoe= --n-cpu-moe= -sm= \
-                --split-mode= -mg= --main-gpu= -h --help"
+                --split-mode= -mg= --main-gpu= -fit= --fit= -fitt= --fit-target= -fitc= --fit-ctx= -h --help"
             ;;
         "ps")
             subs=""
@@ -338,7 +339,7 @@ _pyllama_spec() {
                 --kv-offload -nkvo --no-kv-offload --rope-scaling= --rope-scale= --rope-freq-base= \
                 --rope-freq-scale= --yarn-orig-ctx= --yarn-ext-factor= --yarn-attn-factor= --yarn-beta-slow= \
                 --yarn-beta-fast= -ot= --override-tensor= -cmoe --cpu-moe -ncmoe= --n-cpu-moe= -sm= \
-                --split-mode= -mg= --main-gpu= -h --help"
+                --split-mode= -mg= --main-gpu= -fit= --fit= -fitt= --fit-target= -fitc= --fit-ctx= -h --help"
             ;;
         "stop")
             subs=""
@@ -400,7 +401,8 @@ _pyllama_value() {
         "chat|-ctk" | "chat|--cache-type-k" | "chat|-ctv" | "chat|--cache-type-v" | "complete|-ctk" | \
         "complete|--cache-type-k" | "complete|-ctv" | "complete|--cache-type-v" | "embed|-ctk" | \
         "embed|--cache-type-k" | "embed|-ctv" | "embed|--cache-type-v" | "imatrix|-ctk" | \
-        "imatrix|--cache-type-k" | "imatrix|-ctv" | "imatrix|--cache-type-v" | "perplexity|-ctk" | \
+        "imatrix|--cache-type-k" | "imatrix|-ctv" | "imatrix|--cache-type-v" | "info|-ctk" | \
+        "info|--cache-type-k" | "info|-ctv" | "info|--cache-type-v" | "perplexity|-ctk" | \
         "perplexity|--cache-type-k" | "perplexity|-ctv" | "perplexity|--cache-type-v" | "serve|-ctk" | \
         "serve|--cache-type-k" | "serve|-ctv" | "serve|--cache-type-v")
             _pyllama_values none bf16 f16 f32 iq4_nl q4_0 q4_1 q5_0 q5_1 q8_0 ;;
@@ -411,6 +413,10 @@ _pyllama_value() {
         "embed|--split-mode" | "imatrix|-sm" | "imatrix|--split-mode" | "perplexity|-sm" | \
         "perplexity|--split-mode" | "serve|-sm" | "serve|--split-mode")
             _pyllama_values none layer none row tensor ;;
+        "chat|-fit" | "chat|--fit" | "complete|-fit" | "complete|--fit" | "embed|-fit" | "embed|--fit" | \
+        "imatrix|-fit" | "imatrix|--fit" | "perplexity|-fit" | "perplexity|--fit" | "serve|-fit" | \
+        "serve|--fit")
+            _pyllama_values none on off ;;
         "list|--models-dir" | "serve|--slot-save-path" | "serve|--models-dir" | "serve|--cache-disk")
             _pyllama_values dir ;;
         "quantize|--output-tensor-type" | "quantize|--token-embedding-type")

@@ -246,6 +246,9 @@ complete -c pyllama -n '__pyllama_using chat' -o cmoe -l cpu-moe -d 'Keep every 
 complete -c pyllama -n '__pyllama_using chat' -o ncmoe -l n-cpu-moe -d 'Keep the expert weights of the first N layers in the CPU.' -x
 complete -c pyllama -n '__pyllama_using chat' -o sm -l split-mode -d 'How to split the model across GPUs: none (one GPU), layer (default), row, tensor.' -x -a '(__pyllama_values none layer none row tensor)'
 complete -c pyllama -n '__pyllama_using chat' -o mg -l main-gpu -d 'The GPU for the whole model with -sm none, or for intermediate results and the KV cache with -sm row (default: 0).' -x
+complete -c pyllama -n '__pyllama_using chat' -o fit -l fit -d 'Whether to adjust unset arguments (the context size, -c 0) to fit in memory.' -x -a '(__pyllama_values none on off)'
+complete -c pyllama -n '__pyllama_using chat' -o fitt -l fit-target -d 'Memory to leave free per device for --fit, in MiB (one value is used for all; with no GPU, the host\'s total memory is the budget).' -x
+complete -c pyllama -n '__pyllama_using chat' -o fitc -l fit-ctx -d 'The smallest context size --fit may choose.' -x
 complete -c pyllama -n '__pyllama_using chat' -s h -l help -d 'Show this message and exit.'
 
 # pyllama complete
@@ -364,6 +367,9 @@ complete -c pyllama -n '__pyllama_using complete' -o cmoe -l cpu-moe -d 'Keep ev
 complete -c pyllama -n '__pyllama_using complete' -o ncmoe -l n-cpu-moe -d 'Keep the expert weights of the first N layers in the CPU.' -x
 complete -c pyllama -n '__pyllama_using complete' -o sm -l split-mode -d 'How to split the model across GPUs: none (one GPU), layer (default), row, tensor.' -x -a '(__pyllama_values none layer none row tensor)'
 complete -c pyllama -n '__pyllama_using complete' -o mg -l main-gpu -d 'The GPU for the whole model with -sm none, or for intermediate results and the KV cache with -sm row (default: 0).' -x
+complete -c pyllama -n '__pyllama_using complete' -o fit -l fit -d 'Whether to adjust unset arguments (the context size, -c 0) to fit in memory.' -x -a '(__pyllama_values none on off)'
+complete -c pyllama -n '__pyllama_using complete' -o fitt -l fit-target -d 'Memory to leave free per device for --fit, in MiB (one value is used for all; with no GPU, the host\'s total memory is the budget).' -x
+complete -c pyllama -n '__pyllama_using complete' -o fitc -l fit-ctx -d 'The smallest context size --fit may choose.' -x
 complete -c pyllama -n '__pyllama_using complete' -s h -l help -d 'Show this message and exit.'
 
 # pyllama completion
@@ -452,6 +458,9 @@ complete -c pyllama -n '__pyllama_using embed' -o cmoe -l cpu-moe -d 'Keep every
 complete -c pyllama -n '__pyllama_using embed' -o ncmoe -l n-cpu-moe -d 'Keep the expert weights of the first N layers in the CPU.' -x
 complete -c pyllama -n '__pyllama_using embed' -o sm -l split-mode -d 'How to split the model across GPUs: none (one GPU), layer (default), row, tensor.' -x -a '(__pyllama_values none layer none row tensor)'
 complete -c pyllama -n '__pyllama_using embed' -o mg -l main-gpu -d 'The GPU for the whole model with -sm none, or for intermediate results and the KV cache with -sm row (default: 0).' -x
+complete -c pyllama -n '__pyllama_using embed' -o fit -l fit -d 'Whether to adjust unset arguments (the context size, -c 0) to fit in memory.' -x -a '(__pyllama_values none on off)'
+complete -c pyllama -n '__pyllama_using embed' -o fitt -l fit-target -d 'Memory to leave free per device for --fit, in MiB (one value is used for all; with no GPU, the host\'s total memory is the budget).' -x
+complete -c pyllama -n '__pyllama_using embed' -o fitc -l fit-ctx -d 'The smallest context size --fit may choose.' -x
 complete -c pyllama -n '__pyllama_using embed' -s h -l help -d 'Show this message and exit.'
 
 # pyllama gguf-split
@@ -530,12 +539,22 @@ complete -c pyllama -n '__pyllama_using imatrix' -o cmoe -l cpu-moe -d 'Keep eve
 complete -c pyllama -n '__pyllama_using imatrix' -o ncmoe -l n-cpu-moe -d 'Keep the expert weights of the first N layers in the CPU.' -x
 complete -c pyllama -n '__pyllama_using imatrix' -o sm -l split-mode -d 'How to split the model across GPUs: none (one GPU), layer (default), row, tensor.' -x -a '(__pyllama_values none layer none row tensor)'
 complete -c pyllama -n '__pyllama_using imatrix' -o mg -l main-gpu -d 'The GPU for the whole model with -sm none, or for intermediate results and the KV cache with -sm row (default: 0).' -x
+complete -c pyllama -n '__pyllama_using imatrix' -o fit -l fit -d 'Whether to adjust unset arguments (the context size, -c 0) to fit in memory.' -x -a '(__pyllama_values none on off)'
+complete -c pyllama -n '__pyllama_using imatrix' -o fitt -l fit-target -d 'Memory to leave free per device for --fit, in MiB (one value is used for all; with no GPU, the host\'s total memory is the budget).' -x
+complete -c pyllama -n '__pyllama_using imatrix' -o fitc -l fit-ctx -d 'The smallest context size --fit may choose.' -x
 complete -c pyllama -n '__pyllama_using imatrix' -s h -l help -d 'Show this message and exit.'
 
 # pyllama info
 complete -c pyllama -n '__pyllama_using info' -l json -d 'Print JSON instead of text.'
 complete -c pyllama -n '__pyllama_using info' -l template -d 'Print the chat template.'
 complete -c pyllama -n '__pyllama_using info' -l metadata -d 'Print every metadata key.'
+complete -c pyllama -n '__pyllama_using info' -l fit -d 'Print the context size --fit would choose, and why, without loading the model.'
+complete -c pyllama -n '__pyllama_using info' -o fitt -l fit-target -d 'Memory to leave free per device for --fit, in MiB (one value is used for all; with no GPU, the host\'s total memory is the budget).' -x
+complete -c pyllama -n '__pyllama_using info' -o fitc -l fit-ctx -d 'The smallest context size --fit may choose.' -x
+complete -c pyllama -n '__pyllama_using info' -s c -l ctx-size -d 'With --fit: the context size the command would get (0 = unset, --fit chooses).' -x
+complete -c pyllama -n '__pyllama_using info' -o ub -l ubatch-size -d 'With --fit: the physical batch size.' -x
+complete -c pyllama -n '__pyllama_using info' -o ctk -l cache-type-k -d 'With --fit: the K cache type.' -x -a '(__pyllama_values none bf16 f16 f32 iq4_nl q4_0 q4_1 q5_0 q5_1 q8_0)'
+complete -c pyllama -n '__pyllama_using info' -o ctv -l cache-type-v -d 'With --fit: the V cache type.' -x -a '(__pyllama_values none bf16 f16 f32 iq4_nl q4_0 q4_1 q5_0 q5_1 q8_0)'
 complete -c pyllama -n '__pyllama_using info' -s m -l model -d 'Local GGUF model file.' -x -a '(__pyllama_values gguf)'
 complete -c pyllama -n '__pyllama_using info' -o hf -l hf-repo -d 'Hugging Face repo as user/repo[:quant] (default quant: Q4_K_M, else the first GGUF).' -x -a '(__pyllama_values hf)'
 complete -c pyllama -n '__pyllama_using info' -o hff -l hf-file -d 'Exact GGUF file in the -hf repo (overrides the quant tag).' -x
@@ -613,6 +632,9 @@ complete -c pyllama -n '__pyllama_using perplexity' -o cmoe -l cpu-moe -d 'Keep 
 complete -c pyllama -n '__pyllama_using perplexity' -o ncmoe -l n-cpu-moe -d 'Keep the expert weights of the first N layers in the CPU.' -x
 complete -c pyllama -n '__pyllama_using perplexity' -o sm -l split-mode -d 'How to split the model across GPUs: none (one GPU), layer (default), row, tensor.' -x -a '(__pyllama_values none layer none row tensor)'
 complete -c pyllama -n '__pyllama_using perplexity' -o mg -l main-gpu -d 'The GPU for the whole model with -sm none, or for intermediate results and the KV cache with -sm row (default: 0).' -x
+complete -c pyllama -n '__pyllama_using perplexity' -o fit -l fit -d 'Whether to adjust unset arguments (the context size, -c 0) to fit in memory.' -x -a '(__pyllama_values none on off)'
+complete -c pyllama -n '__pyllama_using perplexity' -o fitt -l fit-target -d 'Memory to leave free per device for --fit, in MiB (one value is used for all; with no GPU, the host\'s total memory is the budget).' -x
+complete -c pyllama -n '__pyllama_using perplexity' -o fitc -l fit-ctx -d 'The smallest context size --fit may choose.' -x
 complete -c pyllama -n '__pyllama_using perplexity' -s h -l help -d 'Show this message and exit.'
 
 # pyllama ps
@@ -819,6 +841,9 @@ complete -c pyllama -n '__pyllama_using serve' -o cmoe -l cpu-moe -d 'Keep every
 complete -c pyllama -n '__pyllama_using serve' -o ncmoe -l n-cpu-moe -d 'Keep the expert weights of the first N layers in the CPU.' -x
 complete -c pyllama -n '__pyllama_using serve' -o sm -l split-mode -d 'How to split the model across GPUs: none (one GPU), layer (default), row, tensor.' -x -a '(__pyllama_values none layer none row tensor)'
 complete -c pyllama -n '__pyllama_using serve' -o mg -l main-gpu -d 'The GPU for the whole model with -sm none, or for intermediate results and the KV cache with -sm row (default: 0).' -x
+complete -c pyllama -n '__pyllama_using serve' -o fit -l fit -d 'Whether to adjust unset arguments (the context size, -c 0) to fit in memory.' -x -a '(__pyllama_values none on off)'
+complete -c pyllama -n '__pyllama_using serve' -o fitt -l fit-target -d 'Memory to leave free per device for --fit, in MiB (one value is used for all; with no GPU, the host\'s total memory is the budget).' -x
+complete -c pyllama -n '__pyllama_using serve' -o fitc -l fit-ctx -d 'The smallest context size --fit may choose.' -x
 complete -c pyllama -n '__pyllama_using serve' -s h -l help -d 'Show this message and exit.'
 
 # pyllama stop

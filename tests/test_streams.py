@@ -85,12 +85,10 @@ def _lookup(url: str, ids: list[str], auth: dict[str, str] = AUTH) -> list[dict]
     return response.json()
 
 
-def _wait_done(url: str, conv: str, auth: dict[str, str] = AUTH, timeout: float = 30) -> dict:
+def _wait_finished(url: str, conv: str, auth: dict[str, str] = AUTH, timeout: float = 30) -> None:
+    """Wait until lookup no longer reports the session: it has finished (a finished one is left out)."""
     deadline = time.monotonic() + timeout
-    while True:
-        [found] = _lookup(url, [conv], auth)
-        if found["is_done"]:
-            return found
+    while found := _lookup(url, [conv], auth):
         assert time.monotonic() < deadline, found
         time.sleep(0.05)
 
@@ -117,18 +115,22 @@ def test_from_n_resumes_at_byte_n(server: Server) -> None:
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "from"
 
 
-def test_lookup_reports_only_the_ids_named_running_then_done(server: Server) -> None:
+def test_lookup_reports_a_session_while_it_runs_not_after_and_only_the_ids_named(server: Server) -> None:
     _drop_after(server.url, LONG, _headers("look-a"))
+    _drop_after(server.url, LONG, _headers("look-b::tiny"))
     [running] = _lookup(server.url, ["look-a", "nobody"])
     assert running["conversation_id"] == "look-a" and running["is_done"] is False
     assert running["completed_at"] is None and running["total_bytes"] > 0
+    assert running["started_at"] <= time.time()
+    [other] = _lookup(server.url, ["look-b"])  # an id matches its ID::model form, as in llama-server
+    assert other["conversation_id"] == "look-b::tiny" and other["is_done"] is False
     assert _lookup(server.url, ["look"]) == []  # a prefix of an id reveals nothing
     assert _lookup(server.url, []) == []
     httpx.delete(f"{server.url}/v1/stream", params={"conv_id": "look-a"}, headers=AUTH)
-    httpx.post(f"{server.url}/v1/chat/completions", json=BODY, headers=_headers("look-b::tiny"), timeout=60)
-    [done] = _lookup(server.url, ["look-b"])  # an id matches its ID::model form, as in llama-server
-    assert done["conversation_id"] == "look-b::tiny" and done["is_done"] is True
-    assert done["completed_at"] >= done["started_at"]
+    httpx.delete(f"{server.url}/v1/stream/look-b::tiny", headers=AUTH)
+    httpx.post(f"{server.url}/v1/chat/completions", json=BODY, headers=_headers("look-c"), timeout=60)
+    assert _lookup(server.url, ["look-a", "look-b", "look-c"]) == []  # stopped, stopped, finished
+    assert _replay(server.url, "look-c").endswith(b"data: [DONE]\n\n")  # the finished one replays in its grace
 
 
 def test_delete_stops_the_generation_at_once_and_is_idempotent(server: Server) -> None:
@@ -162,7 +164,7 @@ def test_every_stream_route_needs_the_key(server: Server) -> None:
         for auth in ({}, {"Authorization": "Bearer wrong"}):
             response = httpx.request(method, f"{server.url}{path}", json=body, headers=auth, timeout=10)
             assert response.status_code == 401, (method, path, response.text)
-    assert _lookup(server.url, ["keyed"])[0]["is_done"] is True  # nothing was deleted without the key
+    assert _replay(server.url, "keyed").endswith(b"data: [DONE]\n\n")  # nothing was deleted without the key
 
 
 def test_with_two_sessions_allowed_a_third_gets_503_while_both_run(bounded: Server) -> None:
@@ -209,7 +211,7 @@ def _drop_and_replay(url: str, path: str, body: dict, conv: str, auth: dict[str,
             got += part
             if got.count(b"\n\n") >= 3:
                 break
-    _wait_done(url, conv, auth)
+    _wait_finished(url, conv, auth)
     return plain, _replay(url, conv, auth=auth)
 
 
@@ -253,31 +255,84 @@ def test_sigterm_ends_a_detached_stream_with_the_shutdown_error_event(tiny_model
 
 @pytest.fixture(scope="module")
 def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Router]:
+    """Two models, one loaded at a time, two slots each, two sessions, and a key: every router case."""
     folder = tmp_path_factory.mktemp("streams-router")
     write_llama_gguf(folder / "alpha.gguf", TINY)
     write_llama_gguf(folder / "beta.gguf", replace(TINY, seed=1))
     srv = _start_router(folder / "stderr.log", "-m", str(folder / "alpha.gguf"), "-m", str(folder / "beta.gguf"),
-                        "-c", "4096", "--models-max", "1")
+                        "-c", "4096", "-np", "2", "--models-max", "1", "--stream-sessions", "2", "--api-key", KEY)
     yield srv
     srv.stop()
+
+
+def _status(router: Router, model: str) -> str:
+    cards = httpx.get(f"{router.url}/v1/models", headers=AUTH, timeout=10).json()["data"]
+    return next(card["status"]["value"] for card in cards if card["id"] == model)
+
+
+def _chat(url: str, body: dict, headers: dict[str, str] = AUTH) -> httpx.Response:
+    return httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers, timeout=60)
 
 
 def test_router_streams_resume_through_the_parent_and_hold_their_model(router: Router) -> None:
     for model in ("alpha", "beta"):
         body = {**BODY, "model": model}
-        plain = httpx.post(f"{router.url}/v1/chat/completions", json=body, timeout=60).content
-        _drop_after(router.url, body, _headers(f"r-{model}::{model}", {}))
-        assert _text(_replay(router.url, f"r-{model}::{model}", auth={})) == _text(plain)
-    _drop_after(router.url, {**LONG, "model": "alpha"}, _headers("held", {}))
+        plain = _chat(router.url, body).content
+        _drop_after(router.url, body, _headers(f"r-{model}::{model}"))
+        assert _text(_replay(router.url, f"r-{model}::{model}")) == _text(plain)
+    _drop_after(router.url, {**LONG, "model": "alpha"}, _headers("held"))
     answered: list[httpx.Response] = []
-    other = threading.Thread(target=lambda: answered.append(router.chat("beta")))
+    other = threading.Thread(target=lambda: answered.append(_chat(router.url, {**BODY, "model": "beta"})))
     other.start()
     time.sleep(0.5)  # the detached generation holds alpha: --models-max 1 keeps beta waiting
-    assert router.status("alpha") == "loaded" and router.status("beta") != "loaded" and not answered
-    [held] = _lookup(router.url, ["held"], {})
+    assert _status(router, "alpha") == "loaded" and _status(router, "beta") != "loaded" and not answered
+    [held] = _lookup(router.url, ["held"])
     assert held["is_done"] is False
-    assert httpx.delete(f"{router.url}/v1/stream/held").status_code == 204
-    assert _lookup(router.url, ["held", "r-alpha"], {})[0]["conversation_id"] == "r-alpha::alpha"
+    assert httpx.delete(f"{router.url}/v1/stream/held", headers=AUTH).status_code == 204
+    assert _lookup(router.url, ["held", "r-alpha"]) == []  # stopped, finished
     other.join(timeout=30)
     assert answered and answered[0].status_code == 200
-    assert router.status("beta") == "loaded"
+    assert _status(router, "beta") == "loaded"
+
+
+def test_router_streams_resume_from_n_are_replaced_and_need_the_key(router: Router) -> None:
+    body = {**BODY, "model": "beta"}
+    _chat(router.url, body, _headers("rn::beta"))
+    whole = _replay(router.url, "rn::beta")
+    for offset in (1, 57, len(whole) - 3, len(whole)):
+        assert _replay(router.url, "rn::beta", offset) == whole[offset:]
+    _drop_after(router.url, {**LONG, "model": "beta"}, _headers("rn::beta"))
+    second = {**body, "messages": [{"role": "user", "content": "Something else."}]}
+    _chat(router.url, second, _headers("rn::beta"))
+    assert _text(_replay(router.url, "rn::beta")) == _text(_chat(router.url, second).content)
+    assert _lookup(router.url, ["rn"]) == []  # the first was stopped by the second, which has finished
+    for method, path in (("GET", "/v1/stream?conv_id=rn::beta"), ("GET", "/v1/stream/rn::beta"),
+                         ("POST", "/v1/streams/lookup"), ("DELETE", "/v1/stream/rn::beta")):
+        response = httpx.request(method, f"{router.url}{path}", json={"conversation_ids": ["rn"]}, timeout=10)
+        assert response.status_code == 401, (method, path, response.text)
+    assert _replay(router.url, "rn::beta").endswith(b"data: [DONE]\n\n")
+
+
+def test_router_stream_bounds_and_a_stop_while_the_model_waits(router: Router) -> None:
+    for conv in ("b1", "b2"):
+        _drop_after(router.url, {**LONG, "model": "alpha"}, _headers(conv), chunks=1)
+    third = _chat(router.url, {**BODY, "model": "alpha", "max_tokens": 4}, _headers("b3"))
+    assert third.status_code == 503
+    assert third.json()["error"]["message"].startswith("all 2 stream sessions are still generating")
+    answered: list[httpx.Response] = []  # beta waits: alpha's two sessions hold it under --models-max 1
+    waiting = threading.Thread(target=lambda: answered.append(
+        _chat(router.url, {**BODY, "model": "beta"}, _headers("w::beta"))))
+    waiting.start()
+    deadline = time.monotonic() + 10
+    while (early := httpx.get(f"{router.url}/v1/stream/w::beta", headers=AUTH, timeout=10)).status_code == 404:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    assert early.status_code == 503 and early.json()["error"]["message"] == "the stream's model is loading; retry later"
+    assert _lookup(router.url, ["w::beta"]) == []  # no session yet
+    assert httpx.delete(f"{router.url}/v1/stream/w::beta", headers=AUTH).status_code == 204
+    waiting.join(timeout=10)
+    assert answered and answered[0].status_code == 400
+    assert answered[0].json()["error"]["message"] == "request cancelled by a stop while the model was loading"
+    assert httpx.get(f"{router.url}/v1/stream/w::beta", headers=AUTH, timeout=10).status_code == 404
+    for conv in ("b1", "b2"):
+        assert httpx.delete(f"{router.url}/v1/stream/{conv}", headers=AUTH).status_code == 204

@@ -45,7 +45,7 @@ from .hardware.devices import (
 from .context import CONTEXT_PARAMS, context_settings
 from .kv_cache import KV_CACHE_PARAMS, kv_cache_settings
 from .llama_env import with_llama_env
-from .hardware.placement import PLACEMENT_PARAMS, placement_settings
+from .hardware.placement import FIT_PARAMS, PLACEMENT_PARAMS, fit_settings, placement_settings
 
 MODEL_PANEL = "Model"
 LOAD_PANEL = "Loading"
@@ -161,7 +161,7 @@ _LOAD_PARAMS = [
     *ADAPTER_PARAMS,  # --lora, --lora-scaled, --control-vector... (options/adapters.py)
 ]
 # Flags of their own modules, added to the load flags (kept apart so each concern has one module).
-_LOAD_PARAMS += KV_CACHE_PARAMS + CONTEXT_PARAMS + PLACEMENT_PARAMS
+_LOAD_PARAMS += KV_CACHE_PARAMS + CONTEXT_PARAMS + PLACEMENT_PARAMS + FIT_PARAMS
 _LOAD_PARAMS = with_llama_env(_LOAD_PARAMS)  # LLAMA_ARG_CTX_SIZE and the others llama.cpp reads
 _MODEL_PARAMS = with_llama_env(_MODEL_PARAMS)  # LLAMA_ARG_MODEL, LLAMA_ARG_HF_REPO, LLAMA_ARG_HF_FILE
 _SEVERAL_MODEL_PARAMS = with_llama_env(_SEVERAL_MODEL_PARAMS)
@@ -201,7 +201,7 @@ def load_settings(kwargs: dict[str, Any]) -> LoadSettings:
         mlock=kwargs.pop("mlock"), mmap=not kwargs.pop("no_mmap"), seed=kwargs.pop("seed"),
         verbose=kwargs.pop("verbose"), log_file=kwargs.pop("log_file"), adapters=adapter_settings(kwargs),
         **kv_cache_settings(kwargs), **context_settings(kwargs), **placement_settings(kwargs),
-        **cpu_settings(kwargs),
+        **cpu_settings(kwargs), **fit_settings(kwargs),
     )
 
 

@@ -72,7 +72,10 @@ async def generate(find: Awaitable[ServedModel], request: Request, body: Any, pr
 
     Each route keeps its own signature, so the OpenAPI schema names its request and response types.
     """
-    served = await find
+    if body.stream and (conversation := streams.conversation_id(request)):
+        served = await streams.model_of(request, conversation, find)  # a DELETE may cancel the wait
+    else:
+        served = await find
     engine = served.engine
     with engine.arriving():
         generating(engine)

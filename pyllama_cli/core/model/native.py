@@ -16,10 +16,11 @@ from typing import TYPE_CHECKING, Any
 from ...errors import InputError, Interrupted, ModelLoadError
 from ..gguf.ftypes import size_label
 from .adapters import ModelAdapters
+from .sizing.fit import choose_context
 from .library import configure_logging, keeping_gil, lib
 from .mapped_file import MappedFile
 from .placement import apply_placement
-from .memory import apply_kv_cache, apply_rope, check_kv_cache_fits, context_failure_hint
+from .sizing.memory import apply_kv_cache, apply_rope, check_kv_cache_fits, context_failure_hint
 from .settings import LoadSettings
 from .threads import ThreadPools
 
@@ -295,7 +296,8 @@ class Context:
     def __init__(self, model: Model, settings: LoadSettings, *, n_ctx: int | None = None,
                  n_seq_max: int = 1, embeddings: bool = False, kv_unified: bool = False, **extra: Any):
         params = lib.llama_context_default_params()
-        params.n_ctx = n_ctx if n_ctx is not None else (settings.n_ctx or model.n_ctx_train)
+        params.n_ctx = n_ctx if n_ctx is not None else (settings.n_ctx or choose_context(
+            model, settings, 1 if kv_unified else max(1, n_seq_max)))
         params.n_batch = min(settings.n_batch, params.n_ctx) if settings.n_batch > 0 else params.n_ctx
         params.n_ubatch = min(settings.n_ubatch, params.n_batch)
         params.n_seq_max = n_seq_max

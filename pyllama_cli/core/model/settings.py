@@ -91,6 +91,10 @@ class LoadSettings:
     n_cpu_moe: int = 0
     split_mode: str | None = None
     main_gpu: int | None = None
+    # Memory fit (-fit, -fitt, -fitc): with -c 0, the context is chosen to leave fit_margin bytes free
+    fit: bool = True
+    fit_margin: int = 1024 * 1024 * 1024
+    fit_ctx: int = 4096
     cpu: CpuPlacement = CpuPlacement()  # the generation pool's CPUs, priority, polling
     cpu_batch: CpuPlacement | None = None  # the batch pool's (-Cb, --prio-batch, ...); None = same as `cpu`
     adapters: AdapterSettings = AdapterSettings()  # --lora, --control-vector and their scales

@@ -1,9 +1,11 @@
 """Weight placement flags of every command that loads a model, with llama.cpp's names:
 `-ot/--override-tensor PATTERN=BUFTYPE,...`, `-cmoe/--cpu-moe`, `-ncmoe/--n-cpu-moe N`,
-`-sm/--split-mode`, `-mg/--main-gpu`.
+`-sm/--split-mode`, `-mg/--main-gpu`; and the memory fit flags, `-fit/--fit on|off`,
+`-fitt/--fit-target MiB,...`, `-fitc/--fit-ctx N` (with -c unset, the context is reduced from the trained one
+until the projected memory leaves the -fitt margin free: core/model/fit.py).
 
-`PLACEMENT_PARAMS` join the load flags (load.py); `placement_settings(kwargs)` pops their values and
-returns the `LoadSettings` fields they set. Buffer type names are checked when the model loads,
+`PLACEMENT_PARAMS` and `FIT_PARAMS` join the load flags (load.py); `placement_settings(kwargs)` and
+`fit_settings(kwargs)` pop their values and return the `LoadSettings` fields they set. Buffer type names are checked when the model loads,
 against the devices there are then (RPC servers' included).
 """
 
@@ -14,6 +16,7 @@ from typing import Annotated, Any
 
 import typer
 
+from ...core.model.sizing.fit import DEFAULT_FIT_CTX, DEFAULT_FIT_TARGET_MIB, parse_fit_target
 from ...core.model.settings import INT32_MAX, SPLIT_MODES, parse_overrides
 from ...errors import UsageError
 
@@ -68,3 +71,41 @@ def placement_settings(kwargs: dict[str, Any]) -> dict[str, Any]:
         raise UsageError(f"-mg {main_gpu}: must be a GPU index, 0 or more")
     return {"tensor_overrides": parse_overrides(kwargs.pop("override_tensor")), "cpu_moe": kwargs.pop("cpu_moe"),
             "n_cpu_moe": n_cpu_moe, "split_mode": split_mode, "main_gpu": main_gpu}
+
+
+FIT_PANEL = "Memory fit"
+ON_OFF = ("on", "off")
+
+FitOpt = Annotated[str, typer.Option(
+    "-fit", "--fit", metavar="[on|off]", help="Whether to adjust unset arguments (the context size, -c 0) to fit "
+    "in memory.", rich_help_panel=FIT_PANEL, autocompletion=lambda: list(ON_OFF))]
+FitTargetOpt = Annotated[str, typer.Option(
+    "-fitt", "--fit-target", metavar="MiB0,MiB1,...", help="Memory to leave free per device for --fit, in MiB "
+    "(one value is used for all; with no GPU, the host's total memory is the budget).", rich_help_panel=FIT_PANEL)]
+FitCtxOpt = Annotated[int, typer.Option(
+    "-fitc", "--fit-ctx", metavar="N", help="The smallest context size --fit may choose.", rich_help_panel=FIT_PANEL)]
+
+
+FIT_PARAMS = [
+    _param("fit", FitOpt, "on"),
+    _param("fit_target", FitTargetOpt, str(DEFAULT_FIT_TARGET_MIB)),
+    _param("fit_ctx", FitCtxOpt, DEFAULT_FIT_CTX),
+]
+
+
+def parse_fit_switch(value: str) -> bool:
+    if value.lower() not in ON_OFF:
+        raise UsageError(f"--fit {value!r}: unknown value", hint="allowed values: on, off")
+    return value.lower() == "on"
+
+
+def check_fit_ctx(value: int) -> int:
+    if not 0 <= value <= INT32_MAX:
+        raise UsageError(f"--fit-ctx {value}: must be a context size, 0 or more")
+    return value
+
+
+def fit_settings(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Pop the fit flags out of a command's keyword arguments, as LoadSettings fields."""
+    return {"fit": parse_fit_switch(kwargs.pop("fit")), "fit_margin": parse_fit_target(kwargs.pop("fit_target")),
+            "fit_ctx": check_fit_ctx(kwargs.pop("fit_ctx"))}

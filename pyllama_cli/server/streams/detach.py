@@ -10,7 +10,8 @@ ends it with the API's error event rather than a silently shortened stream.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
 
 from fastapi import Request
 from fastapi.responses import Response
@@ -23,6 +24,7 @@ from .buffer import BufferFull, ReplayBuffer
 from .sessions import Session, StreamSessions
 
 HEADER = "x-conversation-id"
+T = TypeVar("T")
 
 
 def conversation_id(request: Request) -> str:
@@ -32,6 +34,25 @@ def conversation_id(request: Request) -> str:
 
 def sessions_of(request: Request) -> StreamSessions:
     return request.app.state.streams
+
+
+async def model_of(request: Request, conversation: str, find: Awaitable[T]) -> T:
+    """Await `find` (the request's model, which in router mode may have to load first) as the waiting
+    request of `conversation`: meanwhile a reader of the id gets a 503, and a DELETE of it cancels this
+    request with a 400, as llama-server's router does. The wait does not end with the client: like the
+    session that follows, it is stopped only by a DELETE or a newer request of the same id."""
+    sessions = sessions_of(request)
+    waiting = asyncio.ensure_future(find)
+    sessions.wait_for_model(conversation, waiting)
+    try:
+        await asyncio.wait([waiting])
+    except asyncio.CancelledError:  # the request itself was cancelled (the server is closing)
+        waiting.cancel()
+        sessions.model_found(conversation, waiting)  # forgets the wait
+        raise
+    if not sessions.model_found(conversation, waiting):
+        raise APIError(400, "request cancelled by a stop while the model was loading", code="cancelled")
+    return waiting.result()
 
 
 def detached(request: Request, conversation: str, start: Callable[[], Response]) -> Response:

@@ -1,5 +1,5 @@
 """The replay buffer's routes, llama-server's: GET /v1/stream (replay from a byte offset, then live),
-POST /v1/streams/lookup (the sessions of the ids named, never a list of all), DELETE /v1/stream (stop,
+POST /v1/streams/lookup (the running sessions of the ids named, never a list of all), DELETE /v1/stream (stop,
 idempotent: 204). The id travels as `?conv_id=` (llama-server's form: an id may hold a model name
 with slashes) or as the path's last part, /v1/stream/ID.
 """
@@ -25,7 +25,10 @@ def add_stream_routes(app: FastAPI) -> None:
     @app.get("/v1/stream/{conv_id:path}", responses=OPENAPI_ERRORS, tags=["Streams"])
     async def replay(request: Request, conv_id: str = "") -> Any:
         """The stream of a conversation from byte `from` (default 0), then live until it ends."""
-        session = sessions_of(request).get(_conversation(request, conv_id))
+        sessions, conversation = sessions_of(request), _conversation(request, conv_id)
+        session = sessions.get(conversation)
+        if sessions.waiting(conversation):  # its request waits for its model: the id is about to be taken
+            raise APIError(503, "the stream's model is loading; retry later", code="model_loading")
         if session is None:
             raise APIError(404, "stream not found or expired", code="not_found")
         offset = request.query_params.get("from", "0")
@@ -35,7 +38,7 @@ def add_stream_routes(app: FastAPI) -> None:
 
     @app.post("/v1/streams/lookup", responses=OPENAPI_ERRORS, tags=["Streams"])
     async def lookup(body: LookupRequest, request: Request) -> Any:
-        """The sessions of the conversation ids named (and their `ID::model` forms): is_done, total_bytes."""
+        """The running sessions of the conversation ids named (and their `ID::model` forms); a finished one is left out."""
         return JSONResponse(sessions_of(request).lookup([i for i in body.conversation_ids if i]))
 
     @app.delete("/v1/stream", status_code=204, response_class=Response, responses=OPENAPI_ERRORS, tags=["Streams"])

@@ -3,7 +3,11 @@
 A session is one detached generation: its buffer, the job's cancel, and the task that copies the job's
 SSE bytes into the buffer. The registry holds at most `max_sessions`; a new one takes the place of
 the oldest finished session, and gets a 503 that says why when every session is still generating.
-A finished session stays readable for `grace_s` seconds, then is freed.
+A finished session stays readable for `grace_s` seconds, then is freed; lookup reports only the running.
+
+Before its session exists, a request may wait for its model (router mode: loading, or waiting for
+room under --models-max). It is registered as waiting meanwhile, so that a reader gets a 503 (retry
+later) rather than a 404, and a DELETE (or a newer request of the same id) cancels it.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ class StreamSessions:
         self.max_bytes = max_bytes
         self.grace_s = grace_s
         self._sessions: dict[str, Session] = {}
+        self._waiting: dict[str, asyncio.Future[Any]] = {}  # requests of an id still waiting for their model
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -72,16 +77,44 @@ class StreamSessions:
     def get(self, conversation_id: str) -> Session | None:
         return self._sessions.get(conversation_id)
 
+    def waiting(self, conversation_id: str) -> bool:
+        """Whether a request of this id is still waiting for its model (its session is yet to come)."""
+        return conversation_id in self._waiting
+
+    def wait_for_model(self, conversation_id: str, find: asyncio.Future[Any]) -> None:
+        """`find` (the request's wait for its model) now holds the id: a waiting request before it is
+        cancelled, as a running session is replaced."""
+        earlier = self._waiting.pop(conversation_id, None)
+        if earlier is not None:
+            earlier.cancel()
+        self._waiting[conversation_id] = find
+
+    def model_found(self, conversation_id: str, find: asyncio.Future[Any]) -> bool:
+        """The wait ended: False when a DELETE or a newer request took the id meanwhile (the request is
+        then answered with an error, and no session is made)."""
+        if self._waiting.get(conversation_id) is not find:
+            return False
+        del self._waiting[conversation_id]
+        return not find.cancelled()
+
     def lookup(self, conversation_ids: list[str]) -> list[dict[str, Any]]:
-        """The sessions of the ids named: each id matches itself and its `ID::model` forms, nothing else."""
+        """The running sessions of the ids named: each id matches itself and its `ID::model` forms, nothing
+        else. A finished one is left out (it may still be replayed during its grace)."""
         found: list[Session] = []
         for wanted in conversation_ids:
             found += [s for key, s in self._sessions.items()
-                      if (key == wanted or key.startswith(wanted + "::")) and s not in found]
+                      if (key == wanted or key.startswith(wanted + "::")) and not s.done and s not in found]
         return [s.view() for s in found]
 
     def stop(self, conversation_id: str) -> Session | None:
-        """Stop a session's generation and forget it (idempotent); the stopped session, if there was one."""
+        """Stop a session's generation (or a request still waiting for its model) and forget it
+        (idempotent); the stopped session, if there was one."""
+        waiting = self._waiting.pop(conversation_id, None)
+        if waiting is not None:
+            waiting.cancel()
+        return self._stop_session(conversation_id)
+
+    def _stop_session(self, conversation_id: str) -> Session | None:
         session = self._sessions.pop(conversation_id, None)
         if session is not None and not session.done:
             session.cancel()
@@ -105,6 +138,8 @@ class StreamSessions:
 
     def stop_all(self) -> None:
         """Stop every generation (the server is closing)."""
+        for waiting in self._waiting.values():
+            waiting.cancel()
         for session in list(self._sessions.values()):
             if not session.done:
                 session.cancel()

@@ -91,27 +91,14 @@ function start() {
   drawMessages();
   $("input").focus();
   loadModels().catch((err) => setStatus("Cannot reach the server: " + err.message, true));
-  resumeAnswers().catch(() => {});
+  resumeAnswers();
 }
 
-// Answers that were generating when the page went: the server says which are still there; the open
-// chat's is read again from its start, the others stay marked until they are opened.
-async function resumeAnswers() {
-  const pending = state.chats.filter(generating);
-  if (!pending.length) return;
-  const ids = pending.map((chat) => chat.messages[chat.messages.length - 1].stream);
-  const response = await api("v1/streams/lookup", {method: "POST", body: JSON.stringify({conversation_ids: ids})});
-  const known = new Set(response.ok ? (await response.json()).map((s) => s.conversation_id) : []);
-  for (const chat of pending) {
-    const m = chat.messages[chat.messages.length - 1];
-    if (!known.has(m.stream)) {
-      delete m.stream;  // gone from the server: what came before the reload is all there is
-      if (!m.content) m.error = "Error: the answer was no longer on the server";
-    }
-  }
-  saveChats();
-  drawList();
-  drawMessages();
+// An answer that was generating when the page went is read again from its start when its chat is open
+// (now, or once opened; the list marks it meanwhile). /v1/streams/lookup is no help here: it names only
+// answers still running, and one that finished meanwhile stays readable for the server's grace; a 404
+// says it is gone.
+function resumeAnswers() {
   if (generating(state.current)) reattach(state.current);
 }
 

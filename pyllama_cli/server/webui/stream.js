@@ -68,13 +68,15 @@ export function answer(chat) {
 export function reattach(chat) {
   const m = chat.messages[chat.messages.length - 1];
   if (!m || !m.stream || state.running) return;
+  const kept = m.content;  // what came before the page went: all there is if the server no longer has it
   m.content = "";
   delete m.reasoning;
   drawMessages();
-  return follow(chat, m, () => api(streamPath(m.stream), {signal: state.running.controller.signal}), true);
+  return follow(chat, m, () => api(streamPath(m.stream), {signal: state.running.controller.signal}), kept);
 }
 
-async function follow(chat, m, request, again) {
+// `kept`: the text a reattached answer had, put back if the server no longer has its stream.
+async function follow(chat, m, request, kept) {
   const node = $("messages").lastElementChild;
   const run = {controller: new AbortController(), chat, m, node, started: performance.now(), chunks: 0};
   state.running = run;
@@ -83,7 +85,10 @@ async function follow(chat, m, request, again) {
   setStatus("");
   try {
     const response = await request();
-    if (again && response.status === 404) return fail(run, "the answer was no longer on the server");
+    if (kept !== undefined && response.status === 404) {
+      m.content = kept;
+      return fail(run, "the answer was no longer on the server");
+    }
     if (!response.ok) throw new Error(await errorText(response));
     await readEvents(response, (chunk) => onChunk(run, chunk));
     finish(run, false);

@@ -7,9 +7,9 @@ import os
 from pathlib import Path
 from typing import Any, Protocol
 
-from ...errors import ModelLoadError, UsageError
-from .library import gpu_device_present, lib
-from .settings import KV_CACHE_TYPES, QUANTIZED_CACHE_TYPES, ROPE_SCALING_TYPES, LoadSettings
+from ....errors import ModelLoadError, UsageError
+from ..library import gpu_device_present, lib
+from ..settings import KV_CACHE_TYPES, QUANTIZED_CACHE_TYPES, ROPE_SCALING_TYPES, LoadSettings
 
 
 class LoadedModel(Protocol):
@@ -94,7 +94,7 @@ def check_kv_cache_fits(model: LoadedModel, params: Any, settings: LoadSettings)
 def _bytes_per_element(ggml_type: int) -> float:
     """Bytes per value of a cache type (-ctk/-ctv), from the GGUF reader's type table; a type it does
     not know counts as none, so it can never be the reason for a refusal."""
-    from ..gguf.reader import GGML_TYPES
+    from ...gguf.reader import GGML_TYPES
 
     _, block, size = GGML_TYPES.get(ggml_type, ("", 1, 0))
     return size / block
