@@ -56,7 +56,8 @@ def _read(api: str, data: dict) -> tuple[bool, int | None]:
         return kind == "content_block_delta" and delta.get("type") == "text_delta", \
             (data.get("usage") or {}).get("output_tokens") if kind == "message_delta" else None
     usage = (data.get("response") or {}).get("usage") or {}
-    return kind == "response.output_text.delta", usage.get("output_tokens") if kind == "response.completed" else None
+    last = kind in ("response.completed", "response.incomplete")  # incomplete: max_output_tokens cut it
+    return kind == "response.output_text.delta", usage.get("output_tokens") if last else None
 
 
 async def _stream(client, url: str, api: str, i: int) -> tuple[int, float]:

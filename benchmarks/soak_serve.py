@@ -66,14 +66,15 @@ PROMPTS = ["hello", "Tell me a story about a cat.", "What is the capital of Fran
 
 @dataclass(frozen=True)
 class Route:
-    """A streaming route under soak: where, the body for a prompt and max_tokens, the line that ends it well."""
+    """A streaming route under soak: where, the body for a prompt and max_tokens, the lines that end it well."""
 
     path: str
     body: Callable[[str, int], dict[str, Any]]
-    done: str = "data: [DONE]"
+    done: tuple[str, ...] = ("data: [DONE]",)
     resume: str | None = None  # "stream": X-Conversation-Id and /v1/stream; "background": a background response
 
 
+RESPONSES_DONE = ("event: response.completed", "event: response.incomplete")
 # One entry per route. An error event (a `data:` object with "error", or `event: error`) is a failure.
 ROUTES = {
     "chat": Route("/v1/chat/completions", lambda prompt, n: {
@@ -84,16 +85,17 @@ ROUTES = {
     "native": Route("/completion", lambda prompt, n: {"prompt": prompt, "n_predict": n}),
     "infill": Route("/infill", lambda prompt, n: {
         "input_prefix": f"def tell(): # {prompt}\n    ", "input_suffix": "\n    return", "n_predict": n}),
-    # Anthropic's Messages API and OpenAI's Responses API: named events, the last one says it finished.
+    # Anthropic's Messages API and OpenAI's Responses API: named events, the last one says it finished
+    # (Responses: response.incomplete when max_output_tokens cut it, as OpenAI's does).
     "messages": Route("/v1/messages", lambda prompt, n: {
-        "messages": [{"role": "user", "content": prompt}], "max_tokens": n}, done="event: message_stop"),
+        "messages": [{"role": "user", "content": prompt}], "max_tokens": n}, done=("event: message_stop",)),
     "responses": Route("/v1/responses", lambda prompt, n: {
-        "input": prompt, "max_output_tokens": n}, done="event: response.completed"),
+        "input": prompt, "max_output_tokens": n}, done=RESPONSES_DONE),
     # Streams that survive their client: a dropped one is read on where it stopped, never lost.
     "resumable": Route("/v1/chat/completions", lambda prompt, n: {
         "messages": [{"role": "user", "content": prompt}], "max_tokens": n}, resume="stream"),
     "background": Route("/v1/responses", lambda prompt, n: {
-        "input": prompt, "max_output_tokens": n, "background": True}, done="event: response.completed",
+        "input": prompt, "max_output_tokens": n, "background": True}, done=RESPONSES_DONE,
         resume="background"),
 }
 FAILED_EVENTS = ("event: error", "event: response.failed")
@@ -311,7 +313,7 @@ class Read:
     async def read_lines(self, resp: Any, route: Route) -> None:
         async for line in resp.aiter_lines():
             self.offset += len(line.encode()) + 1
-            if line == route.done:
+            if line in route.done:
                 self.done = True  # read on: the data of a named last event follows it
                 continue
             if line in FAILED_EVENTS:

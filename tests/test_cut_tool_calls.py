@@ -58,10 +58,23 @@ def test_responses_is_incomplete_with_no_output(server: Server) -> None:
     assert (whole["status"], whole["incomplete_details"]) == ("incomplete", {"reason": "max_output_tokens"})
     assert (whole["output"], whole["output_text"]) == ([], "")
     events = _events(_post(server, "/v1/responses", {**body, "stream": True}))
-    assert [e["type"] for e in events] == ["response.created", "response.in_progress", "response.completed"]
+    assert [e["type"] for e in events] == ["response.created", "response.in_progress", "response.incomplete"]
     final = events[-1]["response"]
     assert (final["status"], final["incomplete_details"], final["output"]) == (
         "incomplete", {"reason": "max_output_tokens"}, [])
+
+
+def test_the_openai_stream_helper_refuses_a_cut_response_as_against_openai(server: Server) -> None:
+    """Its stream ends with response.incomplete, so get_final_response raises (it wants response.completed),
+    and the Agents SDK's streamed run fails as it does against OpenAI instead of finishing with nothing."""
+    tool = {"type": "function", "name": "get_weather", "parameters": PARAMETERS}
+    with server.client().responses.stream(model="m", input=HI, max_output_tokens=LIMIT, tool_choice="required",
+                                          tools=[tool], temperature=0) as stream:
+        last = [event for event in stream][-1]
+        with pytest.raises(RuntimeError, match="Didn't receive a `response.completed` event"):
+            stream.get_final_response()
+    assert (last.type, last.response.status, last.response.incomplete_details.reason) == (
+        "response.incomplete", "incomplete", "max_output_tokens")
 
 
 def test_anthropic_says_max_tokens_with_no_text(server: Server) -> None:

@@ -54,15 +54,16 @@ def test_create_answers_with_a_message_and_usage(server: Server) -> None:
 
 def test_stream_deltas_join_into_output_text(server: Server) -> None:
     with server.client().responses.stream(model="m", input="hello", max_output_tokens=12) as stream:
-        events = list(stream)
-        final = stream.get_final_response()
+        events = list(stream)  # not get_final_response: it raises for an incomplete response, as against OpenAI
+    final = events[-1].response
     joined = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert joined and joined == final.output_text
+    assert final.status == ("incomplete" if final.usage.output_tokens == 12 else "completed")
     kinds = [e.type for e in events]
     assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
                          "response.content_part.added"]
     assert kinds[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
-                          "response.completed"]
+                          f"response.{final.status}"]  # response.incomplete when max_output_tokens cut it
     assert [e.sequence_number for e in events] == list(range(len(events)))
 
 
@@ -134,8 +135,8 @@ def test_a_response_made_with_store_false_is_not_kept(server: Server) -> None:
 def test_eight_concurrent_streams_on_four_slots_complete_whole(server: Server) -> None:
     async def one(client: openai.AsyncOpenAI, i: int) -> tuple[str, object]:
         async with client.responses.stream(model="m", input=f"hello {i}", max_output_tokens=16) as stream:
-            joined = "".join([e.delta async for e in stream if e.type == "response.output_text.delta"])
-            return joined, await stream.get_final_response()
+            events = [e async for e in stream]  # the last is response.completed or response.incomplete
+            return "".join(e.delta for e in events if e.type == "response.output_text.delta"), events[-1]
 
     async def main() -> list[tuple[str, object]]:
         client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
@@ -143,8 +144,9 @@ def test_eight_concurrent_streams_on_four_slots_complete_whole(server: Server) -
 
     results = asyncio.run(main())
     assert len(results) == 8
-    for joined, final in results:
-        assert final.status in ("completed", "incomplete") and final.output_text == joined
+    for joined, last in results:
+        assert last.type == f"response.{last.response.status}" and last.response.output_text == joined
+        assert last.response.status in ("completed", "incomplete")
 
 
 def test_a_client_that_disconnects_frees_its_slot(server: Server) -> None:

@@ -4,8 +4,9 @@ Output items are a `reasoning` item (the thinking), a `message` with one `output
 `function_call` item per tool call, in that order. A stream announces each item
 (`response.output_item.added`), sends its deltas and its `.done` events, and ends with
 `response.completed`, whose response is the whole object. A response cut by max_output_tokens has
-status "incomplete" and says why in incomplete_details; its stream still ends with
-`response.completed` (as llama-server's does), which the OpenAI SDK's stream helpers wait for.
+status "incomplete" and says why in incomplete_details; its stream ends with `response.incomplete`
+instead, as OpenAI's does, so that clients (the Agents SDK, the OpenAI SDK's get_final_response) treat
+the cut answer as the failure it is rather than as a finished empty one.
 """
 
 from __future__ import annotations
@@ -165,7 +166,7 @@ async def _events(stream: JobStream, prep: PreparedChat, shape: ResponseShape,
         parts = Parts(texts[REASONING], texts[TEXT], calls or None, cut)
         body = shape.body("completed", shape.output(parts), answer)
         finished(body, parts)
-        yield ev("response.completed", response=body)
+        yield ev(f"response.{body['status']}", response=body)  # response.completed or response.incomplete
     except Exception as exc:  # noqa: BLE001 - the status line is gone; report in the stream, as OpenAI does
         error = to_api_error(exc)
         yield ev("error", code=error.code, message=error.message, param=error.param)

@@ -52,7 +52,7 @@ class Run:
     def add(self, chunk: bytes) -> None:
         _, _, data = chunk.partition(b"\ndata: ")
         event = json.loads(data)
-        if "response" in event:  # created, in_progress, completed: the response as the stream says it is
+        if "response" in event:  # created, in_progress, completed or incomplete: the response as it stands
             self.body = {**event["response"], "background": True}
         elif event.get("type") == "error":
             self.body = {**self.body, "status": "failed",
