@@ -11,7 +11,13 @@ suite's CORS tests expect that; pyllama reflects only loopback origins unless to
 
     python benchmarks/llama_server_suite.py [--llama-cpp-bin DIR] [--src DIR] [-k EXPR] [--files F,F]
 
---files picks other suite files (unit/test_stream.py, the replay buffer's, for one). --router runs
+--files picks other suite files (unit/test_stream.py, the replay buffer's, for one). Files whose
+preset serves another model kind (embeddings, a reranker, a LoRA adapter: FILE_SETUPS) get that
+kind's fixture and flags, one server per setup:
+
+    python benchmarks/llama_server_suite.py --files unit/test_embedding.py,unit/test_rerank.py,unit/test_lora.py \
+        --llama-cpp-bin ~/.cache/pyllama-ref/bin
+ --router runs
 them against each server in router mode instead: the suite's router tests ask for the model by its
 Hugging Face name, so a presets file serves the tiny llama under that name, and each test gets a
 fresh server (the tests that watch a model load need it unloaded at their start).
@@ -45,6 +51,18 @@ PRESET = ["--alias", "tinyllama-2", "-c", "512", "-b", "32", "-np", "2", "-n", "
 # The suite's `router` preset: the model its router tests name, and the flags it gives the router.
 ROUTER_MODEL = "ggml-org/tinygemma3-GGUF:Q8_0"
 ROUTER_FLAGS = ["-b", "16", "-n", "16", "--seed", "42"]
+# Files whose preset is another model kind: (fixture, the flags of the file's ServerPreset). The
+# fixture stands in for the suite's download: an embedding server on the tiny llama (bert_bge_small's
+# flags, last-token pooling as most of its tests ask), the tiny reranker (jina_reranker_tiny's), and
+# the tiny llama with a LoRA adapter (stories15m_moe's; its tests match that model's text).
+FILE_SETUPS = {
+    "unit/test_embedding.py": ("tiny", ["--alias", "bert-bge-small", "-c", "512", "-b", "128", "-ub", "128",
+                                        "-np", "2", "--seed", "42", "--embeddings", "--pooling", "last"]),
+    "unit/test_rerank.py": ("reranker", ["--alias", "jina-reranker", "-c", "512", "-b", "512", "-np", "1",
+                                         "--seed", "42", "--rerank"]),
+    "unit/test_lora.py": ("tiny", ["--alias", "stories15m-moe", "-c", "2048", "-b", "1024", "-np", "1",
+                                   "-n", "64", "--temp", "0", "--seed", "42", "--lora", "{lora}"]),
+}
 
 
 def suite_dir(src: Path | None) -> Path:
@@ -70,11 +88,28 @@ def suite_model() -> Path:
     """The tiny synthetic llama (ChatML template) both servers serve, written once."""
     from tests.fixtures.make_gguf import TINY, write_llama_gguf
 
-    path = common.BENCH_DIR / "suite-tiny.gguf"
+    return _written("suite-tiny.gguf", lambda path: write_llama_gguf(path, TINY))
+
+
+def _written(name: str, write) -> Path:
+    path = common.BENCH_DIR / name
     if not path.exists():
         common.BENCH_DIR.mkdir(parents=True, exist_ok=True)
-        write_llama_gguf(path.with_suffix(".tmp"), TINY).rename(path)
+        write(path.with_suffix(".tmp")).rename(path)
     return path
+
+
+def setup_of(file: str) -> tuple[Path, list[str]]:
+    """The model and flags (besides --port) both servers get for a suite file."""
+    from tests.fixtures.make_adapters import write_lora_gguf
+    from tests.fixtures.make_reranker import write_reranker_gguf
+
+    if file not in FILE_SETUPS:
+        return suite_model(), PRESET
+    fixture, flags = FILE_SETUPS[file]
+    model = _written("suite-reranker.gguf", write_reranker_gguf) if fixture == "reranker" else suite_model()
+    lora = _written("suite-lora.gguf", write_lora_gguf)
+    return model, [flag.replace("{lora}", str(lora)) for flag in flags]
 
 
 def start(cmd: list[str], port: int, log: Path) -> subprocess.Popen:
@@ -86,8 +121,11 @@ def start(cmd: list[str], port: int, log: Path) -> subprocess.Popen:
 def suite_env(work: Path, port: int) -> dict[str, str]:
     shim = work / "shim"
     shim.mkdir(exist_ok=True)
-    # The suite imports wget to download models; in external mode it downloads nothing.
-    (shim / "wget.py").write_text('"""Stand-in: the external-mode suite downloads nothing."""\n')
+    # The suite imports wget to download models; in external mode it downloads nothing. test_lora.py's
+    # fixture still fetches its adapter, only to hand it to a server it does not start: the running
+    # server already has FILE_SETUPS' adapter, so the stand-in fetches nothing either.
+    (shim / "wget.py").write_text('"""Stand-in: the external-mode suite downloads nothing."""\n\n\n'
+                                  'def download(url, out=None):\n    return out\n')
     return {**os.environ, "DEBUG_EXTERNAL": "1", "PORT": str(port),
             "PYTHONPATH": os.pathsep.join([str(shim), os.environ.get("PYTHONPATH", "")])}
 
@@ -169,27 +207,39 @@ def main() -> None:
     args = p.parse_args()
     files = tuple(f.strip() for f in args.files.split(",") if f.strip())
     tests = suite_dir(args.src)
-    model = suite_model()
     work = args.work or Path(tempfile.mkdtemp(prefix="pyllama-suite-"))
     work.mkdir(parents=True, exist_ok=True)
     if args.router:
+        model = suite_model()
         print(f"router mode, {ROUTER_MODEL} served from {model}; logs in {work}", file=sys.stderr)
         report(run_routers(router_commands(model, work, args.llama_cpp_bin), tests, work, args.select, files))
         return
-    results = {}
-    port = common.free_port()
     print(f"pyllama serve --cors-origin '*' (llama-server reflects any origin by default); logs in {work}",
           file=sys.stderr)
-    results["pyllama"] = serve_and_run(
-        "pyllama", [*common.pyllama_cmd(), "serve", "-m", str(model), *PRESET, "--port", str(port),
-                    "--cors-origin", "*"], port, tests, work, args.select, files)
-    if args.llama_cpp_bin:
+    report(run_files(files, tests, work, args.select, args.llama_cpp_bin))
+
+
+def run_files(files: tuple[str, ...], tests: Path, work: Path, select: str | None,
+              llama_cpp_bin: Path | None) -> dict[str, dict[str, str]]:
+    """FILES against both servers, one server per setup (FILE_SETUPS) with the files that share it."""
+    groups: dict[tuple[Path, tuple[str, ...]], list[str]] = {}
+    for file in files:
+        model, flags = setup_of(file)
+        groups.setdefault((model, tuple(flags)), []).append(file)
+    results: dict[str, dict[str, str]] = {"pyllama": {}}
+    for number, ((model, flags), group) in enumerate(groups.items()):
         port = common.free_port()
-        server = common.llama_cpp_bin(args.llama_cpp_bin) / "llama-server"
-        results["llama-server"] = serve_and_run(
-            "llama-server", [str(server), "-m", str(model), *PRESET, "--port", str(port)], port, tests, work,
-            args.select, files)
-    report(results)
+        print(f"{', '.join(group)}: -m {model.name} {' '.join(flags)}", file=sys.stderr)
+        results["pyllama"].update(serve_and_run(
+            f"pyllama-{number}", [*common.pyllama_cmd(), "serve", "-m", str(model), *flags, "--port", str(port),
+                                  "--cors-origin", "*"], port, tests, work, select, tuple(group)))
+        if llama_cpp_bin:
+            port = common.free_port()
+            server = common.llama_cpp_bin(llama_cpp_bin) / "llama-server"
+            results.setdefault("llama-server", {}).update(serve_and_run(
+                f"llama-server-{number}", [str(server), "-m", str(model), *flags, "--port", str(port)], port,
+                tests, work, select, tuple(group)))
+    return results
 
 
 def report(results: dict[str, dict[str, str]]) -> None:

@@ -142,8 +142,8 @@ _pyllama_spec() {
                 -ctv= --cache-type-v= -t= --threads= -ngl= --n-gpu-layers= -fa= --flash-attn= -nkvo= \
                 --no-kv-offload= -mmp= --mmap= -lm= --load-mode= -C= --cpu-mask= --cpu-strict= --poll= \
                 --prio= --rpc= -dev= --device= -ts= --tensor-split= -ot= --override-tensor= --list-devices \
-                -r= --repetitions= -o= --output= --progress --no-warmup --ttft --compare= --plot= -v \
-                --verbose -h --help"
+                --lora= --lora-scaled= -r= --repetitions= -o= --output= --progress --no-warmup --ttft \
+                --compare= --plot= -v --verbose -h --help"
             ;;
         "chat")
             subs=""

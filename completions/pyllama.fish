@@ -125,6 +125,8 @@ complete -c pyllama -n '__pyllama_using bench' -o dev -l device -d 'Devices to o
 complete -c pyllama -n '__pyllama_using bench' -o ts -l tensor-split -d 'Each device\'s share of the layers, e.g.' -x
 complete -c pyllama -n '__pyllama_using bench' -o ot -l override-tensor -d 'Tensor buffer overrides: PATTERN=BUFTYPE items separated by \';\' per configuration, configurations separated by commas (an empty one: none).' -x
 complete -c pyllama -n '__pyllama_using bench' -l list-devices -d 'Print the devices (local, and the --rpc servers\') with their memory and exit.'
+complete -c pyllama -n '__pyllama_using bench' -l lora -d 'LoRA adapter to apply at scale 1 (repeat, or comma-separated for several).' -x
+complete -c pyllama -n '__pyllama_using bench' -l lora-scaled -d 'LoRA adapter with its scale (repeat, or comma-separated).' -x
 complete -c pyllama -n '__pyllama_using bench' -s r -l repetitions -d 'Timed runs of each test.' -x
 complete -c pyllama -n '__pyllama_using bench' -s o -l output -d 'Output format: md, csv, json, jsonl or sql.' -x -a '(__pyllama_values none csv json jsonl md sql)'
 complete -c pyllama -n '__pyllama_using bench' -l progress -d 'Print each step of each test on stderr.'

@@ -14,8 +14,12 @@ from ..core.bench import spec as defaults
 from ..errors import Interrupted, UsageError
 from ..options.hardware.cpu import BenchCpuMaskOpt, BenchCpuStrictOpt, BenchPollOpt, PrioOpt
 from ..options.hardware.devices import BenchDeviceOpt, BenchTensorSplitOpt, ListDevicesOpt, RpcOpt, list_devices, parse_rpc
-from ..options.load import HfFileOpt, HfRepoOpt, HfTokenOpt, ModelPathOpt, OfflineOpt, VerboseOpt, in_panel, repeatable
+from ..options.load import HfTokenOpt, OfflineOpt, VerboseOpt, in_panel
 from ..options.hardware.placement import BenchOverrideTensorOpt
+from ..options.adapters import LoraOpt, LoraScaledOpt, lora_files
+from ..options.bench import (RUN, SWEEP, BatchSizesOpt, CacheTypeKOpt, CacheTypeVOpt, FlashAttnListOpt,
+                             GpuLayersListOpt, HfFilesOpt, HfReposOpt, LoadModeOpt, MmapOpt, ModelsOpt, NDepthOpt,
+                             NGenOpt, NoKvOffloadOpt, NPgOpt, NPromptOpt, ThreadsListOpt, UBatchSizesOpt)
 
 EXAMPLES = """\
 Examples:
@@ -25,45 +29,10 @@ Examples:
   pyllama bench -m model.gguf -ctk f16,q8_0 -ctv f16,q8_0 -fa on
   pyllama bench -m model.gguf --ttft -o json > base.json && pyllama bench -m model.gguf --compare base.json
   pyllama bench -m model.gguf --rpc 10.0.0.5:50052,10.0.0.6:50052 -ts 3/1
+  pyllama bench -m model.gguf --lora-scaled adapter.gguf:0.5 -n 64 -o json
 
 Values: 1,2,4 or ranges 1-8, 1-8+2 (step), 1-16*2 (factor); a flag may repeat.
 """
-
-SWEEP = "Test parameters (lists and ranges)"
-RUN = "Run and output"
-
-
-def _sweep(*decls: str, help: str) -> Any:
-    return Annotated[list[str] | None, typer.Option(
-        *decls, help=help, rich_help_panel=SWEEP, show_default=False, metavar="LIST")]
-
-
-ModelsOpt = repeatable(ModelPathOpt, " Repeat the flag (or separate with ,) to compare models.")
-HfReposOpt = repeatable(HfRepoOpt, " Repeatable.")
-HfFilesOpt = repeatable(HfFileOpt, " Repeatable: the n-th -hff goes with the n-th -hf.")
-NPromptOpt = _sweep("-p", "--n-prompt",
-                    help=f"Prompt lengths to time (pp tests); 0 = none. (default: {defaults.DEFAULT_N_PROMPT[0]})")
-NGenOpt = _sweep("-n", "--n-gen",
-                 help=f"Generation lengths to time (tg tests); 0 = none. (default: {defaults.DEFAULT_N_GEN[0]})")
-NPgOpt = _sweep("-pg", help="A PROMPT,GEN pair timed together (pp+tg test); repeatable.")
-NDepthOpt = _sweep("-d", "--n-depth",
-                   help=f"Tokens already in the context (untimed prefill). (default: {defaults.DEFAULT_N_DEPTH[0]})")
-BatchSizesOpt = _sweep("-b", "--batch-size", help=f"Logical batch size. (default: {defaults.DEFAULT_N_BATCH[0]})")
-UBatchSizesOpt = _sweep("-ub", "--ubatch-size", help=f"Physical batch size. (default: {defaults.DEFAULT_N_UBATCH[0]})")
-CacheTypeKOpt = _sweep("-ctk", "--cache-type-k", help="K cache type: f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, "
-                       f"iq4_nl. (default: {defaults.DEFAULT_CACHE_TYPE[0]})")
-CacheTypeVOpt = _sweep("-ctv", "--cache-type-v",
-                       help=f"V cache type (as -ctk). (default: {defaults.DEFAULT_CACHE_TYPE[0]})")
-ThreadsListOpt = _sweep("-t", "--threads", help="CPU threads. (default: physical cores)")
-GpuLayersListOpt = _sweep("-ngl", "--n-gpu-layers",
-                          help=f"Layers offloaded to the GPU (-1 = all). (default: {defaults.DEFAULT_N_GPU_LAYERS[0]})")
-FlashAttnListOpt = _sweep("-fa", "--flash-attn",
-                          help=f"Flash attention: on, off or auto. (default: {defaults.DEFAULT_FLASH_ATTN[0]})")
-NoKvOffloadOpt = _sweep("-nkvo", "--no-kv-offload",
-                        help=f"Keep the KV cache off the GPU: 0 or 1. (default: {defaults.DEFAULT_NO_KV_OFFLOAD[0]:d})")
-MmapOpt = _sweep("-mmp", "--mmap",
-                 help=f"Memory-map the model: 0 or 1 (sets the load mode). (default: {defaults.DEFAULT_LOAD_MODE[0]})")
-LoadModeOpt = _sweep("-lm", "--load-mode", help="Load mode: auto, none, mmap, mlock, mmap+mlock, dio.")
 
 
 def bench(
@@ -95,6 +64,8 @@ def bench(
     tensor_split: BenchTensorSplitOpt = None,
     override_tensor: BenchOverrideTensorOpt = None,
     list_devices_only: ListDevicesOpt = False,
+    lora: LoraOpt = None,
+    lora_scaled: LoraScaledOpt = None,
     repetitions: Annotated[int, typer.Option("-r", "--repetitions", help="Timed runs of each test.",
                                              rich_help_panel=RUN)] = defaults.DEFAULT_REPETITIONS,
     output: Annotated[str, typer.Option("-o", "--output", help="Output format: md, csv, json, jsonl or sql.",
@@ -122,10 +93,12 @@ def bench(
     After a warmup run each test is timed -r times: mean ± sample stddev t/s. Test parameters take lists and ranges.
 
     peak RSS: the process's peak resident memory during the test (VmHWM, reset per test on Linux), model included.
+
+    --lora/--lora-scaled: the adapters are applied to every test's context (a `lora` column and field say which).
     """
     from ..core.bench.compare import load_baseline
     from ..core.bench.output import OUTPUT_FORMATS
-    from ..core.bench.params import make_spec, model_requests, resolve_models
+    from ..core.bench.params import check_loras, make_spec, model_requests, resolve_models
     from ..core.bench.plot import check_plot_target
     from ..core.bench.runner import build_info
     from ..core.model.rpc import add_servers
@@ -134,12 +107,13 @@ def bench(
         list_devices(parse_rpc(rpc))
     if output not in OUTPUT_FORMATS:
         raise UsageError(f"-o {output!r} is not one of {', '.join(OUTPUT_FORMATS)}", hint="e.g. -o json")
-    spec = make_spec(dict(locals()))
+    spec = replace(make_spec(dict(locals())), loras=lora_files(lora, lora_scaled))
     baseline = load_baseline(compare) if compare is not None else None
     if plot is not None:
         check_plot_target(plot)
     requests = model_requests(model_path, hf_repo, hf_file, hf_token, offline)
     spec = replace(spec, models=resolve_models(requests, download_tqdm()))
+    check_loras(spec)
     add_servers(spec.rpc)  # before build_info: the backend is RPC once servers lend devices
     _run(spec, build_info(), output, progress, baseline, plot)
 
@@ -153,7 +127,7 @@ def _run(spec: Any, build: Any, fmt: str, detail: bool, baseline: list[dict[str,
     from ..core.bench.plot import plot_sweep
     from ..core.model.settings import default_threads
 
-    extras = Extras(ttft=spec.ttft, compare=baseline is not None)
+    extras = Extras(ttft=spec.ttft, compare=baseline is not None, lora=bool(spec.loras))
     cols = md_columns(spec, build.backends, extras, default_threads())
     rich_table = fmt == "md" and stdout_is_tty()
     printer = None if rich_table else make_printer(fmt, _write, build, extras, cols)

@@ -71,10 +71,15 @@ def parse_scaled(value: str, flag: str) -> AdapterFile:
     return AdapterFile(Path(path), number)
 
 
+def lora_files(lora: list[str] | None, lora_scaled: list[str] | None) -> tuple[AdapterFile, ...]:
+    """--lora files (scale 1), then --lora-scaled ones, in the order given: their ids."""
+    files = [AdapterFile(Path(p)) for p in _items(lora)]
+    return tuple(files + [parse_scaled(v, "--lora-scaled") for v in _items(lora_scaled)])
+
+
 def adapter_settings(kwargs: dict[str, Any]) -> AdapterSettings:
     """Pop the adapter flags out of a command's keyword arguments."""
-    loras = [AdapterFile(Path(p)) for p in _items(kwargs.pop("lora"))]
-    loras += [parse_scaled(v, "--lora-scaled") for v in _items(kwargs.pop("lora_scaled"))]
+    loras = lora_files(kwargs.pop("lora"), kwargs.pop("lora_scaled"))
     vectors = [AdapterFile(Path(p)) for p in _items(kwargs.pop("control_vector"))]
     vectors += [parse_scaled(v, "--control-vector-scaled") for v in _items(kwargs.pop("control_vector_scaled"))]
     layer_range = kwargs.pop("control_vector_layer_range")

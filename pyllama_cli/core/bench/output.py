@@ -2,7 +2,8 @@
 
 Field names, order, value formats and Markdown column widths are llama-bench's, so scripts
 written for its output read ours. pyllama's extra measurements come after llama-bench's fields:
-`peak_rss_bytes` and `error` always, `ttft_*` with --ttft, `speedup` with --compare.
+`peak_rss_bytes` and `error` always, `lora` with --lora/--lora-scaled (llama-bench has no adapters),
+`ttft_*` with --ttft, `speedup` with --compare.
 """
 
 from __future__ import annotations
@@ -66,9 +67,10 @@ class Extras:
 
     ttft: bool = False
     compare: bool = False
+    lora: bool = False
 
     def fields(self) -> list[str]:
-        out = ["peak_rss_bytes"]
+        out = ["peak_rss_bytes"] + (["lora"] if self.lora else [])
         if self.ttft:
             out += ["ttft_avg_ns", "ttft_stddev_ns"]
         if self.compare:
@@ -109,6 +111,8 @@ def tensor_split_text(split: tuple[float, ...]) -> str:
 def extra_values(r: BenchResult, extras: Extras, speedup: float | None) -> dict[str, str | None]:
     """pyllama's extra fields; None where there is no value (SQL NULL, JSON null, empty CSV cell)."""
     values: dict[str, str | None] = {"peak_rss_bytes": _opt(r.peak_rss_bytes)}
+    if extras.lora:
+        values["lora"] = r.instance.lora_text
     if extras.ttft:
         has = bool(r.ttft_ns)
         values["ttft_avg_ns"] = str(mean_int(r.ttft_ns)) if has else None
@@ -244,7 +248,7 @@ def md_columns(spec: BenchSpec, backend: str, extras: Extras, default_threads: i
         "flash_attn": tuple(spec.flash_attn) != DEFAULT_FLASH_ATTN,
         "devices": tuple(spec.devices) != ((),), "tensor_split": tuple(spec.tensor_split) != ((),),
         "tensor_buft_overrides": tuple(spec.tensor_overrides) != ((),),
-        "load_mode": tuple(spec.load_mode) != DEFAULT_LOAD_MODE,
+        "load_mode": tuple(spec.load_mode) != DEFAULT_LOAD_MODE, "lora": bool(spec.loras),
     }
     cols += [name for name, shown in varying.items() if shown]
     cols += ["test", "t/s"]
@@ -272,7 +276,7 @@ def md_cells(r: BenchResult, cols: Sequence[str], build: BuildInfo, speedup: flo
     values = field_values(r, build)
     special = {
         "model": r.model_type, "size": size_text(r.model_size), "params": params_text(r.model_n_params),
-        "backend": build.backends, "test": r.instance.test_name,
+        "backend": build.backends, "test": r.instance.test_name, "lora": r.instance.lora_text,
         "t/s": f"{r.avg_ts:.2f} ± {r.stddev_ts:.2f}" if not r.error else f"error: {r.error}",
         "ttft": _ttft_text(r), "peak_rss_bytes": size_text(r.peak_rss_bytes) if r.peak_rss_bytes else "-",
         "speedup": f"{speedup:.2f}x" if speedup is not None else "-",

@@ -139,6 +139,21 @@ def model_requests(paths: list[str] | None, repos: list[str] | None, files: list
     return requests or [(None, ModelRequest())]  # an empty request raises the shared "no model given" error
 
 
+def check_loras(spec: Any) -> None:
+    """Refuse a missing adapter, or one made for another architecture than a model's, before any test runs.
+
+    Raises:
+        UsageError, ModelLoadError: check_lora_file's errors, naming the adapter and the model.
+    """
+    from ..gguf.reader import read_gguf
+    from ..model.adapters import check_lora_file
+
+    for model in spec.models if spec.loras else ():
+        arch = read_gguf(model.path, check_data=False).architecture
+        for lora in spec.loras:
+            check_lora_file(lora.path, model.path, arch)
+
+
 def resolve_models(requests: list[tuple[str | None, ModelRequest]], tqdm_class: type | None) -> tuple[Any, ...]:
     """The models to benchmark, each labelled as the user named it (else by its resolved path)."""
     from ..model.resolve import resolve_model

@@ -21,6 +21,7 @@ import numpy as np
 
 from ...errors import ModelLoadError
 from ..model import library
+from ..model.adapters import AdapterSettings, ModelAdapters
 from ..model.native import Context, Model, lib
 from ..model.placement import TensorOverrides
 from ..model.rpc import ModelDevices
@@ -79,7 +80,14 @@ def load_bench_model(inst: Instance, verbose: bool = False) -> Model:
     if not handle:
         raise ModelLoadError(f"llama.cpp could not load {inst.model.label}",
                              hint="run again with --verbose to see llama.cpp's reason")
-    return Model(handle, inst.model.path)
+    model = Model(handle, inst.model.path)
+    if inst.loras:  # loaded once per model; native.Context applies them to each test's context
+        try:
+            model.adapters = ModelAdapters.load(model, AdapterSettings(loras=inst.loras))
+        except BaseException:
+            model.close()
+            raise
+    return model
 
 
 def measure(model: Model, inst: Instance, spec: BenchSpec, depth_cache: dict[tuple, ctypes.Array],

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..model import settings
+from ..model.adapters import AdapterFile
 
 DEFAULT_N_PROMPT = (512,)
 DEFAULT_N_GEN = (128,)
@@ -61,6 +62,7 @@ class Instance:
     cpu_mask: str = DEFAULT_CPU_MASK[0]  # -C: the test's thread pool runs on these CPUs (0x0 = any)
     cpu_strict: bool = DEFAULT_CPU_STRICT[0]
     poll: int = DEFAULT_POLL[0]
+    loras: tuple[AdapterFile, ...] = ()  # --lora/--lora-scaled, on every test's context
 
     @property
     def test_name(self) -> str:
@@ -76,7 +78,12 @@ class Instance:
     def model_key(self) -> tuple:
         """What the loaded model depends on; a change means a reload."""
         return (self.model.path, self.n_gpu_layers, self.load_mode, self.devices, self.tensor_split,
-                self.tensor_overrides)
+                self.tensor_overrides, self.loras)
+
+    @property
+    def lora_text(self) -> str:
+        """The adapters as --lora-scaled writes them, FILE:SCALE, comma-separated ("none" without)."""
+        return ",".join(f"{a.path.name}:{a.scale:g}" for a in self.loras) or "none"
 
 
 # More tests than one bench can run in any reasonable time; the lists of a sweep multiply, so a few
@@ -110,6 +117,7 @@ class BenchSpec:
     cpu_strict: tuple[bool, ...] = DEFAULT_CPU_STRICT
     poll: tuple[int, ...] = DEFAULT_POLL
     prio: int = 0  # --prio: one priority for the whole run
+    loras: tuple[AdapterFile, ...] = ()  # --lora/--lora-scaled: loaded with each model, applied to every test
     repetitions: int = DEFAULT_REPETITIONS
     warmup: bool = True
     ttft: bool = False
@@ -135,7 +143,7 @@ class BenchSpec:
                 self.models, self.n_gpu_layers, self.load_mode, self.devices, self.tensor_split, self.tensor_overrides,
                 self.n_batch, self.n_ubatch, self.type_k, self.type_v, self.no_kv_offload, self.flash_attn,
                 self.n_threads, self.cpu_mask, self.cpu_strict, self.n_depth, self.poll):
-            out += [Instance(m, p, g, nd, nb, nub, tk, tv, nt, ngl, nkvo, fa, lm, dev, ts, ot, cm, cs, pl)
+            out += [Instance(m, p, g, nd, nb, nub, tk, tv, nt, ngl, nkvo, fa, lm, dev, ts, ot, cm, cs, pl, self.loras)
                     for p, g in tests]
         return out
 

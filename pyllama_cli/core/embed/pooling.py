@@ -56,7 +56,10 @@ def embedding_context(model: Any, settings: Any, pooling: int) -> Any:
 
     check_pooling(model.path, pooling)
     settings = replace(settings, n_ubatch=settings.n_batch)
-    shared = {"embeddings": True, "n_seq_max": MAX_SEQUENCES, "kv_unified": True}
+    # No more sequences than the batch has tokens: llama.cpp sizes its output buffer for
+    # max(outputs, sequences) but allows only n_batch outputs, and aborts (-b 128) if sequences exceed it.
+    n_seq = min(MAX_SEQUENCES, settings.n_batch)
+    shared = {"embeddings": True, "n_seq_max": n_seq, "kv_unified": True}
     if pooling != UNSPECIFIED:
         return Context(model, settings, pooling_type=pooling, **shared)
     ctx = Context(model, settings, **shared)

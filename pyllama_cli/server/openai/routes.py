@@ -20,7 +20,8 @@ from .. import spine
 from ..errors import OPENAPI_ERRORS, APIError
 from ..model_set import ModelSet
 from . import answers
-from .prepare import prepare_chat, prepare_completion, prompt_tokens
+from .embedding_inputs import embedding_inputs
+from .prepare import prepare_chat, prepare_completion
 from .schemas import (
     ChatCompletion,
     ChatCompletionRequest,
@@ -62,7 +63,7 @@ def add_routes(app: FastAPI, models: ModelSet) -> None:
             raise APIError(400, f"this server pools with {'none' if engine.pooling == 0 else 'rank'}: its "  # type: ignore[attr-defined]
                            "embeddings are not one vector per input; restart it with --pooling mean, cls or last",
                            code="not_supported")
-        inputs = await run_in_threadpool(prompt_tokens, engine, body.input, "input")
+        inputs = await run_in_threadpool(embedding_inputs, engine, body.input)
         for ids in inputs:
             if len(ids) >= engine.n_ctx or len(ids) > engine.summary.n_batch:
                 limit = min(engine.n_ctx - 1, engine.summary.n_batch)

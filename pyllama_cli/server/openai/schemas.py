@@ -99,7 +99,9 @@ class CompletionRequest(GenerationFields):
 
 
 class EmbeddingRequest(Lenient):
-    input: str | list[str] | list[int] | list[list[int]]
+    # A string, token ids, a list mixing both, {"prompt_string"} or {"content": [parts]}, or a list of
+    # those: embedding_inputs.py reads every shape llama-server takes.
+    input: str | list[Any] | dict[str, Any]
     model: str | None = None
     encoding_format: Literal["float", "base64"] = "float"
 
