@@ -122,6 +122,7 @@ def _run(spec: Any, build: Any, fmt: str, detail: bool, baseline: list[dict[str,
          plot: Path | None) -> None:
     """Run the sweep, streaming rows in the chosen format (a rich table for md on a terminal)."""
     from ..core.bench.runner import run_benchmark
+    from ..core.interrupt import remembered_sigint
     from ..core.bench.compare import speedup
     from ..core.bench.output import Extras, check_failures, make_printer, md_columns
     from ..core.bench.plot import plot_sweep
@@ -135,13 +136,16 @@ def _run(spec: Any, build: Any, fmt: str, detail: bool, baseline: list[dict[str,
     if printer:
         printer.header()
     try:
-        with bench_progress([inst.test_name for inst in spec.instances()], detail) as on_step:
+        with remembered_sigint() as ctrl_c, bench_progress([inst.test_name for inst in spec.instances()],
+                                                           detail) as on_step:
             for result in run_benchmark(spec, on_step):
                 gain = speedup(result, build, baseline) if baseline is not None else None
                 results.append(result)
                 speedups.append(gain)
                 if printer:
                     printer.row(result, gain)
+                if ctrl_c:  # a Ctrl-C that a native callback swallowed: stop after this test
+                    raise KeyboardInterrupt
     except KeyboardInterrupt:
         # The tests that finished are still a valid document (json closes its list) and say so.
         _finish_output(printer, results, speedups, cols, build)

@@ -40,3 +40,27 @@ def catch_sigint(flag: StopFlag) -> Iterator[StopFlag]:
         yield flag
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+@contextmanager
+def remembered_sigint() -> Iterator[StopFlag]:
+    """While the block runs, Ctrl-C raises KeyboardInterrupt as usual and also sets the flag it yields.
+
+    A KeyboardInterrupt that lands inside a ctypes callback (llama.cpp's log or abort callback) is
+    swallowed there; the flag is not, so a loop that checks it between steps still stops.
+    """
+    flag = StopFlag()
+    if threading.current_thread() is not threading.main_thread():
+        yield flag
+        return
+
+    def interrupt(*_: object) -> None:
+        flag.set()
+        raise KeyboardInterrupt
+
+    previous = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, interrupt)
+    try:
+        yield flag
+    finally:
+        signal.signal(signal.SIGINT, previous)
