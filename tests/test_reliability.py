@@ -121,7 +121,7 @@ def test_schema_fuzz_of_a_router_finds_no_server_error(router_server: Server) ->
     loaded = [card["id"] for card in httpx.get(f"{router_server.url}/v1/models").json()["data"]
               if card["status"]["value"] != "unloaded"]
     assert len(loaded) <= 2, loaded
-    assert "Traceback" not in router_server.stderr
+    assert "Traceback (most recent call last)" not in router_server.stderr  # paths the fuzzer sent are in the access log
 
 
 def test_schema_fuzz_finds_no_server_error(rserver: Server) -> None:
@@ -129,7 +129,7 @@ def test_schema_fuzz_finds_no_server_error(rserver: Server) -> None:
     assert report.cases >= 100
     assert report.problems == []
     assert _alive(rserver)
-    assert "Traceback" not in rserver.stderr
+    assert "Traceback (most recent call last)" not in rserver.stderr  # paths the fuzzer sent are in the access log
 
 
 def test_streaming_load_with_hang_ups_leaves_no_slot_busy(rserver: Server) -> None:
