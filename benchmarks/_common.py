@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import compileall
 import functools
+import hashlib
 import os
 import resource
 import shutil
@@ -216,3 +217,35 @@ def stop_server(proc: subprocess.Popen) -> None:
         proc.wait(10)
     except subprocess.TimeoutExpired:
         proc.kill()
+
+
+# ---------------------------------------------------------------- shared by the file tools' and the servers' scripts
+
+# After deleting the last outputs and syncing, a file benchmark waits this long before its next run: a filesystem
+# mounted with `discard` trims the freed blocks in the background, and a VM with free page reporting hands the
+# freed memory back to its host about 2 s after it is freed. A run that starts inside that window finds part of
+# that memory still backed and part not, and its time swings by 0.5 s on a 1 s job (measured: llama-quantize
+# F16 -> Q8_0 0.80-1.76 s after a 0-1 s pause, 1.14-1.36 s after 3 s).
+SETTLE_S = 3.0
+
+
+def sha256(path: Path) -> str:
+    """The file's SHA-256, read in 16 MiB blocks (outputs of hundreds of MB)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 24), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def load_speeds(runs: list[dict[str, dict[str, float]]], name: str) -> str:
+    """One load's tokens/s in each run, for the per-round lines."""
+    return " ".join(f"{r[name]['tps']:.0f}" for r in runs)
+
+
+def summarise_loads(rounds: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
+    """Median tokens/s and TTFT over runs of each load, errors summed."""
+    return {name: {"tps": statistics.median(r[name]["tps"] for r in rounds),
+                   "p50_ttft": statistics.median(r[name]["p50_ttft"] for r in rounds),
+                   "errors": sum(r[name]["errors"] for r in rounds)}
+            for name in rounds[0]}

@@ -11,24 +11,13 @@ merge of the parts is timed the same way, for information.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import sys
 import time
 from pathlib import Path
 
-from _common import (BENCH_DIR, base_parser, bench_model, llama_cpp_bin, median, print_ratio_table, pyllama_cmd,
-                     run_timed, turn_order)
-
-SETTLE_S = 3.0
-
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 24), b""):
-            digest.update(block)
-    return digest.hexdigest()
+from _common import (BENCH_DIR, SETTLE_S, base_parser, bench_model, llama_cpp_bin, median, print_ratio_table, pyllama_cmd,
+                     run_timed, sha256, turn_order)
 
 
 def clean(folder: Path) -> None:

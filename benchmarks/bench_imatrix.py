@@ -12,13 +12,12 @@ llama-imatrix's (at least 0.95x its speed). The risk is the evaluation callback'
 
 from __future__ import annotations
 
-import hashlib
 import random
 import sys
 from pathlib import Path
 
 from _common import (BENCH_DIR, base_parser, bench_model, llama_cpp_bin, median, print_ratio_table, pyllama_cmd,
-                     run_cpu_timed, turn_order)
+                     run_cpu_timed, sha256, turn_order)
 
 
 def corpus(n_words: int = 20000) -> Path:
@@ -32,10 +31,6 @@ def corpus(n_words: int = 20000) -> Path:
         BENCH_DIR.mkdir(parents=True, exist_ok=True)
         path.write_text(" ".join(rng.choice(words) for _ in range(n_words)) + "\n")
     return path
-
-
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def main() -> None:

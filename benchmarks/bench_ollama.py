@@ -129,9 +129,9 @@ def main() -> None:
         for route in ROUTES:
             runs[route] += got[route]
         print(f"round {i + 1}: " + "; ".join(
-            f"{name} /v1/chat/completions {_speeds(got['openai'], name)} t/s, /api/chat "
-            f"{_speeds(got['ollama'], name)} t/s" for name, _, _ in PHASES), file=sys.stderr)
-    openai, ollama = _summary(runs["openai"]), _summary(runs["ollama"])
+            f"{name} /v1/chat/completions {common.load_speeds(got['openai'], name)} t/s, /api/chat "
+            f"{common.load_speeds(got['ollama'], name)} t/s" for name, _, _ in PHASES), file=sys.stderr)
+    openai, ollama = common.summarise_loads(runs["openai"]), common.summarise_loads(runs["ollama"])
     print(f"{'metric':<28} {'/v1/chat':>12} {'/api/chat':>12} {'ratio':>8}  target")
     for name, _, _ in PHASES:
         a, b = openai[name]["tps"], ollama[name]["tps"]
@@ -142,17 +142,6 @@ def main() -> None:
         print(f"{name}: /v1/chat/completions {openai[name]['tps']:.1f} t/s, /api/chat {ollama[name]['tps']:.1f} t/s, "
               f"median paired ratio {paired:.3f}; p50 TTFT {openai[name]['p50_ttft']:.3f} s vs "
               f"{ollama[name]['p50_ttft']:.3f} s; errors {openai[name]['errors']:.0f} vs {ollama[name]['errors']:.0f}")
-
-
-def _speeds(runs: list[dict[str, dict[str, float]]], name: str) -> str:
-    return " ".join(f"{r[name]['tps']:.0f}" for r in runs)
-
-
-def _summary(rounds: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
-    return {name: {"tps": statistics.median(r[name]["tps"] for r in rounds),
-                   "p50_ttft": statistics.median(r[name]["p50_ttft"] for r in rounds),
-                   "errors": sum(r[name]["errors"] for r in rounds)}
-            for name in rounds[0]}
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ share of each timed job. --preset bench-1b times the same on TinyLlama-1.1B's sh
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import sys
@@ -28,6 +27,7 @@ from pathlib import Path
 
 from _common import (
     BENCH_DIR,
+    SETTLE_S,
     base_parser,
     bench_model,
     llama_cpp_bin,
@@ -36,24 +36,11 @@ from _common import (
     pyllama_cmd,
     run_cpu_timed,
     run_timed,
+    sha256,
     turn_order,
 )
 
 IDENTITY_TYPES = ["Q8_0", "Q4_0", "Q4_K_M", "Q6_K", "F16"]
-# After deleting the last outputs and syncing, wait before the next run: a filesystem mounted with
-# `discard` trims the freed blocks in the background, and a VM with free page reporting hands the
-# freed memory back to its host about 2 s after it is freed. A run that starts inside that window
-# finds part of that memory still backed and part not, and its time swings by 0.5 s on a 1 s job
-# (measured here: llama-quantize F16 -> Q8_0 0.80-1.76 s after a 0-1 s pause, 1.14-1.36 s after 3 s).
-SETTLE_S = 3.0
-
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 24), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def commands(tool: str, model: Path, out: Path, qtype: str, threads: int, flags: list[str]) -> tuple[list, list]:

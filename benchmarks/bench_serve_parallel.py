@@ -154,9 +154,9 @@ def main() -> None:
         for who in runs:
             runs[who] += got[who]
         print(f"round {i + 1}: " + "; ".join(
-            f"{name} llama-server {_speeds(got['ref'], name)} t/s, pyllama {_speeds(got['ours'], name)} t/s"
+            f"{name} llama-server {common.load_speeds(got['ref'], name)} t/s, pyllama {common.load_speeds(got['ours'], name)} t/s"
             for name, _, _ in PHASES), file=sys.stderr)
-    ref, ours = summarise(runs["ref"]), summarise(runs["ours"])
+    ref, ours = common.summarise_loads(runs["ref"]), common.summarise_loads(runs["ours"])
     rows = []
     for name, target in (("4 clients", ">= 1.00"), ("1 client", ">= 0.95")):
         rows.append((f"{name}: gen tokens/s", ref[name]["tps"], ours[name]["tps"], target))
@@ -166,18 +166,6 @@ def main() -> None:
         print(f"{name}: median paired ratio {paired:.3f}; p50 TTFT llama-server {ref[name]['p50_ttft']:.3f} s, "
               f"pyllama {ours[name]['p50_ttft']:.3f} s; errors llama-server {ref[name]['errors']:.0f}, "
               f"pyllama {ours[name]['errors']:.0f}")
-
-
-def _speeds(runs: list[dict[str, dict[str, float]]], name: str) -> str:
-    return " ".join(f"{r[name]['tps']:.0f}" for r in runs)
-
-
-def summarise(rounds: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
-    """Median tokens/s and TTFT over runs of the load, errors summed."""
-    return {name: {"tps": statistics.median(r[name]["tps"] for r in rounds),
-                   "p50_ttft": statistics.median(r[name]["p50_ttft"] for r in rounds),
-                   "errors": sum(r[name]["errors"] for r in rounds)}
-            for name in rounds[0]}
 
 
 if __name__ == "__main__":
