@@ -14,7 +14,13 @@ import pytest
 from tests.helpers import wait_slots_idle
 from tests.test_serve import Server, _start
 
-ASK = {"model": "tiny", "input": "Tell me a story.", "temperature": 0, "max_output_tokens": 24}
+# A story of exactly 300 characters: once the grammar has it, only the end token is left, so the tiny
+# model's answer ends by itself (`completed`, ~120 tokens) instead of being cut at max_output_tokens.
+STORY = {"type": "object", "properties": {"story": {"type": "string", "minLength": 300, "maxLength": 300}},
+         "required": ["story"], "additionalProperties": False}
+ASK = {"model": "tiny", "input": "Tell me a story.", "temperature": 0, "max_output_tokens": 400,
+       "text": {"format": {"type": "json_schema", "name": "story", "schema": STORY, "strict": True}}}
+PLAIN = {"model": "tiny", "input": "Tell me a story.", "temperature": 0}
 
 
 @pytest.fixture(scope="module")
@@ -28,9 +34,10 @@ def _client(server: Server) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=60)
 
 
-def _until_finished(client: openai.OpenAI, response_id: str, timeout: float = 30) -> openai.types.responses.Response:
+def _until_finished(client: openai.OpenAI, response_id: str, timeout: float = 30,
+                    seen: list[str] | None = None) -> openai.types.responses.Response:
     deadline = time.monotonic() + timeout
-    seen = []
+    seen = [] if seen is None else seen
     while True:
         response = client.responses.retrieve(response_id)
         seen.append(response.status)
@@ -40,14 +47,28 @@ def _until_finished(client: openai.OpenAI, response_id: str, timeout: float = 30
         time.sleep(0.02)
 
 
+def _text(events: list) -> str:
+    return "".join(e.delta for e in events if e.type == "response.output_text.delta")
+
+
 def test_background_runs_to_completed_and_equals_the_foreground_answer(server: Server) -> None:
     client = _client(server)
     foreground = client.responses.create(**ASK)
+    assert foreground.status == "completed" and len(foreground.output_text) > 300
     created = client.responses.create(**ASK, background=True)
     assert created.status == "queued" and created.background is True and created.output == []
-    done = _until_finished(client, created.id)
-    assert done.status == "incomplete" and done.id == created.id and done.background is True
-    assert done.output_text == foreground.output_text and done.output_text
+    seen: list[str] = []
+    done = _until_finished(client, created.id, seen=seen)
+    assert done.status == "completed" and done.id == created.id and done.background is True
+    assert done.output_text == foreground.output_text
+    assert seen == sorted(seen, key=["queued", "in_progress", "completed"].index)  # never back to an earlier status
+
+
+def test_a_background_response_cut_at_max_output_tokens_ends_incomplete(server: Server) -> None:
+    client = _client(server)
+    done = _until_finished(client, client.responses.create(**PLAIN, max_output_tokens=8, background=True).id)
+    assert (done.status, done.usage.output_tokens, done.incomplete_details.reason) == (
+        "incomplete", 8, "max_output_tokens")
 
 
 def test_stream_resumes_exactly_after_a_sequence_number(server: Server) -> None:
@@ -56,13 +77,13 @@ def test_stream_resumes_exactly_after_a_sequence_number(server: Server) -> None:
     _until_finished(client, created.id)
     every = list(client.responses.retrieve(created.id, stream=True))
     assert [e.sequence_number for e in every] == list(range(len(every)))
-    assert every[0].type == "response.created" and every[-1].type == "response.incomplete"
+    assert every[0].type == "response.created" and every[-1].type == "response.completed"
     assert client.responses.retrieve(created.id).model_dump() == every[-1].response.model_dump()  # as stored
-    n = 5
+    n = 9  # past the first text deltas
     after = list(client.responses.retrieve(created.id, stream=True, starting_after=n))
     assert [e.model_dump() for e in after] == [e.model_dump() for e in every[n + 1:]]
-    text = "".join(e.delta for e in [*every[:n + 1], *after] if e.type == "response.output_text.delta")
-    assert text == client.responses.create(**ASK).output_text == every[-1].response.output_text
+    assert _text([*every[:n + 1], *after]) == client.responses.create(**ASK).output_text
+    assert _text(every) == every[-1].response.output_text
 
 
 def test_a_streamed_background_response_can_be_dropped_and_resumed(server: Server) -> None:
@@ -70,20 +91,22 @@ def test_a_streamed_background_response_can_be_dropped_and_resumed(server: Serve
     foreground = client.responses.create(**ASK).output_text
     first = []
     with client.responses.create(**ASK, background=True, stream=True) as events:
-        for event in events:
+        for event in events:  # the client drops after three text deltas, mid-answer
             first.append(event)
-            if len(first) == 4:
+            if sum(e.type == "response.output_text.delta" for e in first) == 3:
                 break
-    rest = list(client.responses.retrieve(first[0].response.id, stream=True,
-                                          starting_after=first[-1].sequence_number))
-    joined = "".join(e.delta for e in [*first, *rest] if e.type == "response.output_text.delta")
-    assert joined == foreground
-    assert (rest[-1].type, rest[-1].response.status) == ("response.incomplete", "incomplete")
+    response_id = first[0].response.id
+    rest = list(client.responses.retrieve(response_id, stream=True, starting_after=first[-1].sequence_number))
+    both = [*first, *rest]
+    assert [e.sequence_number for e in both] == list(range(len(both)))  # none lost, none twice
+    assert _text(both) == foreground
+    assert (rest[-1].type, rest[-1].response.status) == ("response.completed", "completed")
+    assert _until_finished(client, response_id).output_text == foreground
 
 
 def test_cancel_stops_a_running_background_response(server: Server) -> None:
     client = _client(server)
-    created = client.responses.create(**{**ASK, "max_output_tokens": 3800}, background=True,
+    created = client.responses.create(**PLAIN, max_output_tokens=3800, background=True,
                                       extra_body={"ignore_eos": True})
     deadline = time.monotonic() + 10
     while client.responses.retrieve(created.id).status == "queued":
@@ -99,8 +122,8 @@ def test_cancel_stops_a_running_background_response(server: Server) -> None:
 def test_background_needs_store_and_only_background_responses_cancel_or_resume(server: Server) -> None:
     client = _client(server)
     with pytest.raises(openai.BadRequestError, match="background responses are stored"):
-        client.responses.create(**ASK, background=True, store=False)
-    plain = client.responses.create(**ASK)
+        client.responses.create(**PLAIN, background=True, store=False)
+    plain = client.responses.create(**PLAIN, max_output_tokens=4)
     with pytest.raises(openai.BadRequestError, match="only a response created with background: true can be cancelled"):
         client.responses.cancel(plain.id)
     resumed = httpx.get(f"{server.url}/v1/responses/{plain.id}", params={"stream": "true"})
