@@ -3,14 +3,19 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
+from starlette.responses import StreamingResponse
 
+from pyllama_cli.server.responses_api.background import BackgroundRuns, Run
+from pyllama_cli.server.responses_api.store import ResponseStore
 from tests.helpers import wait_slots_idle
 from tests.test_serve import Server, _start
 
@@ -129,3 +134,35 @@ def test_background_needs_store_and_only_background_responses_cancel_or_resume(s
     resumed = httpx.get(f"{server.url}/v1/responses/{plain.id}", params={"stream": "true"})
     assert resumed.status_code == 400
     assert httpx.post(f"{server.url}/v1/responses/resp_nothing/cancel").status_code == 404
+
+
+def _sse(sequence: int, **fields: object) -> bytes:
+    data = {"type": "response.output_text.delta", "sequence_number": sequence, "item_id": "msg_1",
+            "output_index": 0, "content_index": 0, "delta": f"word{sequence} ", "logprobs": [], **fields}
+    return f"event: {data['type']}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+def test_a_finished_run_is_packed_replays_the_same_events_and_the_oldest_goes_past_the_count() -> None:
+    events = [_sse(0, type="response.created", response={"id": "r", "status": "in_progress"}),
+              *(_sse(i) for i in range(1, 60)),
+              _sse(60, type="response.completed", response={"id": "r", "status": "completed"})]
+
+    async def answer() -> AsyncIterator[bytes]:
+        for event in events:
+            yield event
+            await asyncio.sleep(0)  # a reader takes its turn: it reads live events, then packed ones
+
+    async def scenario() -> tuple[list[Run], BackgroundRuns, list[bytes], list[bytes]]:
+        runs = BackgroundRuns(ResponseStore(max_count=2))
+        started = [runs.start({"id": f"resp_{i}", "status": "queued"}, StreamingResponse(answer())) for i in range(3)]
+        following = [chunk async for chunk in started[0].follow(-1)]  # live, then packed mid-way
+        await asyncio.gather(*(run.task for run in started if run.task))
+        after = [chunk async for chunk in started[2].follow(9)]
+        return started, runs, following, after
+
+    started, runs, following, after = asyncio.run(scenario())
+    assert following == events and after == events[10:]
+    assert list(runs.runs) == ["resp_1", "resp_2"]  # the store's count: the oldest finished one went
+    run = started[2]
+    assert run.done and run.events == [] and run.body == {"id": "r", "status": "completed", "background": True}
+    assert run.finished_events() == events and run.size < sum(map(len, events)) / 4

@@ -7,12 +7,18 @@ GET /v1/responses/{id} shows it: `queued` when made, `in_progress` once its stre
 `starting_after=N`: the events whose sequence_number is above N, then live ones until the end. The
 store's bounds apply to the runs too: at most its count of them and its bytes of events, the oldest
 finished ones forgotten first.
+
+A finished run is packed: its events become one zlib blob (they repeat their ids and field names, so
+a 96-token answer's 22 KB become 1.5 KB), its body one JSON document, and it lets go of its job. A
+server then holds its store's count of finished runs in a few MiB, not in the store's whole bound.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import zlib
+from array import array
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -28,26 +34,41 @@ STOP_WAIT_S = 5.0  # how long a cancel waits for the generation to end
 
 @dataclass(eq=False)
 class Run:
-    body: dict[str, Any]  # the response as it stands
+    _body: dict[str, Any]  # the response as it stands (once packed: `packed_body`)
     cancel_job: Callable[[], None]
-    events: list[bytes] = field(default_factory=list)  # events[i] has sequence_number i
+    events: list[bytes] = field(default_factory=list)  # events[i] has sequence_number i, until packed
     size: int = 0
     done: bool = False
     cancelled: bool = False
     task: asyncio.Task[Any] | None = None
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
+    packed_body: bytes = b""
+    packed_events: bytes = b""  # zlib of the events joined
+    ends: array = field(default_factory=lambda: array("L"))  # where each packed event ends
+
+    @property
+    def body(self) -> dict[str, Any]:
+        return json.loads(self.packed_body) if self.packed_body else self._body
+
+    @body.setter
+    def body(self, value: dict[str, Any]) -> None:
+        self._body = value
 
     async def follow(self, after: int) -> AsyncIterator[bytes]:
         """The events after sequence number `after`, then the live ones until the run ends."""
         index = max(after + 1, 0)
-        while True:
+        while not self.done:
             if index < len(self.events):
                 index += 1
                 yield self.events[index - 1]
-                continue
-            if self.done:
-                return
-            await self._changed.wait()
+            else:
+                await self._changed.wait()
+        for event in self.finished_events()[index:]:
+            yield event
+
+    def finished_events(self) -> list[bytes]:
+        joined, bounds = zlib.decompress(self.packed_events), [0, *self.ends]
+        return [joined[start:end] for start, end in zip(bounds, bounds[1:])]
 
     def add(self, chunk: bytes) -> None:
         _, _, data = chunk.partition(b"\ndata: ")
@@ -64,12 +85,28 @@ class Run:
     def finish(self) -> None:
         if self.cancelled:
             self.body = {**self.body, "status": "cancelled"}
+        self._pack()
         self.done = True
         self._wake()
+
+    def _pack(self) -> None:
+        """Keep the finished run small (the module's docstring), and let go of its job."""
+        end = 0
+        for event in self.events:
+            end += len(event)
+            self.ends.append(end)
+        self.packed_events = zlib.compress(b"".join(self.events), 6)
+        self.packed_body = json.dumps(self._body, ensure_ascii=False, separators=(",", ":")).encode()
+        self.size = len(self.packed_events) + len(self.packed_body) + self.ends.itemsize * len(self.ends)
+        self.events, self._body, self.task, self.cancel_job = [], {}, None, _nothing
 
     def _wake(self) -> None:
         self._changed.set()
         self._changed = asyncio.Event()
+
+
+def _nothing() -> None:
+    """A finished run's job: nothing left to cancel."""
 
 
 class BackgroundRuns:
