@@ -6,8 +6,11 @@ replays its bytes from any offset, /v1/streams/lookup reports the ids named, DEL
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import json
 import threading
+import weakref
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -16,6 +19,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from pyllama_cli.server.streams.buffer import ReplayBuffer
+from pyllama_cli.server.streams.sessions import Session, StreamSessions
 from tests.fixtures.make_gguf import TINY, write_llama_gguf
 from tests.helpers import wait_slots_idle
 from tests.test_router import Router
@@ -187,6 +192,26 @@ def test_a_finished_stream_is_freed_after_its_grace(bounded: Server) -> None:
     time.sleep(GRACE + 0.3)
     assert _lookup(bounded.url, ["brief"], {}) == []
     assert httpx.get(f"{bounded.url}/v1/stream/brief").status_code == 404
+
+
+def test_a_session_that_leaves_the_registry_is_freed_at_once_not_after_its_grace() -> None:
+    async def scenario() -> tuple[list[bool], int]:
+        sessions, left = StreamSessions(max_sessions=1, max_bytes=1024, grace_s=300), []
+        for conv in ("evicted", "stopped"):
+            session = Session(conv, ReplayBuffer(1024), cancel=lambda: None)
+            sessions.make_room(conv)  # the finished "evicted" goes to make room for "stopped"
+            sessions.add(session)
+            session.buffer.append(b"data: {}\n\n")
+            if conv == "stopped":
+                sessions.stop(conv)  # DELETE while it runs; its generation ends just after
+            sessions.finished(session)
+            left.append(weakref.ref(session))
+            del session
+        gc.collect()
+        return [ref() is None for ref in left], len(sessions)  # while the loop (and its timers) still runs
+
+    freed, count = asyncio.run(scenario())
+    assert freed == [True, True] and count == 0  # no grace timer holds their buffers
 
 
 def test_a_buffer_past_its_bound_ends_with_an_error_event(bounded: Server) -> None:

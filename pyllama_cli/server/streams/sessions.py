@@ -32,6 +32,12 @@ class Session:
     started_at: float = field(default_factory=time.time)
     completed_at: float | None = None
     task: asyncio.Task[Any] | None = None
+    expiry: asyncio.TimerHandle | None = None  # frees it once its grace has passed
+
+    def forget(self) -> None:
+        """It left the registry: its grace timer must not hold its buffer for the rest of the grace."""
+        if self.expiry is not None:
+            self.expiry.cancel()
 
     @property
     def done(self) -> bool:
@@ -70,6 +76,7 @@ class StreamSessions:
                            code="unavailable")
         oldest = min(finished, key=lambda s: s.completed_at or 0.0)
         del self._sessions[oldest.conversation_id]
+        oldest.forget()
 
     def add(self, session: Session) -> None:
         self._sessions[session.conversation_id] = session
@@ -118,6 +125,8 @@ class StreamSessions:
         session = self._sessions.pop(conversation_id, None)
         if session is not None and not session.done:
             session.cancel()
+        if session is not None:
+            session.forget()
         return session
 
     async def stop_and_wait(self, conversation_id: str) -> None:
@@ -130,7 +139,9 @@ class StreamSessions:
         """The session's generation ended: keep it readable for the grace period, then free it."""
         session.completed_at = time.time()
         session.buffer.finish()
-        asyncio.get_running_loop().call_later(self.grace_s, self._expire, session)
+        session.cancel, session.task = _nothing, None  # let go of the job: only the buffer is kept
+        if self._sessions.get(session.conversation_id) is session:  # not stopped, replaced or evicted meanwhile
+            session.expiry = asyncio.get_running_loop().call_later(self.grace_s, self._expire, session)
 
     def _expire(self, session: Session) -> None:
         if self._sessions.get(session.conversation_id) is session:
@@ -143,3 +154,7 @@ class StreamSessions:
         for session in list(self._sessions.values()):
             if not session.done:
                 session.cancel()
+
+
+def _nothing() -> None:
+    """A finished session's cancel: there is nothing left to stop."""
