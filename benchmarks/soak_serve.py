@@ -20,8 +20,12 @@ read on after the last sequence number seen (GET /v1/responses/ID?stream=true&st
 at the end:
 
   * zero failed requests among those that stayed (HTTP 200, no error event, ends with its route's last event);
-  * zero lost answers: every dropped resumable or background stream, resumed, ends with its last event;
-  * the server's resident memory at the end within 10% of its value after the first minute;
+  * zero lost answers: every dropped resumable or background stream, resumed, ends with its last event,
+    and nothing is lost or read twice: a resumable stream's bytes, before the drop and after it, are the
+    session's whole stream (GET /v1/stream from=0), and a background response's sequence numbers run
+    0, 1, 2, ... across the drop;
+  * the server's resident memory at the end within 10% of its value after the first minute (the prompt
+    cache gets --cache-ram 32 MiB, full by then; every other store is bounded by count and bytes);
   * no slot busy and no request queued once the load has stopped (router: on each loaded model);
   * router: never more than --models-max models loaded at once (polled every 0.2 s);
   * SIGTERM then stops the server with exit status 0 within 5 s.
@@ -50,7 +54,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -93,7 +97,8 @@ ROUTES = {
         "input": prompt, "max_output_tokens": n}, done=RESPONSES_DONE),
     # Streams that survive their client: a dropped one is read on where it stopped, never lost.
     "resumable": Route("/v1/chat/completions", lambda prompt, n: {
-        "messages": [{"role": "user", "content": prompt}], "max_tokens": n}, resume="stream"),
+        "messages": [{"role": "user", "content": prompt}], "max_tokens": n,
+        "stream_options": {"include_usage": True}}, resume="stream"),
     "background": Route("/v1/responses", lambda prompt, n: {
         "input": prompt, "max_output_tokens": n, "background": True}, done=RESPONSES_DONE,
         resume="background"),
@@ -154,6 +159,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--disconnect-rate", type=float, default=0.10, help="share of requests that hang up (0.10)")
     p.add_argument("--max-tokens", type=int, default=96, help="largest max_tokens a request asks for (96)")
     p.add_argument("-c", "--ctx-size", type=int, default=4096, help="server context, shared by the slots (4096)")
+    p.add_argument("--cache-ram", type=int, default=32,
+                   help="server prompt cache, MiB (32: full within the first minute, so that RSS growth after it "
+                        "is a leak; llama-server's 8192 would grow by design through the whole run)")
     p.add_argument("-t", "--threads", type=int, default=1, help="server threads (default 1: the clients need a core)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--routes", default=",".join(ROUTES), help=f"routes to draw from ({','.join(ROUTES)})")
@@ -216,7 +224,8 @@ def start_rpc_server() -> tuple[subprocess.Popen, str]:
 def start_server(args: argparse.Namespace, models: list[Path], log: Path) -> tuple[subprocess.Popen, str]:
     cmd = [sys.executable, "-m", "pyllama_cli", "serve", *(a for m in models for a in ("-m", str(m))),
            "--host", "127.0.0.1", "--port", "0",
-           "-np", str(args.parallel), "-c", str(args.ctx_size), "-t", str(args.threads)]
+           "-np", str(args.parallel), "-c", str(args.ctx_size), "-t", str(args.threads),
+           "--cache-ram", str(args.cache_ram)]
     if args.router:
         cmd += ["--models-max", str(args.models_max)]
     if args.rpc_address:
@@ -267,6 +276,8 @@ async def one_request(client, url: str, rng: random.Random, tally: Tally, args: 
                 if resp.status_code != 200:
                     return await turned_away(resp, tally, args, tally.lost, "resume: ")
                 await read.lines(resp, route, args)
+            if route.resume == "stream" and read.done and not read.failure:
+                await read.same_as_replay(client, f"{url}/v1/stream?conv_id={conversation}&from=0")
     except Exception as exc:  # noqa: BLE001 - every way a request can fail is a failure to count
         tally.failures.append(f"{type(exc).__name__}: {exc}")
         return
@@ -302,6 +313,7 @@ class Read:
     failure: str | None = None
     usage: dict[str, Any] | None = None
     offset: int = 0  # bytes of whole lines read: where /v1/stream reads on
+    raw: bytearray = field(default_factory=bytearray)  # those bytes, to compare with the session's replay
     sequence: int = -1  # the last sequence_number seen: where a background response reads on
     response_id: str = ""
     cut: bool = False  # ended by an error event once the rpc-server was killed: the right end then
@@ -310,9 +322,17 @@ class Read:
         await self.read_lines(resp, route)
         self.cut = self.cut or (self.failure is not None and args.killed)
 
+    async def same_as_replay(self, client: Any, replay_url: str) -> None:
+        """A resumed stream lost nothing and read nothing twice: its bytes are the session's from byte 0."""
+        whole = (await client.get(replay_url, timeout=30)).content
+        if whole != self.raw:
+            self.failure = f"the resumed bytes ({len(self.raw)}) differ from the session's replay ({len(whole)})"
+
     async def read_lines(self, resp: Any, route: Route) -> None:
-        async for line in resp.aiter_lines():
-            self.offset += len(line.encode()) + 1
+        async for raw_line in sse_lines(resp):
+            self.offset += len(raw_line)
+            self.raw += raw_line if route.resume == "stream" else b""
+            line = raw_line.removesuffix(b"\n").decode()
             if line in route.done:
                 self.done = True  # read on: the data of a named last event follows it
                 continue
@@ -327,6 +347,9 @@ class Read:
                 return
             self.events += 1
             self.first = self.first or time.perf_counter()
+            if data.get("sequence_number", self.sequence + 1) != self.sequence + 1:
+                self.failure = f"sequence_number {data['sequence_number']} after {self.sequence}: lost or twice"
+                return
             self.sequence = data.get("sequence_number", self.sequence)
             self.response_id = (data.get("response") or {}).get("id") or self.response_id
             self.usage = data.get("usage") or (data.get("response") or {}).get("usage") or self.usage
@@ -335,6 +358,19 @@ class Read:
             if self.hang_up_after is not None and self.events >= self.hang_up_after:
                 self.hung_up = True
                 return  # leaving the block closes the connection mid-stream
+
+
+async def sse_lines(resp: Any) -> AsyncIterator[bytes]:
+    """The stream's lines, each with its b"\n": SSE ends lines there, while httpx's aiter_lines also splits
+    at characters such as U+2028 that JSON leaves raw in a model's text (and the byte offsets would drift)."""
+    pending = b""
+    async for chunk in resp.aiter_bytes():
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            yield line + b"\n"
+    if pending:
+        yield pending  # a last line cut short
 
 
 async def load(url: str, args: argparse.Namespace, tally: Tally, pid: int, rss: dict[str, float],
