@@ -25,7 +25,7 @@ at the end:
     session's whole stream (GET /v1/stream from=0), and a background response's sequence numbers run
     0, 1, 2, ... across the drop;
   * the server's resident memory at the end within 10% of its value after the first minute (the prompt
-    cache gets --cache-ram 32 MiB, full by then; every other store is bounded by count and bytes);
+    cache gets --cache-ram 16 MiB, full by then; every other store is bounded by count and bytes);
   * no slot busy and no request queued once the load has stopped (router: on each loaded model);
   * router: never more than --models-max models loaded at once (polled every 0.2 s);
   * SIGTERM then stops the server with exit status 0 within 5 s.
@@ -159,8 +159,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--disconnect-rate", type=float, default=0.10, help="share of requests that hang up (0.10)")
     p.add_argument("--max-tokens", type=int, default=96, help="largest max_tokens a request asks for (96)")
     p.add_argument("-c", "--ctx-size", type=int, default=4096, help="server context, shared by the slots (4096)")
-    p.add_argument("--cache-ram", type=int, default=32,
-                   help="server prompt cache, MiB (32: full within the first minute, so that RSS growth after it "
+    p.add_argument("--cache-ram", type=int, default=16,
+                   help="server prompt cache, MiB (16: full within the first minute, so that RSS growth after it "
                         "is a leak; llama-server's 8192 would grow by design through the whole run)")
     p.add_argument("-t", "--threads", type=int, default=1, help="server threads (default 1: the clients need a core)")
     p.add_argument("--seed", type=int, default=0)
