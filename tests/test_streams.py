@@ -280,12 +280,14 @@ def test_sigterm_ends_a_detached_stream_with_the_shutdown_error_event(tiny_model
 
 @pytest.fixture(scope="module")
 def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Router]:
-    """Two models, one loaded at a time, two slots each, two sessions, and a key: every router case."""
+    """Two models, one loaded at a time, two slots each, two sessions, the byte bound, and a key: every
+    router case."""
     folder = tmp_path_factory.mktemp("streams-router")
     write_llama_gguf(folder / "alpha.gguf", TINY)
     write_llama_gguf(folder / "beta.gguf", replace(TINY, seed=1))
     srv = _start_router(folder / "stderr.log", "-m", str(folder / "alpha.gguf"), "-m", str(folder / "beta.gguf"),
-                        "-c", "4096", "-np", "2", "--models-max", "1", "--stream-sessions", "2", "--api-key", KEY)
+                        "-c", "4096", "-np", "2", "--models-max", "1", "--stream-sessions", "2", "--api-key", KEY,
+                        "--stream-buffer-size", str(BOUND))
     yield srv
     srv.stop()
 
@@ -361,3 +363,13 @@ def test_router_stream_bounds_and_a_stop_while_the_model_waits(router: Router) -
     assert httpx.get(f"{router.url}/v1/stream/w::beta", headers=AUTH, timeout=10).status_code == 404
     for conv in ("b1", "b2"):
         assert httpx.delete(f"{router.url}/v1/stream/{conv}", headers=AUTH).status_code == 204
+
+
+def test_router_a_buffer_past_its_bound_ends_with_an_error_event(router: Router) -> None:
+    body = {**LONG, "model": "beta", "logprobs": True, "top_logprobs": 20}
+    _chat(router.url, body, _headers("big::beta"))
+    replayed = _replay(router.url, "big::beta")
+    events = replayed.split(b"\n\n")
+    assert json.loads(events[-3][len(b"data: "):])["error"]["code"] == "stream_buffer_full"
+    assert replayed.endswith(b"data: [DONE]\n\n")
+    assert len(replayed) - len(events[-3]) - len(b"\n\ndata: [DONE]\n\n") <= BOUND
