@@ -314,7 +314,7 @@ _pyllama_spec() {
                 --reasoning-format= --reasoning-budget= --log-format= -q --quiet --verbose-native \
                 --embeddings --pooling= --embd-normalize= --rerank --reranking -cram= --cache-ram= \
                 --cache-idle-slots --no-cache-idle-slots --cache-disk= --cache-disk-max= \
-                --cache-disk-min-tokens= --shutdown-grace= --max-header-size= --max-headers= \
+                --cache-disk-min-tokens= --cache-reuse= --shutdown-grace= --max-header-size= --max-headers= \
                 --max-url-length= --header-timeout= --body-timeout= --max-connections= --keep-alive-timeout= \
                 --max-grammar-size= --max-grammar-seconds= --stream-buffer-size= --stream-sessions= \
                 --stream-grace= --spec-type= -md= --model-draft= --spec-draft-model= -hfd= --hf-repo-draft= \

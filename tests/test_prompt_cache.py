@@ -306,3 +306,27 @@ def test_a_prefix_cached_under_one_adapter_set_never_serves_another(tiny_model: 
     finally:
         srv.stop()
         cold.stop()
+
+
+def test_conversations_over_one_system_prompt_hold_it_once_in_ram(tiny_model: Path, tmp_path: Path,
+                                                                    off: Server) -> None:
+    srv = spawn_serve(tmp_path / "stderr.log", ["-m", str(tiny_model), "-c", "1024", "-np", "1", "--cache-ram", "64"])
+    try:
+        system = _tokens(srv, _text(7, 50))  # some 700 tokens
+        assert len(system) > 600
+        prompts = [system + _tokens(srv, f"user {i} asks about {_text(i, 2)}")[1:] for i in range(5)]
+        sizes = []
+        for prompt in prompts:  # each conversation pushes the one before out of the only slot, into RAM
+            _complete(srv, prompt, 2)
+            metrics = httpx.get(f"{srv.url}/metrics", timeout=10).text
+            sizes.append(int(re.search(r'^pyllama_prompt_cache_bytes\{[^}]*tier="ram"\} (\d+)', metrics,
+                                       re.M)[1]))
+        assert re.search(r'^pyllama_prompt_cache_entries\{[^}]*tier="ram"\} 4$', metrics, re.M)
+        one = sizes[1]  # one whole entry
+        assert sizes[4] < 1.5 * one  # four entries: the system prompt's cells once, and four short rests
+        for prompt in prompts[:4]:  # each comes back from a shared prefix and its own cells, bit for bit
+            answer = _complete(srv, prompt + [prompt[-1]])
+            assert answer["timings"]["cache_n"] == len(prompt)
+            assert answer["tokens"] == _complete(off, prompt + [prompt[-1]])["tokens"]
+    finally:
+        srv.stop()

@@ -104,6 +104,10 @@ CacheDiskMaxOpt = Annotated[str, typer.Option(
 CacheDiskMinTokensOpt = Annotated[int, typer.Option(
     "--cache-disk-min-tokens", min=1, help="Shortest prefix (tokens) written to --cache-disk.",
     rich_help_panel=CACHE_PANEL)]
+CacheReuseOpt = Annotated[int, typer.Option(
+    "--cache-reuse", min=0, help="Shortest run of a slot's cached tokens that a prompt repeats later on to move "
+    "into place by shifting its KV cells instead of evaluating it again (0 = off).",
+    rich_help_panel=CACHE_PANEL)]
 
 _CACHE_PARAMS = [
     option_param("cache_ram", CacheRamOpt, DEFAULT_CACHE_RAM_MIB),
@@ -111,6 +115,7 @@ _CACHE_PARAMS = [
     option_param("cache_disk", CacheDiskOpt, None),
     option_param("cache_disk_max", CacheDiskMaxOpt, DEFAULT_DISK_MAX),
     option_param("cache_disk_min_tokens", CacheDiskMinTokensOpt, DEFAULT_DISK_MIN_TOKENS),
+    option_param("cache_reuse", CacheReuseOpt, 0),
 ]
 
 
@@ -140,7 +145,8 @@ def cache_options() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         disk = _cache_folder(kwargs.pop("cache_disk"))
         kwargs["prompt_cache"] = CacheSettings(
             kwargs.pop("cache_ram"), kwargs.pop("cache_idle_slots"), disk,
-            parse_size(kwargs.pop("cache_disk_max"), "--cache-disk-max"), kwargs.pop("cache_disk_min_tokens"))
+            parse_size(kwargs.pop("cache_disk_max"), "--cache-disk-max"), kwargs.pop("cache_disk_min_tokens"),
+            kwargs.pop("cache_reuse"))
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         return with_flags(fn, ("prompt_cache",), _CACHE_PARAMS, build)

@@ -39,6 +39,7 @@ from ..generate.speculative import SpeculativeSettings, verify
 from ..generate.stats import GenerationStats
 from ..text.reasoning import ThinkBudget
 from .arrivals import Arrivals
+from .cache.reuse import open_chunk_reuse, reuse_slot_chunks
 from .cache.settings import CacheSettings
 from .engine import BROKEN, CLOSED, READY, Engine
 from .jobs import EmbeddingJob, EngineStats, Event, GenerationJob, JobStream, ModelSummary
@@ -58,6 +59,7 @@ class ParallelEngine(Engine):
         super().__init__(*args, **kwargs)
         self.speculative, self.cache_settings = speculative, prompt_cache
         self.prompt_cache: Any = None  # cache.prompt_cache.PromptCache once loaded, when enabled
+        self._reuse_chunk = 0  # --cache-reuse, where the memory can shift
         self._speculation: Any = None
         if n_slots < 1:
             raise InputError(f"--parallel must be at least 1, got {n_slots}")
@@ -196,6 +198,7 @@ class ParallelEngine(Engine):
             from .cache.prompt_cache import open_prompt_cache
 
             self.prompt_cache = open_prompt_cache(self.cache_settings, self, self.session.model)
+        self._reuse_chunk = open_chunk_reuse(self.cache_settings, self._ctx)
 
     def _open_speculation(self) -> None:
         from ..generate.speculative import open_speculation
@@ -304,9 +307,13 @@ class ParallelEngine(Engine):
         slot.sampler.accept_prompt(prompt)
         lora = self.lora.scales_of(job)  # the slot's cells serve only the adapter set that made them
         reuse = reusable_prefix(slot.cached, prompt) if job.cache_prompt and lora == slot.lora else 0
+        shifted = (reuse_slot_chunks(self._ctx, slot, prompt, reuse, self._reuse_chunk, self.prompt_cache)
+                   if job.cache_prompt and lora == slot.lora else reuse)
         if self.prompt_cache is not None:  # saves the slot's cells under slot.lora, the set that made them
-            reuse, _ = self.prompt_cache.prepare(self._ctx, slot, self.slots, prompt, reuse, job.cache_prompt, lora)
+            reuse, _ = self.prompt_cache.prepare(self._ctx, slot, self.slots, prompt, shifted, job.cache_prompt, lora,
+                                                 shifted=shifted > reuse)
         else:
+            reuse = shifted
             self._ctx.remove_tokens(slot.id, reuse, -1)
         slot.lora = lora
         slot.cached = prompt[:reuse]

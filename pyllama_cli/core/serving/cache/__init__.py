@@ -3,5 +3,6 @@
 settings (the flags), key (what an entry depends on: model file, context settings, template),
 native (a sequence's state to bytes and back, and copies between sequences), ram (the host-memory
 tier, one LRU budget for every model of a server), disk (the folder tier, versioned and bounded),
-prompt_cache (one engine's routes: own slot, another slot, RAM, disk; and their counters).
+prompt_cache (one engine's routes: own slot, another slot, RAM, disk; and their counters), reuse
+(--cache-reuse: a slot's chunks that the prompt repeats later on, shifted into place).
 """

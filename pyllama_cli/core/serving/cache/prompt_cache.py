@@ -4,6 +4,7 @@ prompt that anything holds, by the cheapest route that has it.
 The routes, in the order a tie is settled:
 
 * `slot`: the slot's own KV cache (what every server does);
+* `shift`: the same, with chunks after the common prefix shifted into place (--cache-reuse, reuse.py);
 * `other_slot`: another slot holds a longer prefix (a busy one too: its cells for the prefix do not
   change). With --kv-unified the cells are shared (`llama_memory_seq_cp`, no copy: a system prompt
   that N conversations start with is held once); otherwise they are copied through host memory;
@@ -33,7 +34,7 @@ from .native import read_sequence, share_prefix, write_sequence
 from .ram import Entry, Scales, as_tokens, shared_prefix, shared_store
 from .settings import CacheSettings
 
-ROUTES = ("slot", "other_slot", "ram", "disk", "none")
+ROUTES = ("slot", "shift", "other_slot", "ram", "disk", "none")
 MIN_GAIN = 8  # tokens a restore or copy must save over the slot's own prefix
 MIN_SAVE_TOKENS = 32  # shorter slot contents are not worth an entry
 # LoadSettings' RoPE and YaRN fields (-ctk/-ctv are keyed by name): each changes what the K cells hold.
@@ -71,12 +72,12 @@ class PromptCache:
         self.counters = CacheCounters()
 
     def prepare(self, ctx: Any, slot: Any, slots: Sequence[Any], prompt: list[int], own: int,
-                cache_prompt: bool = True, lora: Scales = ()) -> tuple[int, str]:
+                cache_prompt: bool = True, lora: Scales = (), shifted: bool = False) -> tuple[int, str]:
         """Make `slot`'s sequence hold the longest prefix of `prompt` found for adapter set `lora` (its own
         keeps `own`: 0 when the slot's cells were made under another set); returns how many prompt tokens
         it holds and the route that supplied them. slot.cached and slot.lora are the caller's, still the
-        previous request's here. A request with cache_prompt false reuses nothing, but what the slot
-        held is kept."""
+        previous request's here (`shifted`: the slot's `own` tokens include chunks --cache-reuse moved).
+        A request with cache_prompt false reuses nothing, but what the slot held is kept."""
         if not cache_prompt:
             self.save(ctx, slot)
             ctx.remove_tokens(slot.id, 0, -1)
@@ -93,7 +94,7 @@ class PromptCache:
         elif len(slot.cached) - own >= MIN_SAVE_TOKENS:  # a few cut tokens (a re-tokenized answer's
             self.save(ctx, slot)                        # tail) cost less to evaluate again than a copy
         ctx.remove_tokens(slot.id, own, -1)
-        return self._count("slot" if own > 0 else "none", own)
+        return self._count(("shift" if shifted else "slot") if own > 0 else "none", own)
 
     def save(self, ctx: Any, slot: Any) -> None:
         """Keep what the slot's sequence holds, under the adapter set that made it (unless an entry
@@ -192,7 +193,7 @@ class PromptCache:
                 return best.n
             ok = write_sequence(ctx, slot.id, read_sequence(ctx, best.source.id))
         elif best.route == "ram":
-            ok = write_sequence(ctx, slot.id, best.source.data)
+            ok = write_sequence(ctx, slot.id, best.source.state())
         else:
             loaded = self.disk.load(best.source, lora)  # type: ignore[union-attr]
             if loaded is None or shared_prefix(loaded[0], prompt) < best.n:

@@ -4,7 +4,9 @@ One `RamStore` serves every engine of a process (a router's models share one --c
 Each entry belongs to an owner (one engine) and serves only that owner's lookups, and only a request
 with the LoRA adapter set (the scales) that made it; an engine that unloads drops its entries. The budget counts the bytes of the states and of their token arrays.
 An entry whose tokens are a prefix of a newer entry's is dropped when that one arrives: restoring
-the newer one and cutting it serves every prompt the older one could.
+the newer one and cutting it serves every prompt the older one could. Entries that share a long
+prefix (one system prompt, several conversations) hold its cells once, as a SharedPrefix cut from
+their states (layout.py), and only their own cells after it.
 """
 
 from __future__ import annotations
@@ -16,7 +18,10 @@ from typing import Any
 
 import numpy as np
 
+from . import layout
+
 ENTRY_OVERHEAD = 256  # bytes of bookkeeping per entry, counted against the budget
+SHARE_MIN_TOKENS = 256  # a shorter common prefix is not worth a split (nor the join at each restore)
 
 
 def as_tokens(tokens: list[int] | np.ndarray) -> np.ndarray:
@@ -34,15 +39,35 @@ Scales = tuple[float, ...]  # a LoRA adapter set: each adapter's scale (() witho
 
 
 @dataclass
-class Entry:
-    owner: str
-    tokens: np.ndarray  # int32
-    data: Any  # llama_state_seq_get_data's bytes (native.Buffer)
-    lora: Scales = ()  # the adapter set its cells were computed with
+class SharedPrefix:
+    """The cells of the first `n` tokens of several entries, held once."""
+
+    n: int
+    state: layout.State
+    refs: int = 0
 
     @property
     def size(self) -> int:
-        return len(self.data) + self.tokens.nbytes + ENTRY_OVERHEAD
+        return layout.nbytes(self.state) + ENTRY_OVERHEAD
+
+
+@dataclass
+class Entry:
+    owner: str
+    tokens: np.ndarray  # int32
+    data: Any  # llama_state_seq_get_data's bytes (native.Buffer); None once split onto a shared prefix
+    lora: Scales = ()  # the adapter set its cells were computed with
+    base: SharedPrefix | None = None  # the shared cells of its first base.n tokens
+    rest: layout.State | None = None  # with a base: the cells after them
+
+    @property
+    def size(self) -> int:
+        cells = len(self.data) if self.base is None else layout.nbytes(self.rest)  # type: ignore[arg-type]
+        return cells + self.tokens.nbytes + ENTRY_OVERHEAD
+
+    def state(self) -> Any:
+        """The bytes to restore (a shared prefix's cells joined with the entry's own)."""
+        return self.data if self.base is None else layout.join(self.base.state, self.rest)  # type: ignore[arg-type]
 
 
 @dataclass
@@ -93,9 +118,10 @@ class RamStore:
                 if old.owner == entry.owner and old.lora == entry.lora and len(old.tokens) <= len(entry.tokens) \
                         and shared_prefix(old.tokens, entry.tokens) == len(old.tokens):
                     self._remove(entry_id)  # dominated: the new entry serves whatever it served
+            counts = self._counts.setdefault(entry.owner, OwnerCounts())
+            self._share(entry, counts)
             self._entries[self._next_id] = entry
             self._next_id += 1
-            counts = self._counts.setdefault(entry.owner, OwnerCounts())
             counts.bytes_held += entry.size
             counts.entries += 1
             while self.budget is not None and self._held() > self.budget:
@@ -122,11 +148,43 @@ class RamStore:
     def _held(self) -> int:
         return sum(c.bytes_held for c in self._counts.values())
 
+    def _share(self, entry: Entry, counts: OwnerCounts) -> None:
+        """Hold the prefix that `entry` shares with a kept entry (at least SHARE_MIN_TOKENS) once: the
+        newest such entry's shared prefix, or one cut from it now. States whose layout cannot be
+        cut (layout.parse) stay whole."""
+        for old in reversed(self._entries.values()):
+            if old.owner != entry.owner or old.lora != entry.lora:
+                continue
+            n = shared_prefix(old.tokens, entry.tokens)
+            if n < SHARE_MIN_TOKENS or (old.base is not None and old.base.n > n):
+                continue
+            base = old.base or self._cut(old, n, counts)
+            if base is not None and (whole := layout.parse(entry.data)) is not None:
+                entry.rest = layout.above(whole, base.n)
+                entry.base, entry.data = base, None
+                base.refs += 1
+            return
+
+    def _cut(self, entry: Entry, n: int, counts: OwnerCounts) -> SharedPrefix | None:
+        """Split a kept entry's cells at `n` tokens into a new shared prefix and its own rest."""
+        whole = layout.parse(entry.data)
+        if whole is None:
+            return None
+        low, high = layout.split(whole, n)
+        counts.bytes_held -= entry.size
+        entry.base, entry.rest, entry.data = SharedPrefix(n, low, refs=1), high, None
+        counts.bytes_held += entry.size + entry.base.size
+        return entry.base
+
     def _remove(self, entry_id: int) -> None:
         entry = self._entries.pop(entry_id)
         counts = self._counts[entry.owner]
         counts.bytes_held -= entry.size
         counts.entries -= 1
+        if entry.base is not None:
+            entry.base.refs -= 1
+            if entry.base.refs == 0:
+                counts.bytes_held -= entry.base.size
 
 
 _SHARED: dict[int | None, RamStore] = {}

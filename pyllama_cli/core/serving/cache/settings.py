@@ -1,4 +1,4 @@
-"""The prompt cache's flags (--cache-ram, --cache-idle-slots, --cache-disk...) as one value."""
+"""The prompt cache's flags (--cache-ram, --cache-idle-slots, --cache-disk, --cache-reuse...) as one value."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ class CacheSettings:
     disk_dir: Path | None = None  # None: no disk tier
     disk_max_bytes: int = 10 * 1024 ** 3
     disk_min_tokens: int = DEFAULT_DISK_MIN_TOKENS  # shorter prefixes stay in RAM only
+    reuse_chunk: int = 0  # --cache-reuse: shortest run of cached tokens shifted into place (0: off)
     template: str | None = None  # --chat-template as given (None: the model's own), part of the key
 
     @property
