@@ -372,3 +372,61 @@ def test_a_server_killed_while_the_engine_waits_for_its_logits_is_an_error_event
         for rpc_server in own:
             rpc_server.stop()
     assert server.proc.returncode == 0  # SIGTERM, not the SIGKILL that stop() falls back to
+
+
+def _stream_outcome(url: str, prompt: str, timeout: float) -> str:
+    """How one streamed completion ended: its error (an SSE error event or an HTTP error body), or why it did not."""
+    import httpx
+
+    body = {"prompt": prompt, "max_tokens": 8, "stream": True}
+    try:
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=timeout) as response:
+            if response.status_code != 200:
+                return f"HTTP {response.status_code}: {response.read().decode()}"
+            lines = [line for line in response.iter_lines() if line]
+    except httpx.HTTPError as exc:
+        return f"no answer: {type(exc).__name__}"
+    errors = [line for line in lines if line.startswith("data: {") and '"error"' in line]
+    return f"error event: {errors[-1]}" if errors and lines[-1] == "data: [DONE]" else f"no error event: {lines[-3:]}"
+
+
+def test_a_server_killed_while_a_slot_saves_its_cache_fails_every_request_not_a_deadlock(
+        tiny_model: Path, tmp_path: Path) -> None:
+    """Several requests start on -np 3 while the server is frozen (SIGSTOP), then it is killed: the
+    first start saves a slot's cells to the prompt cache (a read from the rpc-server), the others
+    queue. ggml reports the dead server on its RPC thread, which must get the engine's lock: the
+    scheduler may not hold it while it waits for ggml, or the server hangs for good."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+
+    own = [RpcServer(tmp_path / "a.log")]
+    server = start_serve(tiny_model, tmp_path / "serve.log", "--rpc", _rpc(own), "-np", "3")
+    story = "once upon a time there was a cat that sat on the mat"
+    try:
+        # Slot 0 holds a long prompt; the next requests share its start, so the first of them takes
+        # slot 0 and saves its other 40-odd cells before it runs.
+        warm = httpx.post(f"{server.url}/v1/completions", timeout=30,
+                          json={"prompt": f"{story} " + "and the dog ran in the park " * 8, "max_tokens": 2})
+        assert warm.status_code == 200, warm.text
+        own[0].proc.send_signal(signal.SIGSTOP)
+        with ThreadPoolExecutor(4) as pool:
+            outcomes = [pool.submit(_stream_outcome, server.url, f"{story} {n}", 15) for n in range(4)]
+            time.sleep(1.5)  # the first start now waits for the frozen server
+            own[0].proc.send_signal(signal.SIGKILL)
+            started = time.monotonic()
+            ended = [outcome.result() for outcome in outcomes]
+        elapsed = time.monotonic() - started
+        gone = f"RPC server {own[0].endpoint} is gone"
+        assert all(gone in outcome for outcome in ended), ended
+        assert elapsed < 10
+        health = httpx.get(f"{server.url}/health", timeout=10)
+        later = httpx.post(f"{server.url}/v1/completions", json={"prompt": story, "max_tokens": 4}, timeout=10)
+        assert health.status_code == later.status_code == 503
+        assert gone in health.json()["error"]["message"] and gone in later.json()["error"]["message"]
+        stopping = time.monotonic()
+    finally:
+        server.stop()
+        for rpc_server in own:
+            rpc_server.stop()
+    assert server.proc.returncode == 0 and time.monotonic() - stopping < 5  # SIGTERM, not stop()'s SIGKILL

@@ -179,7 +179,7 @@ def _admit(eng: ParallelEngine, prompt: list[int], loop: asyncio.AbstractEventLo
     """Queue a request and let the scheduler assign it; the id of the slot it got."""
     stream = JobStream(_job(prompt), loop)
     eng._queue.append(stream)
-    eng._assign_waiting()
+    eng._start_all(eng._assign_waiting())
     return next(slot.id for slot in eng.slots if slot.stream is stream)
 
 
@@ -241,18 +241,25 @@ def test_a_three_token_step_is_padded_through_an_idle_slot_that_keeps_its_cache(
 
 
 def _schedule_in_thread(eng: ParallelEngine) -> tuple[threading.Thread, list[float]]:
-    """What the scheduler does at the top of a step (admit, then wait for arrivals), in a thread."""
+    """What the scheduler does at the top of a step (admit, then wait for arrivals), in a thread that
+    runs it once a request is inside arriving(): started before, since starting a thread on a busy
+    machine can take longer than the arrival window."""
     took: list[float] = []
+    running = threading.Event()
 
     def step() -> None:
+        running.set()
+        while not len(eng._arrivals):
+            time.sleep(0.0001)
         start = time.perf_counter()
         with eng._cond:
-            eng._assign_waiting()
-            eng._wait_for_arrivals()
+            starting = eng._assign_waiting() + eng._wait_for_arrivals()
+        eng._start_all(starting)
         took.append(time.perf_counter() - start)
 
     thread = threading.Thread(target=step)
     thread.start()
+    running.wait()
     return thread, took
 
 
@@ -261,8 +268,8 @@ def test_requests_that_arrive_together_start_in_the_same_step(engine: ParallelEn
 
     async def scenario() -> None:
         engine.submit(_job([1, 400]))  # A
+        thread, took = _schedule_in_thread(engine)
         with engine.arriving():  # B reached the server and is still being parsed when a step begins
-            thread, took = _schedule_in_thread(engine)
             await asyncio.sleep(0.001)  # B's parsing and tokenizing
             engine.submit(_job([1, 500]))
         await asyncio.to_thread(thread.join)
@@ -278,8 +285,8 @@ def test_a_step_waits_at_most_the_arrival_window_for_a_request_that_never_comes(
 
     async def scenario() -> float:
         engine.submit(_job([1, 400]))
+        thread, took = _schedule_in_thread(engine)
         with engine.arriving():  # a request that will fail before its submit
-            thread, took = _schedule_in_thread(engine)
             await asyncio.to_thread(thread.join)
         return took[0]
 
@@ -303,6 +310,6 @@ def test_a_memory_that_cannot_drop_the_filler_alone_forgets_that_slot_and_stops_
                         lambda seq, start, end=-1: calls.append((seq, start, end)) or start == 0)
     slot = engine.slots[2]
     slot.cached = [1, 302]
-    engine._unpad(slot, 2)
+    engine._padding.unpad(engine._ctx, slot, 2)
     assert calls == [(2, 2, -1), (2, 0, -1)]
     assert slot.cached == [] and engine._padding.decision is False

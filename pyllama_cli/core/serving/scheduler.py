@@ -47,7 +47,10 @@ from .cut import StepCut, roll_back
 from .post_sampling import post_sampling_prob
 from .lora_sets import LoraTurns
 from .slots import (GENERATING, IDLE, PREFILL, PaddingTrial, Slot, add_slot_tokens, plan_drafts,
-                    plan_prefill)
+                    plan_prefill, runs_with)
+
+SlotTask = tuple[int, Callable[[Any, Slot], Any], Future[Any]]  # (slot id, action, its result): on_idle_slot
+Start = tuple[Slot, JobStream, list[int]]  # a request given a slot, to start (slot, stream, prompt)
 
 
 class ParallelEngine(Engine):
@@ -79,7 +82,7 @@ class ParallelEngine(Engine):
         self._arrivals = Arrivals(self._cond)  # requests on their way to submit (arrivals.py)
         self._pad: tuple[Slot, int] | None = None  # (idle slot, position) of this step's throwaway token
         self._timing_padding = False  # whether this step is one of PaddingTrial's
-        self._slot_tasks: list[tuple[int, Callable[[Any, Slot], Any], Future[Any]]] = []  # guarded by _cond
+        self._slot_tasks: list[SlotTask] = []  # guarded by _cond
         self._cut = StepCut()  # aborts the step in flight (cut.py)
         self._marks: dict[int, int] = {}  # each slot's cached length before this step
         self.lora = LoraTurns()  # the LoRA adapters and whose turn it is (set by _load)
@@ -96,15 +99,18 @@ class ParallelEngine(Engine):
             self._thread.start()
 
     def submit(self, job: GenerationJob | EmbeddingJob) -> JobStream:
-        if self.state != READY:
+        if self.state not in (READY, BROKEN):
             raise RuntimeError(f"the engine is {self.state}")
         if isinstance(job, EmbeddingJob):
             raise InputError("this server generates text; start it with --embeddings to serve embeddings")
         stream = JobStream(job, asyncio.get_running_loop())
         with self._cond:
+            self._arrivals.submitted()
+            if self.state == BROKEN:  # broke since the route checked: the job ends as break_down ends the others
+                stream.put(Event(error=self.error, done=True))
+                return stream
             self._queue.append(stream)
             self._stats.queue_depth = len(self._queue)
-            self._arrivals.submitted()
             self._cond.notify()
         return stream
 
@@ -132,10 +138,14 @@ class ParallelEngine(Engine):
             self._cond.notify()
         return future
 
-    def _run_slot_tasks(self) -> None:
-        for task in [t for t in self._slot_tasks if self.slots[t[0]].state == IDLE]:
-            self._slot_tasks.remove(task)
-            slot_id, action, future = task
+    def _due_slot_tasks(self) -> list[SlotTask]:
+        """The slot tasks whose slot is idle, taken off the list (with _cond held; run without it)."""
+        due = [t for t in self._slot_tasks if self.slots[t[0]].state == IDLE]
+        self._slot_tasks = [t for t in self._slot_tasks if t not in due]
+        return due
+
+    def _run_slot_tasks(self, due: list[SlotTask]) -> None:
+        for slot_id, action, future in due:
             try:
                 future.set_result(action(self._ctx, self.slots[slot_id]))
             except Exception as exc:  # noqa: BLE001 - the route answers with it
@@ -154,7 +164,7 @@ class ParallelEngine(Engine):
         """The context can never run again (an RPC server died under it, and the scheduler thread waits
         inside llama.cpp for good): every running and queued request ends with `error`, later ones get 503.
 
-        Called from another thread; the scheduler thread no longer touches the slots.
+        Called from ggml's RPC thread (see _work), while the scheduler thread waits for it in llama.cpp.
         """
         with self._cond:
             self.error, self.state = error, BROKEN
@@ -226,6 +236,9 @@ class ParallelEngine(Engine):
         # The session (context and model) is freed by close(): vocabulary helpers may still be in use.
 
     def _work(self) -> None:
+        """_cond guards the queue and who holds which slot. No llama.cpp call that touches the KV cache
+        runs with it held (slot tasks, a start's prompt cache, the step): over RPC, such a call waits for
+        ggml's RPC thread, which takes _cond when the server dies (break_down); both would wait for good."""
         while True:
             with self._cond:
                 while (not self._stopping and not self._queue and not self._slot_tasks
@@ -233,10 +246,15 @@ class ParallelEngine(Engine):
                     self._cond.wait()
                 if self._stopping:
                     return
-                self._run_slot_tasks()
-                self._assign_waiting()
-                self._wait_for_arrivals()
-                self._cut.clear()  # requested for requests cut by now: dropped next
+                due = self._due_slot_tasks()
+                if not due:
+                    starting = self._assign_waiting()
+                    starting += self._wait_for_arrivals()
+                    self._cut.clear()  # requested for requests cut by now: dropped next
+            if due:  # their slots stay idle until they ran: requests are assigned on the next turn
+                self._run_slot_tasks(due)
+                continue
+            self._start_all(starting)
             self._drop_cancelled()
             if self._build_batch():
                 self._decode_and_sample()
@@ -244,10 +262,12 @@ class ParallelEngine(Engine):
 
     # ---- admission
 
-    def _assign_waiting(self) -> None:
+    def _assign_waiting(self) -> list[Start]:
         """Give queued requests (in arrival order) to idle slots, best prefix match first; a request
-        for a slot that is busy (llama-server's id_slot) waits for it without holding up the others."""
+        for a slot that is busy (llama-server's id_slot) waits for it without holding up the others.
+        With _cond held: each slot given holds its request at once; _start_all starts them."""
         held: list[JobStream] = []
+        starting: list[Start] = []
         while self._queue:
             idle = [s for s in self.slots if s.state == IDLE]
             if not idle:
@@ -264,37 +284,37 @@ class ParallelEngine(Engine):
                     held.append(stream)
                     continue
             prompt = list(stream.job.prompt)  # type: ignore[union-attr]
-            slot = max(idle, key=lambda s: (common_prefix(s.cached, prompt), -self._runs_with(s),
-                                            -s.requests_served, -s.id))
+            slot = max(idle, key=lambda s: (common_prefix(s.cached, prompt),
+                                            -runs_with(self.slots, s, self.kv_unified), -s.requests_served, -s.id))
+            slot.stream, slot.state = stream, PREFILL  # held for it: cancel_all and break_down see it there
+            starting.append((slot, stream, prompt))
+        self._queue.extendleft(reversed(held))
+        self._stats.queue_depth = len(self._queue)
+        return starting
+
+    def _start_all(self, starting: list[Start]) -> None:
+        for slot, stream, prompt in starting:
             try:
                 self._start(slot, stream, prompt)
                 if self.prompt_cache is not None:
                     self.prompt_cache.free_idle_slots(self._ctx, self.slots)
             except Exception as exc:  # noqa: BLE001 - one bad request must not stop the others
-                self._release(slot)
+                with self._cond:
+                    self._release(slot)
+                    self._stats.jobs_failed += 1
                 stream.put(Event(error=exc, done=True))
-                self._stats.jobs_failed += 1
-        self._queue.extendleft(reversed(held))
-        self._stats.queue_depth = len(self._queue)
 
-    def _runs_with(self, candidate: Slot) -> int:
-        """How many runs of consecutive busy slots there would be with `candidate` busy too: each run
-        is a separate pass over the model at every step (see _build_batch), so between slots that
-        cache the prompt equally well, the one that closes a gap is the better choice."""
-        if self.kv_unified:  # one stream: llama.cpp passes any mix of sequences at once
-            return 1
-        busy = [slot.state != IDLE or slot is candidate for slot in self.slots]
-        return sum(b and (i == 0 or not busy[i - 1]) for i, b in enumerate(busy))
-
-    def _wait_for_arrivals(self) -> None:
+    def _wait_for_arrivals(self) -> list[Start]:
         """Hold this step (with _cond held) while a slot is free for requests still on their way
         to submit, up to arrivals.ARRIVAL_WAIT_S after the newest of them reached the server (see arriving)."""
+        starting: list[Start] = []
         while self._arrivals and not self._stopping and any(slot.state == IDLE for slot in self.slots):
             remaining = self._arrivals.seconds_left()
             if remaining <= 0:
-                return
+                break
             self._cond.wait(remaining)
-            self._assign_waiting()
+            starting += self._assign_waiting()
+        return starting
 
     def _start(self, slot: Slot, stream: JobStream, prompt: list[int]) -> None:
         from ..generate.sampling import Sampler
@@ -378,16 +398,7 @@ class ParallelEngine(Engine):
                 or any(slot.state == PREFILL and len(slot.pending) != 1 for slot in busy):
             return None
         idle = [slot for slot in self.slots if slot.state == IDLE and len(slot.cached) < self.n_ctx_slot - 1]
-        return min(idle, key=self._runs_with) if idle else None
-
-    def _unpad(self, slot: Slot, position: int) -> None:
-        """Drop the throwaway token from the idle slot's sequence. A memory that cannot drop a
-        sequence's last token alone (a recurrent model's) forgets the slot's cache instead, and
-        padding stops."""
-        if not self._ctx.remove_tokens(slot.id, position, -1):
-            self._ctx.remove_tokens(slot.id, 0, -1)
-            slot.cached = []
-            self._padding.decision = False
+        return min(idle, key=lambda s: runs_with(self.slots, s, self.kv_unified)) if idle else None
 
     def _decode_and_sample(self) -> None:
         started = time.perf_counter()
@@ -404,7 +415,7 @@ class ParallelEngine(Engine):
             return
         finally:
             if self._pad is not None:
-                self._unpad(*self._pad)
+                self._padding.unpad(self._ctx, *self._pad)
         if self._timing_padding:
             self._padding.record(self._pad is not None, time.perf_counter() - started)
         for slot in self.slots:

@@ -140,6 +140,25 @@ class PaddingTrial:
         if all(len(times) >= self.TRIALS for times in self.seconds.values()):
             self.decision = statistics.median(self.seconds[True]) < statistics.median(self.seconds[False])
 
+    def unpad(self, ctx: Any, slot: Slot, position: int) -> None:
+        """Drop the throwaway token from the idle slot's sequence. A memory that cannot drop a
+        sequence's last token alone (a recurrent model's) forgets the slot's cache instead, and
+        padding stops."""
+        if not ctx.remove_tokens(slot.id, position, -1):
+            ctx.remove_tokens(slot.id, 0, -1)
+            slot.cached = []
+            self.decision = False
+
+
+def runs_with(slots: list[Slot], candidate: Slot, kv_unified: bool) -> int:
+    """How many runs of consecutive busy slots there would be with `candidate` busy too: each run
+    is a separate pass over the model at every step (see the scheduler's _build_batch), so between
+    slots that cache the prompt equally well, the one that closes a gap is the better choice."""
+    if kv_unified:  # one stream: llama.cpp passes any mix of sequences at once
+        return 1
+    busy = [slot.state != IDLE or slot is candidate for slot in slots]
+    return sum(b and (i == 0 or not busy[i - 1]) for i, b in enumerate(busy))
+
 
 def add_slot_tokens(slot: Slot, batch: Any, n_prompt: int) -> None:
     """Add a slot's tokens to the step's batch: a generating slot's last token and its draft (logits at
