@@ -152,6 +152,19 @@ class Engine(ABC):
                              tools=tools, template_kwargs=template_kwargs)
         return drop_added_specials(self.model, prompt, builtin_template=template in BUILTIN_TEMPLATES)
 
+    def user_starts(self, ids: list[int], template: str | None = None) -> tuple[int, ...]:
+        """Where the user messages of a rendered chat start in its tokens, for an engine that evaluates a
+        prompt in batches ending there (a memory with checkpoints: checkpoints.py); () for the others."""
+        if getattr(self, "_checkpoints", None) is None:
+            return ()
+        from .checkpoints import find_user_starts, user_start_marker
+
+        markers: dict[str | None, list[int]] = self.__dict__.setdefault("_user_markers", {})
+        if template not in markers:
+            text = user_start_marker(lambda m: self.render_chat(m, template=template, add_generation_prompt=False))
+            markers[template] = self.tokenize(text, add_special=False, parse_special=True) if text else []
+        return find_user_starts(ids, markers[template])
+
     def is_eog(self, token: int) -> bool:
         return self.model.is_eog(token)
 

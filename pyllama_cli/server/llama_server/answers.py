@@ -158,8 +158,9 @@ def completion_body(engine: Engine, result: Result, prep: NativeJobs, model: str
     stats, job, req = result.stats, result.job, prep.request
     text = "".join(result.text)
     stop_type = "limit" if result.timed_out else STOP_TYPES.get(stats.stop_reason, "none")
+    ended = [stats.end_token] if stats.end_token >= 0 else []  # llama-server returns the end token too
     body: dict[str, Any] = {
-        "index": index, "content": text, "tokens": list(stats.tokens) if req.return_tokens else [],
+        "index": index, "content": text, "tokens": [*stats.tokens, *ended] if req.return_tokens else [],
         "id_slot": stats.id_slot, "stop": True, "model": model, "tokens_predicted": stats.n_generated,
         "tokens_evaluated": stats.n_prompt, "generation_settings": generation_settings(job, prep, stream),
         "prompt": engine.detokenize(list(job.prompt)), "has_new_line": "\n" in text, "truncated": False,
