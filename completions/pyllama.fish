@@ -729,6 +729,7 @@ complete -c pyllama -n '__pyllama_using serve' -l cache-idle-slots -l no-cache-i
 complete -c pyllama -n '__pyllama_using serve' -l cache-disk -d 'Folder for a disk tier of the prompt cache: states survive a restart and a model\'s unload (off unless given).' -x -a '(__pyllama_values dir)'
 complete -c pyllama -n '__pyllama_using serve' -l cache-disk-max -d 'Largest size of the --cache-disk folder (bytes, or with K/M/G); the least recently used entries go first.' -x
 complete -c pyllama -n '__pyllama_using serve' -l cache-disk-min-tokens -d 'Shortest prefix (tokens) written to --cache-disk.' -x
+complete -c pyllama -n '__pyllama_using serve' -o ctxcp -l ctx-checkpoints -l swa-checkpoints -d 'Context checkpoints kept per slot for a sliding-window or recurrent model, whose cache cannot be cut anywhere: a repeated or continued prompt restores one instead of evaluating everything again (0 = none).' -x
 complete -c pyllama -n '__pyllama_using serve' -l shutdown-grace -d 'Seconds running requests get to finish after SIGTERM/Ctrl-C; then streams end with a server_shutdown error event and waiting requests get 503.' -x
 complete -c pyllama -n '__pyllama_using serve' -l max-header-size -d 'Largest total size of a request\'s header fields in bytes (larger gets 431).' -x
 complete -c pyllama -n '__pyllama_using serve' -l max-headers -d 'Most header fields in one request (more gets 431).' -x

@@ -13,6 +13,7 @@ import pytest
 
 from pyllama_cli.core.generate.sampling import SamplingSettings
 from pyllama_cli.core.model.settings import LoadSettings
+from pyllama_cli.core.serving.cache.settings import CacheSettings
 from pyllama_cli.core.serving.checkpoints import user_start_marker
 from pyllama_cli.core.serving.jobs import GenerationJob, JobStream
 from pyllama_cli.core.serving.scheduler import ParallelEngine
@@ -135,3 +136,19 @@ def test_a_rendered_chat_s_user_messages_start_at_their_marker(engine: ParallelE
     marker = engine.tokenize("<|im_start|>user", add_special=False)
     assert [ids[i:i + len(marker)] for i in starts] == [marker, marker]
     assert ids[0] == 1 and ids[1] == IM_START_ID and 1 not in starts  # BOS, then the system message's start
+
+
+def test_without_checkpoints_a_prompt_is_one_batch_and_a_repeat_evaluates_it_again(swa_model: Path) -> None:
+    # llama-server -ctxcp 0: no batch of its own for the last tokens, nothing to restore.
+    engine = ParallelEngine(swa_model, LoadSettings(n_ctx=512, n_threads=1), n_slots=1,
+                            prompt_cache=CacheSettings(ctx_checkpoints=0))
+    engine._load()
+    try:
+        job = GenerationJob(prompt=PROMPT, sampling=SamplingSettings(temperature=0), max_tokens=2, user_starts=(10,))
+        assert _prefill(engine, job) == [44]
+        engine._finish(engine.slots[0], "stop")
+        engine._outbox.clear()
+        assert _prefill(engine, job) == [44]
+    finally:
+        engine._unload()
+        engine.model.close()

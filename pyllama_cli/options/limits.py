@@ -16,8 +16,8 @@ from typing import Annotated, Any
 
 import typer
 
-from ..core.serving.cache.settings import (DEFAULT_CACHE_RAM_MIB, DEFAULT_DISK_MAX, DEFAULT_DISK_MIN_TOKENS,
-                                           CacheSettings)
+from ..core.serving.cache.settings import (DEFAULT_CACHE_RAM_MIB, DEFAULT_CTX_CHECKPOINTS, DEFAULT_DISK_MAX,
+                                           DEFAULT_DISK_MIN_TOKENS, CacheSettings)
 from ..errors import UsageError
 from ..server.settings import ServerLimits
 from .load import option_param, with_flags
@@ -105,12 +105,18 @@ CacheDiskMinTokensOpt = Annotated[int, typer.Option(
     "--cache-disk-min-tokens", min=1, help="Shortest prefix (tokens) written to --cache-disk.",
     rich_help_panel=CACHE_PANEL)]
 
+CtxCheckpointsOpt = Annotated[int, typer.Option(
+    "-ctxcp", "--ctx-checkpoints", "--swa-checkpoints", min=0, help="Context checkpoints kept per slot for a "
+    "sliding-window or recurrent model, whose cache cannot be cut anywhere: a repeated or continued prompt "
+    "restores one instead of evaluating everything again (0 = none).", rich_help_panel=CACHE_PANEL)]
+
 _CACHE_PARAMS = [
     option_param("cache_ram", CacheRamOpt, DEFAULT_CACHE_RAM_MIB),
     option_param("cache_idle_slots", CacheIdleSlotsOpt, True),
     option_param("cache_disk", CacheDiskOpt, None),
     option_param("cache_disk_max", CacheDiskMaxOpt, DEFAULT_DISK_MAX),
     option_param("cache_disk_min_tokens", CacheDiskMinTokensOpt, DEFAULT_DISK_MIN_TOKENS),
+    option_param("ctx_checkpoints", CtxCheckpointsOpt, DEFAULT_CTX_CHECKPOINTS),
 ]
 
 
@@ -140,7 +146,8 @@ def cache_options() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         disk = _cache_folder(kwargs.pop("cache_disk"))
         kwargs["prompt_cache"] = CacheSettings(
             kwargs.pop("cache_ram"), kwargs.pop("cache_idle_slots"), disk,
-            parse_size(kwargs.pop("cache_disk_max"), "--cache-disk-max"), kwargs.pop("cache_disk_min_tokens"))
+            parse_size(kwargs.pop("cache_disk_max"), "--cache-disk-max"), kwargs.pop("cache_disk_min_tokens"),
+            ctx_checkpoints=kwargs.pop("ctx_checkpoints"))
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         return with_flags(fn, ("prompt_cache",), _CACHE_PARAMS, build)

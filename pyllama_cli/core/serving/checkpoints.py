@@ -22,7 +22,7 @@ import ctypes
 from dataclasses import dataclass, field
 from typing import Any
 
-MAX_CHECKPOINTS = 32  # llama-server's --ctx-checkpoints default
+MAX_CHECKPOINTS = 32  # llama-server's --ctx-checkpoints default (cache/settings.py's, for the flag)
 MIN_STEP = 8192  # llama-server's --checkpoint-min-step default: the least spacing of mid-prompt checkpoints
 LAST_BATCH = 4  # a checkpoint this many tokens (and n_ubatch more) before a prompt's end
 PARTIAL_ONLY = 1  # LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY: the cells that cannot be cut (SWA, recurrent)
@@ -58,8 +58,8 @@ def memory_n_swa(model: Any, swa_full: bool) -> int | None:
 class Checkpoints:
     """Every slot's checkpoints in a context whose memory needs them (see the module docstring)."""
 
-    def __init__(self, ctx: Any, n_swa: int, n_slots: int):
-        self.ctx, self.n_swa = ctx, n_swa
+    def __init__(self, ctx: Any, n_swa: int, n_slots: int, limit: int = MAX_CHECKPOINTS):
+        self.ctx, self.n_swa, self.limit = ctx, n_swa, limit  # limit: --ctx-checkpoints (0: none, no cut batches)
         self.slots = [SlotCheckpoints() for _ in range(n_slots)]
 
     def cut_chunk(self, slot: Any, chunk: int) -> int:
@@ -85,6 +85,8 @@ class Checkpoints:
     def plan(self, slots: list[Any], chunks: dict[int, int]) -> dict[int, int]:
         """This step's prompt chunks (plan_prefill's) cut at the checkpoint boundaries, and the checkpoints
         saved before they are evaluated."""
+        if self.limit == 0:
+            return chunks
         for slot in slots:
             if chunks.get(slot.id, 0) > 0:
                 chunks[slot.id] = self.cut_chunk(slot, chunks[slot.id])
@@ -125,7 +127,8 @@ class Checkpoints:
         pos_min = int(lib.llama_memory_seq_pos_min(self.ctx.memory, slot_id))
         if pos_min < 0:
             return  # nothing evaluated yet
-        saved[:] = [c for c in saved if c.n_tokens != n_start][-(MAX_CHECKPOINTS - 1):]
+        kept = [c for c in saved if c.n_tokens != n_start]  # a new one at the same place supersedes it
+        saved[:] = kept[max(0, len(kept) + 1 - self.limit):]  # the oldest go first
         pos_max = int(lib.llama_memory_seq_pos_max(self.ctx.memory, slot_id))
         saved.append(Checkpoint(n_start, pos_min, pos_max, self._read(slot_id)))
 
