@@ -5,9 +5,11 @@ same requests go to both in the same order. At temperature 0 two answers agree o
 evaluate the prompt in the same batches; and the tokens each reused from its cache (timings.cache_n)
 show the same reuse: a whole prefix, a context checkpoint's (a sliding-window model), or nothing.
 
-The chats run in sequence on one slot: each is asked without its cache (as on a fresh server), then
-after the previous chat used the slot, then again (the same request twice); the first chat comes back
-at the end, after all the others.
+The chats run in sequence on one slot: each is asked after the previous chat used the slot, then
+again (the same request twice), then without its cache (`cache_prompt: false`, as on a fresh server);
+the first chat comes back at the end, after all the others (llama-server then restores it from its
+prompt cache, --cache-ram). Reuse is compared on the repeated and uncached requests; after another
+chat only the answers are (see the test).
 """
 
 from __future__ import annotations
@@ -138,9 +140,13 @@ def _complete(url: str, prompt: str, cache: bool = True) -> tuple[list[int], int
 def test_chats_answer_as_llama_server_fresh_repeated_and_after_another_chat(served: tuple[str, str]) -> None:
     theirs, ours = served
     for i, messages in enumerate([*CHATS, CHATS[0]]):
-        for cache in (False, True, True):  # as on a fresh server; after the previous chat; the same again
-            expected = _chat(theirs, messages, cache)
-            assert _chat(ours, messages, cache) == expected, (i, cache)
+        # After the previous chat the answers agree; the reuse may not: llama-server's prompt cache picks
+        # entries by other rules than --cache-ram's (and keeps sliding-window states, which it does not).
+        expected, _ = _chat(theirs, messages)
+        assert _chat(ours, messages)[0] == expected, i
+        for cache in (True, False):  # the same again; as on a fresh server
+            expected_reuse = _chat(theirs, messages, cache)
+            assert _chat(ours, messages, cache) == expected_reuse, (i, cache)
 
 
 def test_completion_answers_as_llama_server_fresh_and_repeated(served: tuple[str, str]) -> None:
