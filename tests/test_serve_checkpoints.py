@@ -152,3 +152,12 @@ def test_without_checkpoints_a_prompt_is_one_batch_and_a_repeat_evaluates_it_aga
     finally:
         engine._unload()
         engine.model.close()
+
+
+def test_a_conversation_that_comes_back_after_another_gets_its_state_back(swa_server: Server) -> None:
+    # llama-server's prompt cache: B's request saves A's state (with its checkpoints) and A's takes it
+    # back, then restores A's last checkpoint, as a repeat does.
+    a, b = list(range(4000, 4044)), list(range(5000, 5044))
+    cached = [httpx.post(f"{swa_server.url}/completion", json={"prompt": p, "n_predict": 2, "temperature": 0},
+                         timeout=60).json()["timings"]["cache_n"] for p in (a, b, a)]
+    assert cached == [0, 0, 39]

@@ -8,8 +8,7 @@ show the same reuse: a whole prefix, a context checkpoint's (a sliding-window mo
 The chats run in sequence on one slot: each is asked after the previous chat used the slot, then
 again (the same request twice), then without its cache (`cache_prompt: false`, as on a fresh server);
 the first chat comes back at the end, after all the others (llama-server then restores it from its
-prompt cache, --cache-ram). Reuse is compared on the repeated and uncached requests; after another
-chat only the answers are (see the test).
+prompt cache, --cache-ram).
 """
 
 from __future__ import annotations
@@ -118,10 +117,12 @@ def _servers(model: Path, folder: Path, np: int) -> Iterator[tuple[str, str]]:
 
 
 @pytest.fixture(scope="module", params=list(SPECS))
-def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, str]]:
+    """(llama-server's URL, serve's URL, the model's preset name), one slot each."""
     folder = tmp_path_factory.mktemp(f"fidelity-{request.param}")
     model = write_llama_gguf(folder / f"{request.param}.gguf", SPECS[request.param])
-    yield from _servers(model, folder, 1)
+    for theirs, ours in _servers(model, folder, 1):
+        yield theirs, ours, request.param
 
 
 def _chat(url: str, messages: list[dict[str, str]], cache: bool = True) -> tuple[str, int]:
@@ -137,20 +138,23 @@ def _complete(url: str, prompt: str, cache: bool = True) -> tuple[list[int], int
     return answer["tokens"], answer["timings"]["cache_n"]
 
 
-def test_chats_answer_as_llama_server_fresh_repeated_and_after_another_chat(served: tuple[str, str]) -> None:
-    theirs, ours = served
+def test_chats_answer_as_llama_server_fresh_repeated_and_after_another_chat(served: tuple[str, str, str]) -> None:
+    theirs, ours, name = served
+    # After the previous chat the answers agree, and so does the reuse on the sliding-window model (its
+    # states are swapped by llama-server's rules: cache/sequence_states.py); --cache-ram's routes for the
+    # other models pick the longest cached prefix, which is not always the entry llama-server picks.
     for i, messages in enumerate([*CHATS, CHATS[0]]):
-        # After the previous chat the answers agree; the reuse may not: llama-server's prompt cache picks
-        # entries by other rules than --cache-ram's (and keeps sliding-window states, which it does not).
-        expected, _ = _chat(theirs, messages)
-        assert _chat(ours, messages)[0] == expected, i
+        expected, got = _chat(theirs, messages), _chat(ours, messages)
+        assert got[0] == expected[0], i
+        if name == "wide-swa":
+            assert got[1] == expected[1], i
         for cache in (True, False):  # the same again; as on a fresh server
             expected_reuse = _chat(theirs, messages, cache)
             assert _chat(ours, messages, cache) == expected_reuse, (i, cache)
 
 
-def test_completion_answers_as_llama_server_fresh_and_repeated(served: tuple[str, str]) -> None:
-    theirs, ours = served
+def test_completion_answers_as_llama_server_fresh_and_repeated(served: tuple[str, str, str]) -> None:
+    theirs, ours, _ = served
     for i, messages in enumerate(CHATS[:6]):
         prompt = _post(f"{theirs}/apply-template", {"messages": messages})["prompt"]
         for cache in (False, True, True):

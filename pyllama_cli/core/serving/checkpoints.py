@@ -58,8 +58,14 @@ def memory_n_swa(model: Any, swa_full: bool) -> int | None:
 class Checkpoints:
     """Every slot's checkpoints in a context whose memory needs them (see the module docstring)."""
 
-    def __init__(self, ctx: Any, n_swa: int, n_slots: int, limit: int = MAX_CHECKPOINTS):
-        self.ctx, self.n_swa, self.limit = ctx, n_swa, limit  # limit: --ctx-checkpoints (0: none, no cut batches)
+    def __init__(self, ctx: Any, n_swa: int, n_slots: int, settings: Any = None):
+        """`settings`: the prompt cache's (CacheSettings): --ctx-checkpoints, and --cache-ram for the states
+        kept across conversations (cache/sequence_states.py); None: llama-server's checkpoints, no cache."""
+        from .cache.sequence_states import SequenceStates
+
+        self.ctx, self.n_swa = ctx, n_swa
+        self.limit = settings.ctx_checkpoints if settings is not None else MAX_CHECKPOINTS  # 0: none, no cut batches
+        self.states = SequenceStates(settings.ram_bytes) if settings is not None and settings.ram_mib != 0 else None
         self.slots = [SlotCheckpoints() for _ in range(n_slots)]
 
     def cut_chunk(self, slot: Any, chunk: int) -> int:
@@ -78,6 +84,8 @@ class Checkpoints:
         one short of the whole prompt, as reusable_prefix."""
         from ..generate.decide import common_prefix
 
+        if self.states is not None and allowed:  # llama-server swaps states in on its own slot choice
+            self.states.swap(self.ctx, slot, self.slots[slot.id].saved, prompt)
         common = common_prefix(slot.cached, prompt) if allowed else 0
         kept = self.reuse(slot.id, len(slot.cached), common, len(prompt))
         return kept - 1 if kept == len(prompt) and kept > 0 else kept

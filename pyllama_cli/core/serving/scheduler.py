@@ -42,7 +42,7 @@ from .arrivals import Arrivals
 from .cache.settings import CacheSettings
 from .engine import BROKEN, CLOSED, READY, Engine
 from .jobs import EmbeddingJob, EngineStats, Event, GenerationJob, JobStream, ModelSummary
-from .checkpoints import MAX_CHECKPOINTS, Checkpoints, memory_n_swa
+from .checkpoints import Checkpoints, memory_n_swa
 from .cut import StepCut, roll_back
 from .post_sampling import post_sampling_prob
 from .lora_sets import LoraTurns
@@ -197,8 +197,7 @@ class ParallelEngine(Engine):
         self.summary = ModelSummary.of(self.path, session.model, self._ctx, n_ctx=self.n_ctx_slot, embeddings=False)
         self.lora = LoraTurns(session.model.adapters)
         if (n_swa := memory_n_swa(session.model, self.settings.swa_full)) is not None:
-            limit = self.cache_settings.ctx_checkpoints if self.cache_settings is not None else MAX_CHECKPOINTS
-            self._checkpoints = Checkpoints(self._ctx, n_swa, self.n_slots, limit)
+            self._checkpoints = Checkpoints(self._ctx, n_swa, self.n_slots, self.cache_settings)
         if self.cache_settings is not None and self.cache_settings.enabled:
             from .cache.prompt_cache import open_prompt_cache
 
