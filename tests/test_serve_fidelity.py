@@ -169,6 +169,9 @@ def served_parallel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[
 
 
 def test_four_concurrent_chats_answer_as_llama_server_with_four_slots(served_parallel: tuple[str, str]) -> None:
+    # Answers only: which slot (and cached prefix) a request gets depends on when each server reads it
+    # (llama-server may finish one chat before it reads the next; serve starts requests that arrive
+    # together in the same step).
     theirs, ours = served_parallel
     for round_ in range(3):  # fresh slots, then each chat again (its own slot's cache), then the next four
         chats = CHATS[4 * (round_ // 2):4 * (round_ // 2) + 4]
