@@ -46,6 +46,7 @@ class Engine(ABC):
         self.summary: ModelSummary | None = None
         self._on_ready = on_ready
         self._on_failure = on_failure
+        self._user_markers: dict[str | None, list[int]] = {}  # each template's user marker, tokenized
 
     @property
     def model(self) -> Any:
@@ -159,7 +160,7 @@ class Engine(ABC):
             return ()
         from .checkpoints import find_user_starts, user_start_marker
 
-        markers: dict[str | None, list[int]] = self.__dict__.setdefault("_user_markers", {})
+        markers = self._user_markers
         if template not in markers:
             text = user_start_marker(lambda m: self.render_chat(m, template=template, add_generation_prompt=False))
             markers[template] = self.tokenize(text, add_special=False, parse_special=True) if text else []
