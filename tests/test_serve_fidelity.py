@@ -179,3 +179,21 @@ def test_four_concurrent_chats_answer_as_llama_server_with_four_slots(served_par
             expected = [answer[0] for answer in pool.map(lambda m: _chat(theirs, m), chats)]
             got = [answer[0] for answer in pool.map(lambda m: _chat(ours, m), chats)]
         assert got == expected, round_
+
+
+def _stream_chunks(url: str, prompt: str) -> list[tuple[list[int], int, str]]:
+    body = {"prompt": prompt, "n_predict": N_PREDICT, "temperature": 0, "stream": True, "cache_prompt": False}
+    request = urllib.request.Request(f"{url}/completion", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=120) as answer:
+        lines = answer.read().decode().splitlines()
+    chunks = [json.loads(line[6:]) for line in lines if line.startswith("data: ") and line[6:] != "[DONE]"]
+    return [(c["tokens"], c["tokens_predicted"], c["content"]) for c in chunks]
+
+
+def test_streamed_completions_send_llama_server_s_chunks(served: tuple[str, str, str]) -> None:
+    # An answer that ends with the end-of-generation token sends it in a chunk of its own, and counts it.
+    theirs, ours, _ = served
+    for i, messages in enumerate(CHATS[:3]):
+        prompt = _post(f"{theirs}/apply-template", {"messages": messages})["prompt"]
+        assert _stream_chunks(ours, prompt) == _stream_chunks(theirs, prompt), i
