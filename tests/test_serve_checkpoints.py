@@ -62,7 +62,7 @@ def _prefill(engine: ParallelEngine, job: GenerationJob) -> list[int]:
 
 
 def _saved(engine: ParallelEngine) -> list[tuple[int, int, int]]:
-    assert engine._checkpoints is not None
+    assert engine._checkpoints.active
     return [(c.n_tokens, c.pos_min, c.pos_max) for c in engine._checkpoints.slots[0].saved]
 
 
@@ -85,7 +85,7 @@ def test_a_model_without_a_window_evaluates_a_prompt_in_one_batch(models_dir: Pa
     try:
         job = GenerationJob(prompt=PROMPT, sampling=SamplingSettings(temperature=0), max_tokens=2, user_starts=(10,))
         assert _prefill(engine, job) == [44]
-        assert engine._checkpoints is None
+        assert not engine._checkpoints.active
     finally:
         engine._unload()
         engine.model.close()

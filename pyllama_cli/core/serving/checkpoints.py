@@ -43,6 +43,11 @@ class SlotCheckpoints:
     saved: list[Checkpoint] = field(default_factory=list)
 
 
+def open_checkpoints(model: Any, swa_full: bool, ctx: Any, n_slots: int, settings: Any = None) -> Checkpoints:
+    """The context's checkpoints: active for a memory that needs them (memory_n_swa), else inactive."""
+    return Checkpoints(ctx, memory_n_swa(model, swa_full), n_slots, settings)
+
+
 def memory_n_swa(model: Any, swa_full: bool) -> int | None:
     """The window llama-server's reuse check uses (0 for a recurrent or hybrid model), or None when the
     model's memory can be cut anywhere and needs no checkpoints."""
@@ -56,14 +61,15 @@ def memory_n_swa(model: Any, swa_full: bool) -> int | None:
 
 
 class Checkpoints:
-    """Every slot's checkpoints in a context whose memory needs them (see the module docstring)."""
+    """Every slot's checkpoints in a context whose memory needs them (see the module docstring); for any
+    other memory (`n_swa` None: inactive) a prompt keeps the slot's common prefix and is cut by nothing."""
 
-    def __init__(self, ctx: Any, n_swa: int, n_slots: int, settings: Any = None):
+    def __init__(self, ctx: Any, n_swa: int | None, n_slots: int, settings: Any = None):
         """`settings`: the prompt cache's (CacheSettings): --ctx-checkpoints, and --cache-ram for the states
         kept across conversations (cache/sequence_states.py); None: llama-server's checkpoints, no cache."""
         from .cache.sequence_states import SequenceStates
 
-        self.ctx, self.n_swa = ctx, n_swa
+        self.ctx, self.n_swa, self.active = ctx, n_swa or 0, n_swa is not None
         self.limit = settings.ctx_checkpoints if settings is not None else MAX_CHECKPOINTS  # 0: none, no cut batches
         self.states = SequenceStates(settings.ram_bytes) if settings is not None and settings.ram_mib != 0 else None
         self.slots = [SlotCheckpoints() for _ in range(n_slots)]
@@ -75,15 +81,18 @@ class Checkpoints:
         done, n_prompt, starts = len(slot.cached), slot.stats.n_prompt, slot.job.user_starts
         saved = self.slots[slot.id].saved
         boundaries = [b for b in starts if b == starts[-1] or not saved or b > saved[-1].n_tokens + MIN_STEP]
-        boundaries += [n_prompt - min(self.ctx.n_batch, offset) for offset in (LAST_BATCH + self.ctx.n_ubatch, LAST_BATCH)]
+        offsets = (LAST_BATCH + self.ctx.n_ubatch, LAST_BATCH)
+        boundaries += [n_prompt - min(self.ctx.n_batch, offset) for offset in offsets]
         inside = [b for b in boundaries if done < b < done + chunk]
         return min(inside) - done if inside else chunk
 
     def kept_prefix(self, slot: Any, prompt: list[int], allowed: bool) -> int:
         """The prompt tokens slot `slot` keeps in its cache (`allowed`: the request may reuse any), at least
         one short of the whole prompt, as reusable_prefix."""
-        from ..generate.decide import common_prefix
+        from ..generate.decide import common_prefix, reusable_prefix
 
+        if not self.active:
+            return reusable_prefix(slot.cached, prompt) if allowed else 0
         if self.states is not None and allowed:  # llama-server swaps states in on its own slot choice
             self.states.swap(self.ctx, slot, self.slots[slot.id].saved, prompt)
         common = common_prefix(slot.cached, prompt) if allowed else 0
@@ -93,7 +102,7 @@ class Checkpoints:
     def plan(self, slots: list[Any], chunks: dict[int, int]) -> dict[int, int]:
         """This step's prompt chunks (plan_prefill's) cut at the checkpoint boundaries, and the checkpoints
         saved before they are evaluated."""
-        if self.limit == 0:
+        if not self.active or self.limit == 0:
             return chunks
         for slot in slots:
             if chunks.get(slot.id, 0) > 0:

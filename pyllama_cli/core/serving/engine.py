@@ -156,7 +156,8 @@ class Engine(ABC):
     def user_starts(self, ids: list[int], template: str | None = None) -> tuple[int, ...]:
         """Where the user messages of a rendered chat start in its tokens, for an engine that evaluates a
         prompt in batches ending there (a memory with checkpoints: checkpoints.py); () for the others."""
-        if getattr(self, "_checkpoints", None) is None:
+        checkpoints = getattr(self, "_checkpoints", None)
+        if checkpoints is None or not checkpoints.active:
             return ()
         from .checkpoints import find_user_starts, user_start_marker
 

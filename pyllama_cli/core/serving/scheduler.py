@@ -34,7 +34,7 @@ from dataclasses import replace
 from typing import Any
 
 from ...errors import ContextOverflow, InputError, ServerShutdown
-from ..generate.decide import STOP_INTERRUPTED, Turn, common_prefix, reusable_prefix
+from ..generate.decide import STOP_INTERRUPTED, Turn, common_prefix
 from ..generate.speculative import SpeculativeSettings, verify
 from ..generate.stats import GenerationStats
 from ..text.reasoning import ThinkBudget
@@ -42,7 +42,7 @@ from .arrivals import Arrivals
 from .cache.settings import CacheSettings
 from .engine import BROKEN, CLOSED, READY, Engine
 from .jobs import EmbeddingJob, EngineStats, Event, GenerationJob, JobStream, ModelSummary
-from .checkpoints import Checkpoints, memory_n_swa
+from .checkpoints import Checkpoints, open_checkpoints
 from .cut import StepCut, roll_back
 from .post_sampling import post_sampling_prob
 from .lora_sets import LoraTurns
@@ -82,7 +82,7 @@ class ParallelEngine(Engine):
         self._cut = StepCut()  # aborts the step in flight (cut.py)
         self._marks: dict[int, int] = {}  # each slot's cached length before this step
         self.lora = LoraTurns()  # the LoRA adapters and whose turn it is (set by _load)
-        self._checkpoints: Checkpoints | None = None  # for memories that cannot be cut anywhere (checkpoints.py)
+        self._checkpoints = Checkpoints(None, None, n_slots)  # what a prompt reuses, and its batches (checkpoints.py)
 
     # ---------------------------------------------------------------- Engine interface
 
@@ -136,8 +136,7 @@ class ParallelEngine(Engine):
         for task in [t for t in self._slot_tasks if self.slots[t[0]].state == IDLE]:
             self._slot_tasks.remove(task)
             slot_id, action, future = task
-            if self._checkpoints is not None:  # the slot's cells are saved, replaced or erased
-                self._checkpoints.forget(slot_id)
+            self._checkpoints.forget(slot_id)  # the slot's cells are saved, replaced or erased
             try:
                 future.set_result(action(self._ctx, self.slots[slot_id]))
             except Exception as exc:  # noqa: BLE001 - the route answers with it
@@ -196,8 +195,8 @@ class ParallelEngine(Engine):
             raise
         self.summary = ModelSummary.of(self.path, session.model, self._ctx, n_ctx=self.n_ctx_slot, embeddings=False)
         self.lora = LoraTurns(session.model.adapters)
-        if (n_swa := memory_n_swa(session.model, self.settings.swa_full)) is not None:
-            self._checkpoints = Checkpoints(self._ctx, n_swa, self.n_slots, self.cache_settings)
+        self._checkpoints = open_checkpoints(session.model, self.settings.swa_full, self._ctx, self.n_slots,
+                                             self.cache_settings)
         if self.cache_settings is not None and self.cache_settings.enabled:
             from .cache.prompt_cache import open_prompt_cache
 
@@ -309,9 +308,7 @@ class ParallelEngine(Engine):
         slot.sampler = Sampler(self.model, job.sampling)
         slot.sampler.accept_prompt(prompt)
         lora = self.lora.scales_of(job)  # the slot's cells serve only the adapter set that made them
-        reusable = job.cache_prompt and lora == slot.lora
-        reuse = (self._checkpoints.kept_prefix(slot, prompt, reusable) if self._checkpoints is not None
-                 else reusable_prefix(slot.cached, prompt) if reusable else 0)
+        reuse = self._checkpoints.kept_prefix(slot, prompt, job.cache_prompt and lora == slot.lora)
         if self.prompt_cache is not None:  # saves the slot's cells under slot.lora, the set that made them
             reuse, _ = self.prompt_cache.prepare(self._ctx, slot, self.slots, prompt, reuse, job.cache_prompt, lora)
         else:
@@ -356,9 +353,8 @@ class ParallelEngine(Engine):
         self._timing_padding = candidate is not None and self._padding.decision is None
         pad_slot = candidate if candidate is not None and self._padding.choose() else None
         self._pad = None
-        chunks = plan_prefill([s for s in self.slots if turn is None or s.lora == turn], room)  # this turn's slots
-        if self._checkpoints is not None:
-            chunks = self._checkpoints.plan(self.slots, chunks)
+        turn_slots = [s for s in self.slots if turn is None or s.lora == turn]
+        chunks = self._checkpoints.plan(self.slots, plan_prefill(turn_slots, room))  # cut where checkpoints go
         for slot in self.slots:
             slot.batch_index, slot.in_batch = -1, False
             if turn is not None and slot.state != IDLE and slot.lora != turn:
@@ -478,8 +474,7 @@ class ParallelEngine(Engine):
         # What the failed batch left in this sequence is unknown: forget the slot's cache.
         self._ctx.remove_tokens(slot.id, 0, -1)
         slot.cached = []
-        if self._checkpoints is not None:
-            self._checkpoints.forget(slot.id)
+        self._checkpoints.forget(slot.id)
         with self._cond:
             self._stats.jobs_failed += 1
             self._release(slot)
