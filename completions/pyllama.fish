@@ -730,6 +730,7 @@ complete -c pyllama -n '__pyllama_using serve' -l cache-disk -d 'Folder for a di
 complete -c pyllama -n '__pyllama_using serve' -l cache-disk-max -d 'Largest size of the --cache-disk folder (bytes, or with K/M/G); the least recently used entries go first.' -x
 complete -c pyllama -n '__pyllama_using serve' -l cache-disk-min-tokens -d 'Shortest prefix (tokens) written to --cache-disk.' -x
 complete -c pyllama -n '__pyllama_using serve' -l cache-reuse -d 'Shortest run of a slot\'s cached tokens that a prompt repeats later on to move into place by shifting its KV cells instead of evaluating it again (0 = off).' -x
+complete -c pyllama -n '__pyllama_using serve' -o ctxcp -l ctx-checkpoints -l swa-checkpoints -d 'Context checkpoints kept per slot for a sliding-window or recurrent model, whose cache cannot be cut anywhere: a repeated or continued prompt restores one instead of evaluating everything again (0 = none).' -x
 complete -c pyllama -n '__pyllama_using serve' -l shutdown-grace -d 'Seconds running requests get to finish after SIGTERM/Ctrl-C; then streams end with a server_shutdown error event and waiting requests get 503.' -x
 complete -c pyllama -n '__pyllama_using serve' -l max-header-size -d 'Largest total size of a request\'s header fields in bytes (larger gets 431).' -x
 complete -c pyllama -n '__pyllama_using serve' -l max-headers -d 'Most header fields in one request (more gets 431).' -x

@@ -16,8 +16,8 @@ from typing import Annotated, Any
 
 import typer
 
-from ..core.serving.cache.settings import (DEFAULT_CACHE_RAM_MIB, DEFAULT_DISK_MAX, DEFAULT_DISK_MIN_TOKENS,
-                                           CacheSettings)
+from ..core.serving.cache.settings import (DEFAULT_CACHE_RAM_MIB, DEFAULT_CTX_CHECKPOINTS, DEFAULT_DISK_MAX,
+                                           DEFAULT_DISK_MIN_TOKENS, CacheSettings)
 from ..errors import UsageError
 from ..server.settings import ServerLimits
 from .load import option_param, with_flags
@@ -109,6 +109,11 @@ CacheReuseOpt = Annotated[int, typer.Option(
     "into place by shifting its KV cells instead of evaluating it again (0 = off).",
     rich_help_panel=CACHE_PANEL)]
 
+CtxCheckpointsOpt = Annotated[int, typer.Option(
+    "-ctxcp", "--ctx-checkpoints", "--swa-checkpoints", min=0, help="Context checkpoints kept per slot for a "
+    "sliding-window or recurrent model, whose cache cannot be cut anywhere: a repeated or continued prompt "
+    "restores one instead of evaluating everything again (0 = none).", rich_help_panel=CACHE_PANEL)]
+
 _CACHE_PARAMS = [
     option_param("cache_ram", CacheRamOpt, DEFAULT_CACHE_RAM_MIB),
     option_param("cache_idle_slots", CacheIdleSlotsOpt, True),
@@ -116,6 +121,7 @@ _CACHE_PARAMS = [
     option_param("cache_disk_max", CacheDiskMaxOpt, DEFAULT_DISK_MAX),
     option_param("cache_disk_min_tokens", CacheDiskMinTokensOpt, DEFAULT_DISK_MIN_TOKENS),
     option_param("cache_reuse", CacheReuseOpt, 0),
+    option_param("ctx_checkpoints", CtxCheckpointsOpt, DEFAULT_CTX_CHECKPOINTS),
 ]
 
 
@@ -146,7 +152,7 @@ def cache_options() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         kwargs["prompt_cache"] = CacheSettings(
             kwargs.pop("cache_ram"), kwargs.pop("cache_idle_slots"), disk,
             parse_size(kwargs.pop("cache_disk_max"), "--cache-disk-max"), kwargs.pop("cache_disk_min_tokens"),
-            kwargs.pop("cache_reuse"))
+            kwargs.pop("cache_reuse"), ctx_checkpoints=kwargs.pop("ctx_checkpoints"))
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         return with_flags(fn, ("prompt_cache",), _CACHE_PARAMS, build)

@@ -77,6 +77,7 @@ class Turn:
         if stats.n_generated == 0:
             stats.ttft_ms = (time.perf_counter() - self.started) * 1000
         if token == NO_TOKEN or (self.model.is_eog(token) and not self.ignore_eos):  # type: ignore[attr-defined]
+            stats.end_token = token
             return Accepted(False, "", STOP_GRAMMAR if self.grammar else STOP_EOS)
         stats.n_generated += 1
         stats.tokens.append(token)

@@ -17,6 +17,7 @@ class GenerationStats:
     seed: int = -1
     id_slot: int = -1  # the server slot that ran it (-1: none)
     tokens: list[int] = field(default_factory=list)
+    end_token: int = -1  # the end-of-generation token that stopped it (-1: none); llama-server lists it in `tokens`
     n_drafted: int = 0  # tokens speculative decoding proposed (llama-server's draft_n)
     n_draft_accepted: int = 0  # of those, the ones the model agreed with (draft_n_accepted)
 

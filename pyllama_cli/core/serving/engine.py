@@ -46,6 +46,7 @@ class Engine(ABC):
         self.summary: ModelSummary | None = None
         self._on_ready = on_ready
         self._on_failure = on_failure
+        self._user_markers: dict[str | None, list[int]] = {}  # each template's user marker, tokenized
 
     @property
     def model(self) -> Any:
@@ -151,6 +152,20 @@ class Engine(ABC):
         prompt = render_chat(self.model, messages, template=template, add_generation_prompt=add_generation_prompt,
                              tools=tools, template_kwargs=template_kwargs)
         return drop_added_specials(self.model, prompt, builtin_template=template in BUILTIN_TEMPLATES)
+
+    def user_starts(self, ids: list[int], template: str | None = None) -> tuple[int, ...]:
+        """Where the user messages of a rendered chat start in its tokens, for an engine that evaluates a
+        prompt in batches ending there (a memory with checkpoints: checkpoints.py); () for the others."""
+        checkpoints = getattr(self, "_checkpoints", None)
+        if checkpoints is None or not checkpoints.active:
+            return ()
+        from .checkpoints import find_user_starts, user_start_marker
+
+        markers = self._user_markers
+        if template not in markers:
+            text = user_start_marker(lambda m: self.render_chat(m, template=template, add_generation_prompt=False))
+            markers[template] = self.tokenize(text, add_special=False, parse_special=True) if text else []
+        return find_user_starts(ids, markers[template])
 
     def is_eog(self, token: int) -> bool:
         return self.model.is_eog(token)

@@ -47,6 +47,9 @@ class GenerationJob:
     post_sampling: bool = False
     think_budget: BudgetSpec | None = None  # close the think block after this many tokens
     lora: tuple[float, ...] | None = None  # the request's scale of each LoRA adapter (None: the global scales)
+    # Where the prompt's user messages start (llama-server's message spans, chat requests only): a model
+    # whose memory needs checkpoints evaluates the prompt in batches that end there (checkpoints.py).
+    user_starts: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

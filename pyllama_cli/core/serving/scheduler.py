@@ -34,7 +34,7 @@ from dataclasses import replace
 from typing import Any
 
 from ...errors import ContextOverflow, InputError, ServerShutdown
-from ..generate.decide import STOP_INTERRUPTED, Turn, common_prefix, reusable_prefix
+from ..generate.decide import STOP_INTERRUPTED, Turn, common_prefix
 from ..generate.speculative import SpeculativeSettings, verify
 from ..generate.stats import GenerationStats
 from ..text.reasoning import ThinkBudget
@@ -43,10 +43,11 @@ from .cache.reuse import open_chunk_reuse, reuse_slot_chunks
 from .cache.settings import CacheSettings
 from .engine import BROKEN, CLOSED, READY, Engine
 from .jobs import EmbeddingJob, EngineStats, Event, GenerationJob, JobStream, ModelSummary
+from .checkpoints import Checkpoints, open_checkpoints
 from .cut import StepCut, roll_back
 from .post_sampling import post_sampling_prob
 from .lora_sets import LoraTurns
-from .slots import (GENERATING, IDLE, PREFILL, PaddingTrial, Slot, add_slot_tokens, plan_drafts,
+from .slots import (GENERATING, IDLE, PREFILL, PaddingTrial, Slot, add_slot_tokens, pad_candidate, plan_drafts,
                     plan_prefill, runs_with)
 
 SlotTask = tuple[int, Callable[[Any, Slot], Any], Future[Any]]  # (slot id, action, its result): on_idle_slot
@@ -86,6 +87,7 @@ class ParallelEngine(Engine):
         self._cut = StepCut()  # aborts the step in flight (cut.py)
         self._marks: dict[int, int] = {}  # each slot's cached length before this step
         self.lora = LoraTurns()  # the LoRA adapters and whose turn it is (set by _load)
+        self._checkpoints = Checkpoints(None, None, n_slots)  # what a prompt reuses, and its batches (checkpoints.py)
 
     # ---------------------------------------------------------------- Engine interface
 
@@ -146,6 +148,7 @@ class ParallelEngine(Engine):
 
     def _run_slot_tasks(self, due: list[SlotTask]) -> None:
         for slot_id, action, future in due:
+            self._checkpoints.forget(slot_id)  # the slot's cells are saved, replaced or erased
             try:
                 future.set_result(action(self._ctx, self.slots[slot_id]))
             except Exception as exc:  # noqa: BLE001 - the route answers with it
@@ -204,6 +207,8 @@ class ParallelEngine(Engine):
             raise
         self.summary = ModelSummary.of(self.path, session.model, self._ctx, n_ctx=self.n_ctx_slot, embeddings=False)
         self.lora = LoraTurns(session.model.adapters)
+        self._checkpoints = open_checkpoints(session.model, self.settings.swa_full, self._ctx, self.n_slots,
+                                             self.cache_settings)
         if self.cache_settings is not None and self.cache_settings.enabled:
             from .cache.prompt_cache import open_prompt_cache
 
@@ -326,9 +331,10 @@ class ParallelEngine(Engine):
         slot.sampler = Sampler(self.model, job.sampling)
         slot.sampler.accept_prompt(prompt)
         lora = self.lora.scales_of(job)  # the slot's cells serve only the adapter set that made them
-        reuse = reusable_prefix(slot.cached, prompt) if job.cache_prompt and lora == slot.lora else 0
+        allowed = job.cache_prompt and lora == slot.lora
+        reuse = self._checkpoints.kept_prefix(slot, prompt, allowed)
         shifted = (reuse_slot_chunks(self._ctx, slot, prompt, reuse, self._reuse_chunk, self.prompt_cache)
-                   if job.cache_prompt and lora == slot.lora else reuse)
+                   if allowed and not self._checkpoints.active else reuse)
         if self.prompt_cache is not None:  # saves the slot's cells under slot.lora, the set that made them
             reuse, _ = self.prompt_cache.prepare(self._ctx, slot, self.slots, prompt, shifted, job.cache_prompt, lora,
                                                  shifted=shifted > reuse)
@@ -371,11 +377,12 @@ class ParallelEngine(Engine):
         room = self._ctx.n_batch - sum(slot.state == GENERATING for slot in self.slots)
         room -= plan_drafts(self.slots, self.speculative, self.n_ctx_slot, room)
         turn = self.lora.next_turn(self._ctx, self.slots)
-        candidate = self._pad_candidate() if turn is None else None
+        candidate = pad_candidate(self.slots, self._padding, self.kv_unified, self.n_ctx_slot) if turn is None else None
         self._timing_padding = candidate is not None and self._padding.decision is None
         pad_slot = candidate if candidate is not None and self._padding.choose() else None
         self._pad = None
-        chunks = plan_prefill([s for s in self.slots if turn is None or s.lora == turn], room)  # this turn's slots
+        turn_slots = [s for s in self.slots if turn is None or s.lora == turn]
+        chunks = self._checkpoints.plan(self.slots, plan_prefill(turn_slots, room))  # cut where checkpoints go
         for slot in self.slots:
             slot.batch_index, slot.in_batch = -1, False
             if turn is not None and slot.state != IDLE and slot.lora != turn:
@@ -386,19 +393,6 @@ class ParallelEngine(Engine):
             else:
                 add_slot_tokens(slot, batch, chunks.get(slot.id, 0))
         return batch.n_tokens > 0
-
-    def _pad_candidate(self) -> Slot | None:
-        """The idle slot that could hold a throwaway token making this step four tokens instead of
-        three (see PaddingTrial), or None. Only for steps of one token per slot in a KV cache per
-        sequence, where the idle slot's own cells have room; its cached tokens stay as they are."""
-        if self.kv_unified or self._padding.decision is False:  # nothing to pad, or to time
-            return None
-        busy = [slot for slot in self.slots if slot.state != IDLE]
-        if len(busy) % 4 != 3 or any(slot.drafts for slot in busy) \
-                or any(slot.state == PREFILL and len(slot.pending) != 1 for slot in busy):
-            return None
-        idle = [slot for slot in self.slots if slot.state == IDLE and len(slot.cached) < self.n_ctx_slot - 1]
-        return min(idle, key=lambda s: runs_with(self.slots, s, self.kv_unified)) if idle else None
 
     def _decode_and_sample(self) -> None:
         started = time.perf_counter()
@@ -486,6 +480,7 @@ class ParallelEngine(Engine):
         # What the failed batch left in this sequence is unknown: forget the slot's cache.
         self._ctx.remove_tokens(slot.id, 0, -1)
         slot.cached = []
+        self._checkpoints.forget(slot.id)
         with self._cond:
             self._stats.jobs_failed += 1
             self._release(slot)

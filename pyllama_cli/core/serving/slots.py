@@ -178,3 +178,17 @@ def add_slot_tokens(slot: Slot, batch: Any, n_prompt: int) -> None:
                 slot.batch_index = batch.n_tokens
             batch.add(token, len(slot.cached), (slot.id,), last)
             slot.cached.append(token)
+
+
+def pad_candidate(slots: list[Slot], padding: PaddingTrial, kv_unified: bool, n_ctx_slot: int) -> Slot | None:
+    """The idle slot that could hold a throwaway token making this step four tokens instead of
+    three (see PaddingTrial), or None. Only for steps of one token per slot in a KV cache per
+    sequence, where the idle slot's own cells have room; its cached tokens stay as they are."""
+    if kv_unified or padding.decision is False:  # nothing to pad, or to time
+        return None
+    busy = [slot for slot in slots if slot.state != IDLE]
+    if len(busy) % 4 != 3 or any(slot.drafts for slot in busy) \
+            or any(slot.state == PREFILL and len(slot.pending) != 1 for slot in busy):
+        return None
+    idle = [slot for slot in slots if slot.state == IDLE and len(slot.cached) < n_ctx_slot - 1]
+    return min(idle, key=lambda s: runs_with(slots, s, kv_unified)) if idle else None

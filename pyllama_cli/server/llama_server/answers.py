@@ -146,6 +146,10 @@ async def _stream_chunks(engine: Engine, stream: JobStream, prep: NativeJobs, mo
         if deadline is not None and ev.tokens and time.perf_counter() > deadline and not ev.done:
             result.timed_out = True
             stream.cancel()
+    if result.stats.end_token >= 0:  # llama-server sends the end token in a chunk of its own
+        yield event({"index": index, "content": "", "tokens": [result.stats.end_token], "stop": False,
+                     "id_slot": stream.job.id_slot, "tokens_predicted": result.stats.n_generated + 1,  # type: ignore[union-attr]
+                     "tokens_evaluated": len(stream.job.prompt)})  # type: ignore[union-attr]
     body = completion_body(engine, result, prep, model, index, stream=True)
     yield event(_pick({**body, "content": "", "tokens": []}, prep.request.response_fields))
 
@@ -158,13 +162,15 @@ def completion_body(engine: Engine, result: Result, prep: NativeJobs, model: str
     stats, job, req = result.stats, result.job, prep.request
     text = "".join(result.text)
     stop_type = "limit" if result.timed_out else STOP_TYPES.get(stats.stop_reason, "none")
+    ended = [stats.end_token] if stats.end_token >= 0 else []  # llama-server returns and counts the end token
+    n_predicted = stats.n_generated + len(ended)
     body: dict[str, Any] = {
-        "index": index, "content": text, "tokens": list(stats.tokens) if req.return_tokens else [],
-        "id_slot": stats.id_slot, "stop": True, "model": model, "tokens_predicted": stats.n_generated,
+        "index": index, "content": text, "tokens": [*stats.tokens, *ended] if req.return_tokens else [],
+        "id_slot": stats.id_slot, "stop": True, "model": model, "tokens_predicted": n_predicted,
         "tokens_evaluated": stats.n_prompt, "generation_settings": generation_settings(job, prep, stream),
         "prompt": engine.detokenize(list(job.prompt)), "has_new_line": "\n" in text, "truncated": False,
         "stop_type": stop_type, "stopping_word": _stopping_word(engine, stats, job) if stop_type == "word" else "",
-        "tokens_cached": stats.n_prompt + max(stats.n_generated - 1, 0), "timings": timings(stats),
+        "tokens_cached": stats.n_prompt + max(n_predicted - 1, 0), "timings": timings(stats),
     }
     if job.n_probs > 0 and not stream:
         body["completion_probabilities"] = [prob_entry(p, req.post_sampling_probs) for p in result.probs]

@@ -63,6 +63,7 @@ def prepare_chat(engine: Engine, settings: ServerSettings, req: ChatCompletionRe
         max_tokens=rules.budget(requested, len(ids), engine, settings, "messages"), stop=rules.stops(req.stop, settings),
         n_probs=(req.top_logprobs or 0) if req.logprobs else -1, id_slot=req.id_slot, cache_prompt=req.cache_prompt,
         progress=req.return_progress, think_budget=budget_spec, lora=rules.job_lora(engine, req.lora),
+        user_starts=engine.user_starts(ids, settings.chat_template),
     )
     return PreparedChat(job, plan, bool(req.logprobs), extras_of(req, prompt), thinking)
 

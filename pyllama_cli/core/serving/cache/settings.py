@@ -1,4 +1,5 @@
-"""The prompt cache's flags (--cache-ram, --cache-idle-slots, --cache-disk, --cache-reuse...) as one value."""
+"""The prompt cache's flags (--cache-ram, --cache-idle-slots, --cache-disk, --cache-reuse..., --ctx-checkpoints)
+as one value."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ DEFAULT_CACHE_RAM_MIB = 8192  # llama-server's default
 DEFAULT_DISK_MAX = "10GiB"
 DEFAULT_DISK_MIN_TOKENS = 256
 NO_LIMIT = -1
+DEFAULT_CTX_CHECKPOINTS = 32  # llama-server's --ctx-checkpoints default
 
 
 @dataclass(frozen=True)
@@ -22,6 +24,7 @@ class CacheSettings:
     disk_min_tokens: int = DEFAULT_DISK_MIN_TOKENS  # shorter prefixes stay in RAM only
     reuse_chunk: int = 0  # --cache-reuse: shortest run of cached tokens shifted into place (0: off)
     template: str | None = None  # --chat-template as given (None: the model's own), part of the key
+    ctx_checkpoints: int = DEFAULT_CTX_CHECKPOINTS  # a slot's context checkpoints (SWA, recurrent: checkpoints.py)
 
     @property
     def ram_bytes(self) -> int | None:
