@@ -133,4 +133,4 @@ class EmbeddingEngine(Engine):
 
     def _embed(self, job: EmbeddingJob, stream: JobStream) -> list[np.ndarray]:
         mode = self.embd_normalize if job.normalize is None else job.normalize
-        return embed_inputs(self.session.ctx, job.inputs, mode, lambda: stream.cancelled)
+        return embed_inputs(self.session.ctx, job.inputs, mode, lambda: stream.cancelled, wipe=False)
