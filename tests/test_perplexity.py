@@ -111,6 +111,21 @@ def test_batch_size_changes_nothing(tiny_model: Path, text_file: Path, expected_
     assert result.stdout == expected_stdout(expected_nll[:2])
 
 
+@pytest.mark.parametrize("workers", [2, 3, 64])  # even and uneven shares; more workers than blocks
+def test_threads_sharing_the_rows_give_the_same_nll_bits(workers: int) -> None:
+    from pyllama_cli.core.evaluate.perplexity import token_nll
+
+    rng = np.random.default_rng(3)
+    n_vocab = 40_000  # 13 rows a block: 255 rows make 20 blocks to share
+    logits = (rng.standard_normal((255, n_vocab)) * 4).astype(np.float32)
+    targets = rng.integers(0, n_vocab, 255)
+    alone = token_nll(logits, targets, workers=1)
+    assert np.array_equal(token_nll(logits, targets, workers=workers), alone)
+    shifted = logits.astype(np.float64) - logits.max(axis=1, keepdims=True)
+    exact = np.log(np.exp(shifted).sum(axis=1)) - shifted[np.arange(255), targets]
+    assert np.allclose(alone, exact, rtol=1e-6)
+
+
 def test_json_has_each_chunk_and_the_final_estimate(tiny_model: Path, text_file: Path, expected_nll) -> None:
     result = ppl(tiny_model, "-f", str(text_file), "--chunks", "3", "--json")
     assert result.exit_code == 0, result.stderr

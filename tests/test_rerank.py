@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -81,6 +82,20 @@ def test_a_generating_server_does_not_rerank(tiny_model: Path, tmp_path: Path) -
         assert answer.status_code == 400
         assert answer.json()["error"]["message"] == \
             "this server does not rerank: start it with --rerank and a reranker model"
+    finally:
+        srv.stop()
+
+
+def test_inputs_must_fit_the_micro_batch_as_in_llama_server(reranker: Path, tmp_path: Path) -> None:
+    # llama-server cuts an embedding server's batch down to -ub: -b 2048 does not let a longer pair in.
+    srv = spawn_serve(tmp_path / "stderr.log", ["-m", str(reranker), "-c", "2048", "-ub", "32", "--rerank"])
+    try:
+        long_document = " ".join(["the quick brown fox"] * 10)
+        answer = _rerank(srv.url, {"query": "what is a fox", "documents": ["yes", long_document]})
+        assert answer.status_code == 400
+        assert re.fullmatch(r"document 1 with the query has \d+ tokens but at most 32 fit",
+                            answer.json()["error"]["message"])
+        assert _rerank(srv.url, {"query": "what is a fox", "documents": ["yes", "hello world"]}).status_code == 200
     finally:
         srv.stop()
 

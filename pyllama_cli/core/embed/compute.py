@@ -33,11 +33,13 @@ def normalize(vector: np.ndarray, mode: int) -> np.ndarray:
 
 
 def embed_inputs(ctx: Any, inputs: Sequence[Sequence[int]], mode: int = DEFAULT_EMBD_NORMALIZE,
-                 cancelled: Callable[[], bool] = lambda: False) -> list[np.ndarray]:
+                 cancelled: Callable[[], bool] = lambda: False, wipe: bool = True) -> list[np.ndarray]:
     """Each input's pooled vector (or, without pooling, each of its tokens' vectors, in order).
 
     As llama-embedding, inputs share a decode while they fit the batch and the context's sequences:
     many short inputs (a rerank's documents) cost a few passes over the model instead of one each.
+    Between decodes the KV cache is emptied, and with `wipe` also zeroed, as llama-embedding does;
+    llama-server only forgets its cells, which spares a memset of the whole cache per decode.
     """
     from ..model.native import Batch, lib
 
@@ -52,7 +54,7 @@ def embed_inputs(ctx: Any, inputs: Sequence[Sequence[int]], mode: int = DEFAULT_
                 from ...errors import Interrupted
 
                 raise Interrupted("embedding cancelled")
-            ctx.clear_memory()
+            ctx.clear_memory(data=wipe)
             batch.clear()
             for seq, ids in enumerate(group):
                 for pos, token in enumerate(ids):

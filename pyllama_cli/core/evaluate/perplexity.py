@@ -10,9 +10,12 @@ with the text.
 
 from __future__ import annotations
 
+import functools
 import math
+import os
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -245,18 +248,40 @@ def shifted_log_sum(rows: np.ndarray, scratch: Scratch) -> tuple[np.ndarray, np.
     return shifted, np.log(exp32.sum(axis=1, dtype=np.float64))
 
 
-def token_nll(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
+def token_nll(logits: np.ndarray, targets: np.ndarray, workers: int | None = None) -> np.ndarray:
     """Negative log-likelihood of each target under its logits row, in double.
 
-    Rows go in blocks so the temporaries stay small whatever the vocabulary size.
+    The rows are shared out among `workers` threads (default: one per CPU), as llama-perplexity
+    shares them among its own: numpy lets go of the GIL in its loops, so a chunk's softmax takes
+    1/workers of the time between two decodes. Each thread takes its rows in blocks, so the
+    temporaries stay small whatever the vocabulary size.
     """
     n_rows, n_vocab = logits.shape
     out = np.empty(n_rows, np.float64)
-    scratch = Scratch(min(n_rows, block_rows(n_vocab)), n_vocab)
-    for i in range(0, n_rows, scratch.rows):
-        shifted, log_sum = shifted_log_sum(logits[i:i + scratch.rows], scratch)
-        out[i:i + scratch.rows] = log_sum - shifted[np.arange(len(shifted)), targets[i:i + scratch.rows]]
+    rows = block_rows(n_vocab)
+    n_workers = max(1, min(workers or os.cpu_count() or 1, -(-n_rows // rows)))
+    step = -(-n_rows // n_workers)
+    spans = [(i, min(i + step, n_rows)) for i in range(0, n_rows, step)]
+    if len(spans) == 1:
+        _nll_span(logits, targets, out, 0, n_rows)
+    else:
+        list(_nll_pool(n_workers).map(lambda span: _nll_span(logits, targets, out, *span), spans))
     return out
+
+
+def _nll_span(logits: np.ndarray, targets: np.ndarray, out: np.ndarray, start: int, end: int) -> None:
+    """token_nll of rows start..end-1, written into `out`."""
+    scratch = Scratch(min(end - start, block_rows(logits.shape[1])), logits.shape[1])
+    for i in range(start, end, scratch.rows):
+        j = min(i + scratch.rows, end)
+        shifted, log_sum = shifted_log_sum(logits[i:j], scratch)
+        out[i:j] = log_sum - shifted[np.arange(j - i), targets[i:j]]
+
+
+@functools.cache
+def _nll_pool(workers: int) -> ThreadPoolExecutor:
+    """One pool per process for token_nll (its threads sleep between chunks)."""
+    return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="pyllama-nll")
 
 
 @dataclass

@@ -391,8 +391,9 @@ class Context:
     def pooling_type(self) -> int:
         return int(lib.llama_pooling_type(self.handle))
 
-    def clear_memory(self) -> None:
-        lib.llama_memory_clear(self.memory, True)
+    def clear_memory(self, data: bool = True) -> None:
+        """Empty the KV cache; `data` also zeroes its buffers (a memset of the whole cache)."""
+        lib.llama_memory_clear(self.memory, data)
 
     def remove_tokens(self, seq_id: int, start: int, end: int = -1) -> bool:
         return bool(lib.llama_memory_seq_rm(self.memory, seq_id, start, end))
