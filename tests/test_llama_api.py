@@ -131,7 +131,7 @@ def test_n_probs_and_post_sampling_probs(srv: Server) -> None:
 
 
 def test_samplers_choose_the_stages_of_the_chain(srv: Server) -> None:
-    request = {"prompt": PROMPT, "n_predict": 1, "temperature": 1, "top_k": 3, "n_probs": 10,
+    request = {"prompt": PROMPT, "n_predict": 1, "temperature": 1, "seed": 5, "top_k": 3, "n_probs": 10,
                "post_sampling_probs": True}
     only_k = _post(srv, "/completion", {**request, "samplers": ["top_k", "temperature"]})
     assert len(only_k["completion_probabilities"][0]["top_probs"]) == 3
@@ -283,8 +283,9 @@ def test_n_choices_stream_together(srv: Server) -> None:
 
 def test_chat_stream_reports_progress_and_timings_per_token(srv: Server) -> None:
     chunks = _events(srv, "/v1/chat/completions", {
-        "messages": [{"role": "user", "content": "hello world " * 30}], "max_tokens": 3, "return_progress": True,
-        "timings_per_token": True, "stream_options": {"include_usage": True}, "cache_prompt": False})
+        "messages": [{"role": "user", "content": "hello world " * 30}], "max_tokens": 3, "temperature": 0,
+        "return_progress": True, "timings_per_token": True, "stream_options": {"include_usage": True},
+        "cache_prompt": False})
     progress = [c["prompt_progress"] for c in chunks if "prompt_progress" in c]
     assert progress[0]["processed"] == progress[0]["cache"] == 0
     assert [p["processed"] for p in progress] == sorted({p["processed"] for p in progress})
