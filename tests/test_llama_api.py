@@ -171,8 +171,15 @@ def test_a_huge_prompt_is_tokenized_off_the_event_loop(srv: Server, path: str) -
     body = {"prompt": text} if path == "/completion" else {"input_prefix": text, "input_suffix": "x"}
     payload = json.dumps({**body, "n_predict": 1}).encode()  # encoded now: the client's own work is not timed
     answered: list[httpx.Response] = []
-    big = threading.Thread(target=lambda: answered.append(httpx.post(
-        srv.url + path, content=payload, headers={**AUTH, "Content-Type": "application/json"}, timeout=120)))
+    took: list[float] = []
+
+    def send_big() -> None:
+        started = time.perf_counter()
+        answered.append(httpx.post(srv.url + path, content=payload,
+                                   headers={**AUTH, "Content-Type": "application/json"}, timeout=120))
+        took.append(time.perf_counter() - started)
+
+    big = threading.Thread(target=send_big)
     latencies = []
     with httpx.Client(base_url=srv.url, timeout=30) as client:
         assert client.get("/health").status_code == 200  # the connection is open before the big request
@@ -186,7 +193,9 @@ def test_a_huge_prompt_is_tokenized_off_the_event_loop(srv: Server, path: str) -
     big.join()
     [response] = answered
     assert len(latencies) >= 3, latencies  # /health was asked several times while the prompt was tokenized
-    assert max(latencies) < 0.1, latencies
+    # Tokenized on the event loop, one /health would wait for most of the big request (the tokenizing is most
+    # of its work); a loaded machine delays any answer now and then, by 0.2 s here, so the bound is relative.
+    assert max(latencies) < max(0.1, took[0] / 4), (took, latencies)
     if path == "/completion":  # more tokens than the context holds: the prompt was read to the end
         assert (response.status_code, response.json()["error"]["code"]) == (400, "context_length_exceeded")
     else:  # infill keeps the end of the prefix that fits

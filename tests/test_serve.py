@@ -746,9 +746,12 @@ def test_n_predict_is_llama_servers_max_tokens(server: Server, path: str) -> Non
     usage = _post(server, path, body).json()["usage"]
     assert usage["completion_tokens"] == 3
     assert _post(server, path, {**body, "max_tokens": 5}).json()["usage"]["completion_tokens"] == 3  # as llama-server
-    # The rest of a 4096 context takes seconds on a loaded machine: more than httpx's default 5 s.
-    whole = _post(server, path, {**body, "n_predict": -1}, timeout=300).json()["usage"]
-    assert whole["total_tokens"] == N_CTX  # -1: the rest of the context
+    # -1: the rest of the context. A prompt that leaves 40 tokens of it: the whole 4096 took seconds (more
+    # than httpx's default 5 s on a loaded machine), and the test stays short.
+    long = "hello " * (N_CTX - 60)
+    whole = _post(server, path, {**body, "prompt": long, "messages": [{"role": "user", "content": long}],
+                                 "n_predict": -1}, timeout=300).json()["usage"]
+    assert whole["total_tokens"] == N_CTX and whole["completion_tokens"] >= 30
     error = _error(_post(server, path, {**body, "n_predict": 0}), 400)
     assert (error["param"], error["message"]) == (
         "n_predict", "n_predict must be -1 (the rest of the context) or at least 1 (got 0)")
