@@ -113,7 +113,8 @@ def _completion_body(model: str) -> dict[str, object]:
 
 
 def test_schema_fuzz_of_a_router_finds_no_server_error(router_server: Server) -> None:
-    report = fuzzing.schema_fuzz(router_server.url, examples_per_operation=2, model_ids=ROUTER_IDS)
+    # One case per operation and mode (71 in all, 7 answered 200 by a model); fuzz_long.py runs 60.
+    report = fuzzing.schema_fuzz(router_server.url, examples_per_operation=1, model_ids=ROUTER_IDS)
     assert report.cases >= 40
     assert report.problems == []
     assert report.statuses.get(200, 0) >= 3  # some cases reached a model, not only 404s
