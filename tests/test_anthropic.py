@@ -20,6 +20,7 @@ WEATHER = {"name": "get_weather", "description": "The weather in a city.",
            "input_schema": {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
                             "required": ["city"], "additionalProperties": False}}
 HEADERS = {"x-api-key": KEY, "anthropic-version": "2023-06-01"}
+GREEDY = {"temperature": 0}  # where a test needs text or a whole tool call: sampled, the end token may come first
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +46,7 @@ def _prompt_tokens(server: Server, messages: list[dict], tools: list[dict] | Non
 
 def test_create_with_a_system_prompt_answers_a_message(server: Server) -> None:
     client = _client(server)
-    message = client.messages.create(model="claude-any", max_tokens=6, system="Be brief.",
+    message = client.messages.create(model="claude-any", max_tokens=6, system="Be brief.", extra_body=GREEDY,
                                      messages=[{"role": "user", "content": "hello"}])
     assert message.id.startswith("msg_") and message.type == "message" and message.role == "assistant"
     assert message.model == "tiny"
@@ -59,7 +60,7 @@ def test_create_with_a_system_prompt_answers_a_message(server: Server) -> None:
 def test_a_forced_tool_gives_input_that_validates_then_its_result_is_answered(server: Server) -> None:
     client = _client(server)
     question = {"role": "user", "content": "What is the weather in Paris?"}
-    call = client.messages.create(model="m", max_tokens=60, tools=[WEATHER], messages=[question],
+    call = client.messages.create(model="m", max_tokens=60, tools=[WEATHER], messages=[question], extra_body=GREEDY,
                                   tool_choice={"type": "tool", "name": "get_weather"})
     assert call.stop_reason == "tool_use"
     [block] = call.content
@@ -67,7 +68,7 @@ def test_a_forced_tool_gives_input_that_validates_then_its_result_is_answered(se
     jsonschema.validate(block.input, WEATHER["input_schema"])
     turns = [question, {"role": "assistant", "content": [block.model_dump()]},
              {"role": "user", "content": [{"type": "tool_result", "tool_use_id": block.id, "content": "sunny, 21 C"}]}]
-    answer = client.messages.create(model="m", max_tokens=6, tools=[WEATHER], messages=turns)
+    answer = client.messages.create(model="m", max_tokens=6, tools=[WEATHER], messages=turns, extra_body=GREEDY)
     assert answer.stop_reason in ("end_turn", "max_tokens")
     assert answer.content and answer.content[0].type == "text"
     openai_turns = [question, {"role": "assistant", "content": "", "tool_calls": [
@@ -79,7 +80,7 @@ def test_a_forced_tool_gives_input_that_validates_then_its_result_is_answered(se
 
 
 def test_a_streamed_forced_tool_sends_its_input_as_json_deltas(server: Server) -> None:
-    with _client(server).messages.stream(model="m", max_tokens=60, tools=[WEATHER],
+    with _client(server).messages.stream(model="m", max_tokens=60, tools=[WEATHER], extra_body=GREEDY,
                                          tool_choice={"type": "tool", "name": "get_weather"},
                                          messages=[{"role": "user", "content": "weather?"}]) as stream:
         kinds = [(event.type, getattr(getattr(event, "delta", None), "type", None)) for event in stream]
@@ -90,7 +91,7 @@ def test_a_streamed_forced_tool_sends_its_input_as_json_deltas(server: Server) -
 
 
 def test_stream_text_deltas_join_into_the_final_message(server: Server) -> None:
-    with _client(server).messages.stream(model="m", max_tokens=12,
+    with _client(server).messages.stream(model="m", max_tokens=12, extra_body=GREEDY,
                                          messages=[{"role": "user", "content": "hello"}]) as stream:
         joined = "".join(stream.text_stream)
         final = stream.get_final_message()
@@ -99,7 +100,8 @@ def test_stream_text_deltas_join_into_the_final_message(server: Server) -> None:
 
 
 def test_stream_events_come_in_anthropics_order(server: Server) -> None:
-    body = {"model": "m", "max_tokens": 3, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    body = {"model": "m", "max_tokens": 3, "temperature": 0, "stream": True,
+            "messages": [{"role": "user", "content": "hi"}]}
     with httpx.stream("POST", f"{server.url}/v1/messages", json=body, headers=HEADERS, timeout=60) as response:
         names = [line[7:] for line in response.iter_lines() if line.startswith("event: ")]
     assert names[:3] == ["message_start", "ping", "content_block_start"]
@@ -144,7 +146,7 @@ def test_a_wrong_x_api_key_is_a_401_in_anthropics_shape(server: Server) -> None:
 
 def test_eight_concurrent_streams_on_four_slots_complete_whole(server: Server) -> None:
     async def one(client: anthropic.AsyncAnthropic, i: int) -> tuple[str, object]:
-        async with client.messages.stream(model="m", max_tokens=16,
+        async with client.messages.stream(model="m", max_tokens=16, extra_body=GREEDY,
                                           messages=[{"role": "user", "content": f"hello {i}"}]) as stream:
             joined = "".join([text async for text in stream.text_stream])
             return joined, await stream.get_final_message()

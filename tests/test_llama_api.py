@@ -131,7 +131,7 @@ def test_n_probs_and_post_sampling_probs(srv: Server) -> None:
 
 
 def test_samplers_choose_the_stages_of_the_chain(srv: Server) -> None:
-    request = {"prompt": PROMPT, "n_predict": 1, "temperature": 1, "top_k": 3, "n_probs": 10,
+    request = {"prompt": PROMPT, "n_predict": 1, "temperature": 1, "seed": 5, "top_k": 3, "n_probs": 10,
                "post_sampling_probs": True}
     only_k = _post(srv, "/completion", {**request, "samplers": ["top_k", "temperature"]})
     assert len(only_k["completion_probabilities"][0]["top_probs"]) == 3
@@ -171,8 +171,15 @@ def test_a_huge_prompt_is_tokenized_off_the_event_loop(srv: Server, path: str) -
     body = {"prompt": text} if path == "/completion" else {"input_prefix": text, "input_suffix": "x"}
     payload = json.dumps({**body, "n_predict": 1}).encode()  # encoded now: the client's own work is not timed
     answered: list[httpx.Response] = []
-    big = threading.Thread(target=lambda: answered.append(httpx.post(
-        srv.url + path, content=payload, headers={**AUTH, "Content-Type": "application/json"}, timeout=120)))
+    took: list[float] = []
+
+    def send_big() -> None:
+        started = time.perf_counter()
+        answered.append(httpx.post(srv.url + path, content=payload,
+                                   headers={**AUTH, "Content-Type": "application/json"}, timeout=120))
+        took.append(time.perf_counter() - started)
+
+    big = threading.Thread(target=send_big)
     latencies = []
     with httpx.Client(base_url=srv.url, timeout=30) as client:
         assert client.get("/health").status_code == 200  # the connection is open before the big request
@@ -186,7 +193,9 @@ def test_a_huge_prompt_is_tokenized_off_the_event_loop(srv: Server, path: str) -
     big.join()
     [response] = answered
     assert len(latencies) >= 3, latencies  # /health was asked several times while the prompt was tokenized
-    assert max(latencies) < 0.1, latencies
+    # Tokenized on the event loop, one /health would wait for most of the big request (the tokenizing is most
+    # of its work); a loaded machine delays any answer now and then, by 0.2 s here, so the bound is relative.
+    assert max(latencies) < max(0.1, took[0] / 4), (took, latencies)
     if path == "/completion":  # more tokens than the context holds: the prompt was read to the end
         assert (response.status_code, response.json()["error"]["code"]) == (400, "context_length_exceeded")
     else:  # infill keeps the end of the prefix that fits
@@ -283,8 +292,9 @@ def test_n_choices_stream_together(srv: Server) -> None:
 
 def test_chat_stream_reports_progress_and_timings_per_token(srv: Server) -> None:
     chunks = _events(srv, "/v1/chat/completions", {
-        "messages": [{"role": "user", "content": "hello world " * 30}], "max_tokens": 3, "return_progress": True,
-        "timings_per_token": True, "stream_options": {"include_usage": True}, "cache_prompt": False})
+        "messages": [{"role": "user", "content": "hello world " * 30}], "max_tokens": 3, "temperature": 0,
+        "return_progress": True, "timings_per_token": True, "stream_options": {"include_usage": True},
+        "cache_prompt": False})
     progress = [c["prompt_progress"] for c in chunks if "prompt_progress" in c]
     assert progress[0]["processed"] == progress[0]["cache"] == 0
     assert [p["processed"] for p in progress] == sorted({p["processed"] for p in progress})

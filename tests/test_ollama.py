@@ -113,12 +113,12 @@ def test_chat_with_a_format_schema_answers_json_that_validates(server: Server) -
 def test_chat_with_a_forced_tool_answers_tool_calls(server: Server) -> None:
     client = _client(server)
     answer = client.chat(model="m", messages=HI, tools=[WEATHER],
-                         options={"tool_choice": "required", "num_predict": 80})
+                         options={"tool_choice": "required", "num_predict": 80, "temperature": 0})
     [call] = answer.message.tool_calls
     assert call.function.name == "get_weather" and answer.message.content == ""
     jsonschema.validate(dict(call.function.arguments), WEATHER["function"]["parameters"])
     streamed = [c for c in client.chat(model="m", messages=HI, tools=[WEATHER], stream=True,
-                                       options={"tool_choice": "required", "num_predict": 80})]
+                                       options={"tool_choice": "required", "num_predict": 80, "temperature": 0})]
     calls = [call for c in streamed for call in c.message.tool_calls or ()]
     assert [c.function.name for c in calls] == ["get_weather"]
     # The call and its result go back as a conversation the template renders.

@@ -41,7 +41,7 @@ def _prompt_tokens(server: Server, messages: list[dict], tools: list[dict] | Non
 
 def test_create_answers_with_a_message_and_usage(server: Server) -> None:
     response = server.client().responses.create(model="gpt-any", instructions="Be brief.", input="hello",
-                                                max_output_tokens=6)
+                                                max_output_tokens=6, temperature=0)
     assert response.id.startswith("resp_") and response.object == "response" and response.model == "tiny"
     [item] = response.output
     assert item.type == "message" and item.role == "assistant" and item.content[0].type == "output_text"
@@ -53,7 +53,7 @@ def test_create_answers_with_a_message_and_usage(server: Server) -> None:
 
 
 def test_stream_deltas_join_into_output_text(server: Server) -> None:
-    with server.client().responses.stream(model="m", input="hello", max_output_tokens=12) as stream:
+    with server.client().responses.stream(model="m", input="hello", max_output_tokens=12, temperature=0) as stream:
         events = list(stream)  # not get_final_response: it raises for an incomplete response, as against OpenAI
     final = events[-1].response
     joined = "".join(e.delta for e in events if e.type == "response.output_text.delta")
@@ -71,13 +71,13 @@ def test_a_function_call_round_trip_through_function_call_output(server: Server)
     client = server.client()
     question = {"role": "user", "content": "What is the weather in Paris?"}
     first = client.responses.create(model="m", input=[question], tools=[WEATHER], tool_choice="required",
-                                    max_output_tokens=60)
+                                    max_output_tokens=60, temperature=0)
     [call] = first.output
     assert call.type == "function_call" and call.name == "get_weather" and call.call_id.startswith("call_")
     jsonschema.validate(json.loads(call.arguments), WEATHER["parameters"])
     result = {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}
     second = client.responses.create(model="m", input=[question, call.model_dump(exclude_none=True), result],
-                                     tools=[WEATHER], max_output_tokens=4)
+                                     tools=[WEATHER], max_output_tokens=4, temperature=0)
     assert second.output[0].type == "message"
     openai_turns = [question, {"role": "assistant", "content": "", "tool_calls": [
         {"id": call.call_id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}]},
@@ -89,7 +89,7 @@ def test_a_function_call_round_trip_through_function_call_output(server: Server)
 
 def test_a_streamed_function_call_sends_argument_deltas(server: Server) -> None:
     with server.client().responses.stream(model="m", input="weather?", tools=[WEATHER], tool_choice="required",
-                                          max_output_tokens=60) as stream:
+                                          max_output_tokens=60, temperature=0) as stream:
         deltas = [e.delta for e in stream if e.type == "response.function_call_arguments.delta"]
         final = stream.get_final_response()
     [call] = final.output
@@ -162,7 +162,7 @@ def test_codex_style_tools_namespaces_join_and_hosted_tools_are_left_out(server:
         model="m", input=[{"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "Hi"}]},
                           {"role": "user", "content": "weather?"}],
         tools=[namespace, {"type": "web_search", "external_web_access": False}], tool_choice="required",
-        max_output_tokens=60, extra_body={"include": ["reasoning.encrypted_content"]})
+        max_output_tokens=60, temperature=0, extra_body={"include": ["reasoning.encrypted_content"]})
     [call] = response.output
     assert call.type == "function_call" and call.name == "get_weather"
     tools = [{"type": "function", "function": {"name": "get_weather", "description": WEATHER["description"],

@@ -598,7 +598,8 @@ def test_prompt_longer_than_the_context_is_400_with_both_numbers(server: Server)
 
 def test_a_one_model_server_answers_to_any_model_name_with_its_real_id(server: Server) -> None:
     # As llama-server does: the OpenAI client's examples and many tools send names such as "gpt-4o-mini".
-    answer = server.client().chat.completions.create(model="gpt-4o-mini", messages=HELLO, max_tokens=2)
+    answer = server.client().chat.completions.create(model="gpt-4o-mini", messages=HELLO, max_tokens=2,
+                                                     temperature=0)
     assert answer.model == "tiny"
     assert answer.choices[0].message.content
     with pytest.raises(openai.NotFoundError) as caught:
@@ -745,9 +746,12 @@ def test_n_predict_is_llama_servers_max_tokens(server: Server, path: str) -> Non
     usage = _post(server, path, body).json()["usage"]
     assert usage["completion_tokens"] == 3
     assert _post(server, path, {**body, "max_tokens": 5}).json()["usage"]["completion_tokens"] == 3  # as llama-server
-    # The rest of a 4096 context takes seconds on a loaded machine: more than httpx's default 5 s.
-    whole = _post(server, path, {**body, "n_predict": -1}, timeout=300).json()["usage"]
-    assert whole["total_tokens"] == N_CTX  # -1: the rest of the context
+    # -1: the rest of the context. A prompt that leaves 40 tokens of it: the whole 4096 took seconds (more
+    # than httpx's default 5 s on a loaded machine), and the test stays short.
+    long = "hello " * (N_CTX - 60)
+    whole = _post(server, path, {**body, "prompt": long, "messages": [{"role": "user", "content": long}],
+                                 "n_predict": -1}, timeout=300).json()["usage"]
+    assert whole["total_tokens"] == N_CTX and whole["completion_tokens"] >= 30
     error = _error(_post(server, path, {**body, "n_predict": 0}), 400)
     assert (error["param"], error["message"]) == (
         "n_predict", "n_predict must be -1 (the rest of the context) or at least 1 (got 0)")
@@ -806,7 +810,7 @@ def test_openai_routes_answer_without_v1_too(server: Server) -> None:
     for listing in (bare_list, v1_list):
         listing["data"][0]["runtime"].pop("idle_s")  # seconds since the last request: moves between the two
     assert bare_list == v1_list
-    native = _post(server, "/completions", {"prompt": "hi", "n_predict": 1}).json()  # llama-server's native API
+    native = _post(server, "/completions", {"prompt": "hi", "n_predict": 1, "temperature": 0}).json()  # native API
     assert native["stop"] is True and native["tokens_predicted"] == 1
 
 
