@@ -16,7 +16,7 @@ from ..errors import UsageError
 from ..core.serving.cache.settings import CacheSettings
 from ..options.embedding import EmbeddingMode, embedding_options
 from ..options.limits import cache_options, limit_options
-from ..options.load import ChatTemplateOpt, in_panel, model_options
+from ..options.load import ChatTemplateOpt, in_panel, media_options, model_options
 from ..options.sampling import SamplingOptions, sampling_options
 from ..options.speculative import SpeculativeOptions, speculative_options
 from ..server.settings import ServerLimits
@@ -36,7 +36,7 @@ from ..options.serve import (
     DocsOpt,
     HostOpt,
     KvUnifiedOpt,
-    MaxBodySizeOpt,
+    MaxBodySizeOpt, MediaDomainsOpt,
     ModelsCacheOpt,
     ModelsDirOpt,
     ModelsMaxOpt,
@@ -70,6 +70,7 @@ Examples:
 @limit_options()
 @cache_options()
 @embedding_options()
+@media_options()
 def serve(
     ctx: typer.Context,
     model: ModelRequests,
@@ -78,6 +79,7 @@ def serve(
     speculative: SpeculativeOptions,
     limits: ServerLimits,
     prompt_cache: CacheSettings,
+    media: Any,
     host: HostOpt = DEFAULT_HOST,
     port: PortOpt = DEFAULT_PORT,
     alias: AliasOpt = None,
@@ -85,6 +87,7 @@ def serve(
     cors_origin: CorsOriginOpt = None,
     allowed_hosts: AllowedHostsOpt = None,
     docs: DocsOpt = False,
+    media_domains: MediaDomainsOpt = None,
     slot_save_path: SlotSavePathOpt = None,
     embeddings: EmbeddingMode = EmbeddingMode(),
     max_body_size: MaxBodySizeOpt = "8MiB",
@@ -138,7 +141,8 @@ def serve(
         reasoning_format=reasoning_format, reasoning_budget=reasoning_budget, docs=docs,
         allowed_hosts=hosts_allowed(host, allowed_hosts or []),
         access_log=None if quiet else log_format, verbose=load.verbose, **embeddings.fields,
-        prompt_cache=replace(prompt_cache, template=chat_template),
+        prompt_cache=replace(prompt_cache, template=chat_template), projector=media,
+        media_domains=tuple(h.strip().lower() for v in media_domains or [] for h in v.split(",") if h.strip()),
     )
     load = replace(load, verbose=verbose_native)  # -v is the server's detail; llama.cpp's log is its own switch
     if router:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ..core.constrain.bounds import DEFAULT_MAX_GRAMMAR_SECONDS, DEFAULT_MAX_GRAMMAR_SIZE
 from ..core.generate.sampling import SamplingSettings
+from ..core.media.settings import ProjectorSettings
 from ..core.generate.speculative import SpeculativeSettings
 from ..core.serving.cache.settings import CacheSettings
 from ..core.text.reasoning import FORMAT_DEEPSEEK, UNLIMITED
@@ -61,3 +62,5 @@ class ServerSettings:
     verbose: bool = False  # -v: each request's prompt tokens by part, uvicorn's own log
     pooling: int = -1  # --pooling as llama.cpp's pooling type (-1: the model's own); 4 (rank) with --rerank
     embd_normalize: int = 2  # --embd-normalize
+    projector: ProjectorSettings = field(default_factory=ProjectorSettings)  # --mmproj and its companions
+    media_domains: tuple[str, ...] = ()  # hosts whose http(s) media URLs requests may name (--media-domains)

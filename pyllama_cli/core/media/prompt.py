@@ -121,7 +121,26 @@ class MediaPrompt:
                 raise PyllamaError(f"libmtmd could not evaluate the prompt's {'media' if chunk.media else 'text'} "
                                    f"at position {chunk.start} (status {status})", hint="see the log with -v")
 
+    @property
+    def ends_with_text(self) -> bool:
+        return bool(self.chunks) and not self.chunks[-1].media
+
     def close(self) -> None:
         if self._chunks:
             self.lib.mtmd_input_chunks_free(self._chunks)
             self._chunks = None
+
+    __del__ = close  # a job cancelled before it ran still frees its chunks
+
+
+def prefill_slot(media: MediaPrompt, ctx: Any, seq_id: int, reuse: int) -> int:
+    """Evaluate a server slot's prompt with media into sequence `seq_id` (its first `reuse` positions are
+    cached already), all but the last token, which the scheduler's batch evaluates with the other slots'
+    tokens to get its logits. Returns how many positions the sequence now holds."""
+    last = len(media.tokens) - 1
+    start = media.chunk_start(min(reuse, last))
+    ctx.remove_tokens(seq_id, start, -1)
+    media.evaluate(ctx.handle, start, ctx.n_batch, seq_id)
+    ctx.remove_tokens(seq_id, last, -1)
+    media.close()  # its chunks are in the KV cache now
+    return last

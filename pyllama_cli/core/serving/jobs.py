@@ -47,6 +47,8 @@ class GenerationJob:
     post_sampling: bool = False
     think_budget: BudgetSpec | None = None  # close the think block after this many tokens
     lora: tuple[float, ...] | None = None  # the request's scale of each LoRA adapter (None: the global scales)
+    # A prompt with images: core/media's MediaPrompt, whose chunks the slot evaluates (`prompt` is its tokens).
+    media: Any = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

@@ -191,6 +191,7 @@ class ParallelEngine(Engine):
             session.close()
             raise
         self.summary = ModelSummary.of(self.path, session.model, self._ctx, n_ctx=self.n_ctx_slot, embeddings=False)
+        self._open_projector()
         self.lora = LoraTurns(session.model.adapters)
         if self.cache_settings is not None and self.cache_settings.enabled:
             from .cache.prompt_cache import open_prompt_cache
@@ -308,6 +309,10 @@ class ParallelEngine(Engine):
             reuse, _ = self.prompt_cache.prepare(self._ctx, slot, self.slots, prompt, reuse, job.cache_prompt, lora)
         else:
             self._ctx.remove_tokens(slot.id, reuse, -1)
+        if job.media is not None:  # libmtmd encodes the images and decodes every chunk now
+            from ..media.prompt import prefill_slot
+
+            reuse = prefill_slot(job.media, self._ctx, slot.id, reuse)
         slot.lora = lora
         slot.cached = prompt[:reuse]
         slot.pending = prompt[reuse:]

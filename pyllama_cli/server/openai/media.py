@@ -1,0 +1,108 @@
+"""Images in chat requests: OpenAI's `image_url` and `input_audio` parts turned into checked media.
+
+A part's place in the message becomes libmtmd's media marker in the text, and its bytes a
+core/media `Media`. Only `data:` URLs are read; an `http(s)` URL is refused unless its host is one
+of --media-domains (fetching it is not implemented yet, so even then it is refused with a hint),
+and any other scheme is refused, so the server never fetches an address on a client's behalf.
+Every problem is a 400 in the API's shape, naming the part.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Any
+from urllib.parse import urlsplit
+
+from ...core.media.check import Media, sniff
+from ...core.media.settings import MEDIA_MARKER
+from ...errors import InputError
+from ..errors import APIError
+from ..settings import ServerSettings
+
+MEDIA_PART_TYPES = ("image_url", "input_audio")
+
+
+def part_media(part: Any, where: str, settings: ServerSettings) -> Media:
+    """The checked bytes of one media part (`where` names it in errors: messages[0].content[1])."""
+    if part.type == "image_url":
+        url = (part.image_url or {}).get("url") if isinstance(part.image_url, dict) else part.image_url
+        data = _url_bytes(url, f"{where}.image_url.url", settings)
+    else:
+        audio = part.input_audio if isinstance(part.input_audio, dict) else {}
+        data = _base64(audio.get("data"), f"{where}.input_audio.data")
+    try:
+        return sniff(data, where)
+    except InputError as exc:
+        raise APIError(400, exc.message, param=where, code="invalid_value") from None
+
+
+def _url_bytes(url: Any, param: str, settings: ServerSettings) -> bytes:
+    if not isinstance(url, str) or not url:
+        raise APIError(400, f"{param} is missing: an image part needs a data: URL", param=param, code="invalid_value")
+    if url.startswith("data:"):
+        header, comma, payload = url.partition(",")
+        if not comma or not header.endswith(";base64"):
+            raise APIError(400, f"{param}: a data: URL must be base64 (data:image/png;base64,...)", param=param,
+                           code="invalid_value")
+        return _base64(payload, param)
+    parts = urlsplit(url)
+    if parts.scheme in ("http", "https"):
+        host = (parts.hostname or "").lower()
+        if host not in settings.media_domains:
+            raise APIError(400, f"{param}: remote media URLs are refused ({host or 'no host'} is not in "
+                           "--media-domains); send the image inline as a data: URL", param=param,
+                           code="invalid_value")
+        raise APIError(400, f"{param}: fetching remote media is not supported yet; send a data: URL", param=param,
+                       code="unsupported_value")
+    what = f"{parts.scheme}: URLs are refused" if parts.scheme else "is not a URL"
+    raise APIError(400, f"{param}: {what}; send the image inline as a data: URL", param=param, code="invalid_value")
+
+
+def _base64(payload: Any, param: str) -> bytes:
+    if not isinstance(payload, str) or not payload:
+        raise APIError(400, f"{param} is empty", param=param, code="invalid_value")
+    try:
+        return base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        raise APIError(400, f"{param} is not valid base64", param=param, code="invalid_value") from None
+
+
+def content_text(parts: list[Any], i: int, settings: ServerSettings | None, media: list[Media] | None) -> str:
+    """A message's parts as one text: media parts become markers (their bytes appended to `media`);
+    without `media` (routes that render text only) they are refused."""
+    texts = []
+    for j, part in enumerate(parts):
+        where = f"messages[{i}].content[{j}]"
+        if part.type in MEDIA_PART_TYPES and media is not None and settings is not None:
+            media.append(part_media(part, where, settings))
+            texts.append(MEDIA_MARKER)
+        elif part.type != "text":
+            raise APIError(400, f"messages[{i}]: content parts of type {part.type!r} are not supported here",
+                           param=f"messages[{i}].content", code="invalid_value")
+        elif part.text is None:
+            raise APIError(400, f"{where}: a text part needs its \"text\"", param=where, code="invalid_value")
+        else:
+            texts.append(part.text)
+    return "".join(texts)
+
+
+def media_prompt_of(engine: Any, prompt: str, media: list[Media]) -> Any:
+    """The rendered prompt and its media as libmtmd's chunks (core/media's MediaPrompt).
+
+    Raises:
+        APIError: 400 when the model has no projector, or the projector refuses the media.
+    """
+    from ...core.media.prompt import MediaPrompt
+
+    if engine.projector is None:
+        raise APIError(400, "this model cannot see images or hear audio: the server has no multimodal projector "
+                       "(start it with --mmproj)", param="messages", code="invalid_value")
+    try:
+        prepared = MediaPrompt(engine.projector, prompt, media)
+    except InputError as exc:
+        raise APIError(400, exc.message, param="messages", code="invalid_value") from None
+    if not prepared.ends_with_text:
+        prepared.close()
+        raise APIError(400, "the prompt must not end with an image", param="messages", code="invalid_value")
+    return prepared

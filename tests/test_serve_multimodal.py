@@ -1,0 +1,126 @@
+"""serve with --mmproj: OpenAI image_url parts give complete --image's text, and hostile media get a 400.
+
+The server runs the fixture projector (tests/fixtures/make_mmproj.py); `complete --chat --image` with
+the same question renders the same ChatML prompt, so both answer with the same greedy text.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from tests.helpers import run_cli
+from tests.test_multimodal import images, mmproj  # noqa: F401 - the fixtures
+from tests.test_serve import Server, _start
+
+QUESTION = "What is in the image?"
+
+
+@pytest.fixture(scope="module")
+def vision(tiny_model: Path, mmproj: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:  # noqa: F811
+    srv = _start(tiny_model, tmp_path_factory.mktemp("serve-vision") / "stderr.log", "--mmproj", str(mmproj),
+                 "-c", "1024")
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def text_only(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    srv = _start(tiny_model, tmp_path_factory.mktemp("serve-text") / "stderr.log", "-c", "512")
+    yield srv
+    srv.stop()
+
+
+def data_url(data: bytes, mime: str = "image/png") -> str:
+    return f"data:{mime};base64,{base64.b64encode(data).decode()}"
+
+
+def ask(url: str, text: str = QUESTION) -> list[dict]:
+    return [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                         {"type": "text", "text": text}]}]
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+@pytest.mark.parametrize("kind", ["png", "jpeg", "large"])
+def test_openai_image_url_gives_complete_images_text(vision: Server, tiny_model: Path, mmproj: Path,  # noqa: F811
+                                                     images: dict[str, Path], kind: str) -> None:  # noqa: F811
+    mime = "image/jpeg" if kind == "jpeg" else "image/png"
+    answer = vision.client().chat.completions.create(
+        model="any", messages=ask(data_url(images[kind].read_bytes(), mime)), max_tokens=8, temperature=0)
+    local = run_cli("complete", "-m", str(tiny_model), "--mmproj", str(mmproj), "--image", str(images[kind]),
+                    "--chat", "-p", QUESTION, "-n", "8", "--temp", "0", "-c", "1024", "--json")
+    assert local.exit_code == 0, local.stderr
+    assert answer.choices[0].message.content == local.stdout
+    assert f'"prompt_tokens": {answer.usage.prompt_tokens}' in local.stderr
+    assert answer.usage.prompt_tokens == 41
+
+
+def test_the_same_image_twice_reuses_the_cache_and_answers_the_same(vision: Server,
+                                                                     images: dict[str, Path]) -> None:  # noqa: F811
+    messages = ask(data_url(images["png"].read_bytes()))
+    first = vision.client().chat.completions.create(model="any", messages=messages, max_tokens=8, temperature=0)
+    again = vision.client().chat.completions.create(model="any", messages=messages, max_tokens=8, temperature=0)
+    assert again.choices[0].message.content == first.choices[0].message.content
+
+
+def hostile_bodies(png: bytes) -> dict[str, tuple[str, str]]:
+    """name -> (image URL, the start of the 400's message)."""
+    huge = (b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR" + (20000).to_bytes(4, "big") * 2 + b"\x08\x02\0\0\0" + b"\0" * 4)
+    tiny = (b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR" + (1).to_bytes(4, "big") * 2 + b"\x08\x02\0\0\0" + b"\0" * 4)
+    svg = b'<svg xmlns="http://www.w3.org/2000/svg" width="10" height="10"/>'
+    where = "messages[0].content[0]"
+    return {
+        "truncated": (data_url(png[:100]), f"{where} could not be decoded as a PNG image"),
+        "one pixel header only": (data_url(tiny), f"{where} could not be decoded as a PNG image"),
+        "20000x20000 header only": (data_url(huge), f"{where} is a PNG image of 20000x20000 pixels"),
+        "text with an image type": (data_url(b"hello, I am not a picture"), f"{where} is not an image"),
+        "svg": (data_url(svg, "image/svg+xml"), f"{where} is not an image or audio format that can be read (SVG"),
+        "http": ("http://127.0.0.1:9/cat.png", f"{where}.image_url.url: remote media URLs are refused"),
+        "file": ("file:///etc/passwd", f"{where}.image_url.url: file: URLs are refused"),
+        "bad base64": ("data:image/png;base64,@@@", f"{where}.image_url.url is not valid base64"),
+    }
+
+
+def test_hostile_media_get_400_and_the_server_keeps_its_memory(vision: Server,
+                                                               images: dict[str, Path]) -> None:  # noqa: F811
+    cases = hostile_bodies(images["png"].read_bytes())
+    client = vision.client()
+    for name, (url, message) in cases.items():
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.chat.completions.create(model="any", messages=ask(url), max_tokens=4)
+        error = caught.value.body
+        assert error["message"].startswith(message), (name, error)
+        assert error["type"] == "invalid_request_error"
+    before = rss_kib(vision.proc.pid)
+    bodies = list(cases.values())
+    with httpx.Client(timeout=30) as http:
+        for i in range(100):
+            url = bodies[i % len(bodies)][0]
+            response = http.post(f"{vision.url}/v1/chat/completions", json={"messages": ask(url), "max_tokens": 4})
+            assert response.status_code == 400, response.text
+    assert rss_kib(vision.proc.pid) <= before * 1.10
+    assert vision.proc.poll() is None
+
+
+def test_image_to_a_model_without_projector(text_only: Server, images: dict[str, Path]) -> None:  # noqa: F811
+    with pytest.raises(openai.BadRequestError) as caught:
+        text_only.client().chat.completions.create(model="any", messages=ask(data_url(images["png"].read_bytes())),
+                                                   max_tokens=4)
+    assert caught.value.body["message"] == ("this model cannot see images or hear audio: the server has no "
+                                            "multimodal projector (start it with --mmproj)")
+
+
+def test_media_domains_flag_is_in_the_help() -> None:
+    result = run_cli("serve", "--help")
+    assert "--media-domains" in result.stdout and "--mmproj" in result.stdout
