@@ -10,6 +10,7 @@ import base64
 from collections.abc import Iterator
 from pathlib import Path
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -52,18 +53,64 @@ def rss_kib(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
+@pytest.fixture(scope="module")
+def expected(tiny_model: Path, mmproj: Path, images: dict[str, Path]) -> dict[str, tuple[str, int]]:  # noqa: F811
+    """complete --chat --image's text and prompt tokens for each image."""
+    out = {}
+    for kind, image in images.items():
+        local = run_cli("complete", "-m", str(tiny_model), "--mmproj", str(mmproj), "--image", str(image), "--chat",
+                        "-p", QUESTION, "-n", "8", "--temp", "0", "-c", "1024", "--json")
+        assert local.exit_code == 0, local.stderr
+        out[kind] = local.stdout, int(local.stderr.split('"prompt_tokens": ')[1].split(",")[0])
+    assert len({text for text, _ in out.values()}) == 3  # each image makes its own answer
+    return out
+
+
+def mime(kind: str) -> str:
+    return "image/jpeg" if kind == "jpeg" else "image/png"
+
+
 @pytest.mark.parametrize("kind", ["png", "jpeg", "large"])
-def test_openai_image_url_gives_complete_images_text(vision: Server, tiny_model: Path, mmproj: Path,  # noqa: F811
-                                                     images: dict[str, Path], kind: str) -> None:  # noqa: F811
-    mime = "image/jpeg" if kind == "jpeg" else "image/png"
+def test_openai_image_url_gives_complete_images_text(vision: Server, images: dict[str, Path],  # noqa: F811
+                                                     expected: dict[str, tuple[str, int]], kind: str) -> None:
     answer = vision.client().chat.completions.create(
-        model="any", messages=ask(data_url(images[kind].read_bytes(), mime)), max_tokens=8, temperature=0)
-    local = run_cli("complete", "-m", str(tiny_model), "--mmproj", str(mmproj), "--image", str(images[kind]),
-                    "--chat", "-p", QUESTION, "-n", "8", "--temp", "0", "-c", "1024", "--json")
-    assert local.exit_code == 0, local.stderr
-    assert answer.choices[0].message.content == local.stdout
-    assert f'"prompt_tokens": {answer.usage.prompt_tokens}' in local.stderr
-    assert answer.usage.prompt_tokens == 41
+        model="any", messages=ask(data_url(images[kind].read_bytes(), mime(kind))), max_tokens=8, temperature=0)
+    assert (answer.choices[0].message.content, answer.usage.prompt_tokens) == expected[kind]
+    assert answer.usage.prompt_tokens == 41  # 25 tokens of the chat turn's text, 16 of the image
+
+
+@pytest.mark.parametrize("kind", ["png", "jpeg", "large"])
+def test_anthropic_image_block_gives_complete_images_text(vision: Server, images: dict[str, Path],  # noqa: F811
+                                                          expected: dict[str, tuple[str, int]], kind: str) -> None:
+    client = anthropic.Anthropic(base_url=vision.url, api_key="unused", max_retries=0, timeout=60)
+    source = {"type": "base64", "media_type": mime(kind),
+              "data": base64.b64encode(images[kind].read_bytes()).decode()}
+    message = client.messages.create(model="any", max_tokens=8, extra_body={"temperature": 0}, messages=[
+        {"role": "user", "content": [{"type": "image", "source": source}, {"type": "text", "text": QUESTION}]}])
+    usage = message.usage  # input_tokens leaves out what the slot's cache held (an earlier test's same prompt)
+    n_prompt = usage.input_tokens + (usage.cache_read_input_tokens or 0)
+    assert (message.content[0].text, n_prompt) == expected[kind]
+
+
+@pytest.mark.parametrize("kind", ["png", "jpeg", "large"])
+def test_responses_input_image_gives_complete_images_text(vision: Server, images: dict[str, Path],  # noqa: F811
+                                                          expected: dict[str, tuple[str, int]], kind: str) -> None:
+    url = data_url(images[kind].read_bytes(), mime(kind))
+    response = vision.client().responses.create(model="any", max_output_tokens=8, temperature=0, input=[
+        {"role": "user", "content": [{"type": "input_image", "image_url": url},
+                                     {"type": "input_text", "text": QUESTION}]}])
+    assert (response.output_text, response.usage.input_tokens) == expected[kind]
+
+
+def test_anthropic_hostile_image_is_its_400(vision: Server, images: dict[str, Path]) -> None:  # noqa: F811
+    client = anthropic.Anthropic(base_url=vision.url, api_key="unused", max_retries=0, timeout=60)
+    source = {"type": "base64", "media_type": "image/png", "data": base64.b64encode(b"not an image").decode()}
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        client.messages.create(model="any", max_tokens=8, messages=[
+            {"role": "user", "content": [{"type": "image", "source": source}, {"type": "text", "text": "hi"}]}])
+    assert caught.value.body["type"] == "error"
+    assert caught.value.body["error"]["type"] == "invalid_request_error"
+    assert caught.value.body["error"]["message"].startswith("messages[0].content[0] is not an image")
 
 
 def test_the_same_image_twice_reuses_the_cache_and_answers_the_same(vision: Server,
