@@ -6,6 +6,7 @@ image becomes 16 embeddings, and different images make the tiny model write diff
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -137,3 +138,21 @@ def test_sniff_reads_sizes() -> None:
     assert (jpeg.format, jpeg.width, jpeg.height) == ("JPEG", 33, 17)
     assert sniff(image_bytes(5, 7, "GIF")).format == "GIF"
     assert (sniff(image_bytes(5, 7, "BMP")).width, sniff(image_bytes(5, 7, "BMP")).height) == (5, 7)
+
+
+def test_info_shows_the_projector(mmproj: Path) -> None:
+    result = run_cli("info", "-m", str(mmproj))
+    assert result.exit_code == 0, result.stderr
+    lines = [line.strip() for line in result.stdout.splitlines()]
+    start = lines.index("Projector")
+    assert lines[start + 1:start + 7] == ["type                  mlp", "accepts               vision",
+                                          "image size            32", "patch size            8",
+                                          "encoder width         64", "projection dim        256"]
+    data = json.loads(run_cli("info", "-m", str(mmproj), "--json").stdout)
+    assert data["projector"] == {"type": "mlp", "accepts": ["vision"], "image_size": 32, "patch_size": 8,
+                                 "embedding_length": 64, "projection_dim": 256}
+
+
+def test_info_of_a_text_model_has_no_projector(tiny_model: Path) -> None:
+    data = json.loads(run_cli("info", "-m", str(tiny_model), "--json").stdout)
+    assert data["projector"] is None
