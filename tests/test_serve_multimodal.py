@@ -15,6 +15,7 @@ import httpx
 import openai
 import pytest
 
+from tests.fixtures.make_mmproj import image_bytes
 from tests.helpers import run_cli
 from tests.test_multimodal import images, mmproj  # noqa: F401 - the fixtures
 from tests.test_serve import Server, _start
@@ -171,3 +172,35 @@ def test_image_to_a_model_without_projector(text_only: Server, images: dict[str,
 def test_media_domains_flag_is_in_the_help() -> None:
     result = run_cli("serve", "--help")
     assert "--media-domains" in result.stdout and "--mmproj" in result.stdout
+
+
+def test_completion_multimodal_data_gives_the_raw_prompts_text(vision: Server, tiny_model: Path, mmproj: Path,  # noqa: F811
+                                                               images: dict[str, Path]) -> None:  # noqa: F811
+    """llama-server's /completion with {"prompt_string", "multimodal_data"}: complete --image without --chat."""
+    prompt = "<__media__>The picture shows"
+    body = {"prompt": {"prompt_string": prompt, "multimodal_data": [base64.b64encode(images["jpeg"].read_bytes())
+                                                                     .decode()]},
+            "n_predict": 8, "temperature": 0}
+    answer = httpx.post(f"{vision.url}/completion", json=body, timeout=60).json()
+    local = run_cli("complete", "-m", str(tiny_model), "--mmproj", str(mmproj), "--image", str(images["jpeg"]),
+                    "-p", prompt, "-n", "8", "--temp", "0", "-c", "1024", "--json")
+    assert local.exit_code == 0, local.stderr
+    assert answer["content"] == local.stdout
+    assert f'"prompt_tokens": {answer["tokens_evaluated"]}' in local.stderr
+
+
+def test_completion_multimodal_data_errors(vision: Server, text_only: Server) -> None:
+    bad = {"prompt": {"prompt_string": "x", "multimodal_data": ["bm90IGFuIGltYWdl"]}, "n_predict": 2}
+    response = httpx.post(f"{vision.url}/completion", json=bad, timeout=30)
+    assert response.status_code == 400
+    assert response.json()["error"]["message"].startswith("prompt.multimodal_data[0] is not an image")
+    png = base64.b64encode(image_bytes(8, 8, "PNG")).decode()
+    response = httpx.post(f"{text_only.url}/completion", timeout=30,
+                          json={"prompt": {"prompt_string": "x", "multimodal_data": [png]}, "n_predict": 2})
+    assert response.status_code == 400
+    assert response.json()["error"]["message"].startswith("this model cannot see images")
+
+
+def test_props_report_the_modalities(vision: Server, text_only: Server) -> None:
+    assert httpx.get(f"{vision.url}/props", timeout=30).json()["modalities"] == {"vision": True, "audio": False}
+    assert httpx.get(f"{text_only.url}/props", timeout=30).json()["modalities"] == {"vision": False, "audio": False}

@@ -59,6 +59,14 @@ def _url_bytes(url: Any, param: str, settings: ServerSettings) -> bytes:
     raise APIError(400, f"{param}: {what}; send the image inline as a data: URL", param=param, code="invalid_value")
 
 
+def media_from_base64(payload: Any, where: str) -> Media:
+    """llama-server's multimodal_data entry: base64 bytes of an image or audio clip, checked."""
+    try:
+        return sniff(_base64(payload, where), where)
+    except InputError as exc:
+        raise APIError(400, exc.message, param=where, code="invalid_value") from None
+
+
 def _base64(payload: Any, param: str) -> bytes:
     if not isinstance(payload, str) or not payload:
         raise APIError(400, f"{param} is empty", param=param, code="invalid_value")
@@ -87,7 +95,7 @@ def content_text(parts: list[Any], i: int, settings: ServerSettings | None, medi
     return "".join(texts)
 
 
-def media_prompt_of(engine: Any, prompt: str, media: list[Media]) -> Any:
+def media_prompt_of(engine: Any, prompt: str, media: list[Media], param: str = "messages") -> Any:
     """The rendered prompt and its media as libmtmd's chunks (core/media's MediaPrompt).
 
     Raises:
@@ -97,12 +105,12 @@ def media_prompt_of(engine: Any, prompt: str, media: list[Media]) -> Any:
 
     if engine.projector is None:
         raise APIError(400, "this model cannot see images or hear audio: the server has no multimodal projector "
-                       "(start it with --mmproj)", param="messages", code="invalid_value")
+                       "(start it with --mmproj)", param=param, code="invalid_value")
     try:
         prepared = MediaPrompt(engine.projector, prompt, media)
     except InputError as exc:
-        raise APIError(400, exc.message, param="messages", code="invalid_value") from None
+        raise APIError(400, exc.message, param=param, code="invalid_value") from None
     if not prepared.ends_with_text:
         prepared.close()
-        raise APIError(400, "the prompt must not end with an image", param="messages", code="invalid_value")
+        raise APIError(400, "the prompt must not end with an image", param=param, code="invalid_value")
     return prepared
