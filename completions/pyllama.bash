@@ -148,24 +148,25 @@ _pyllama_spec() {
         "chat")
             subs=""
             opts="-sys= --system-prompt= -sysf= --system-prompt-file= -p= --prompt= -st --single-turn \
-                --chat-template= --context-shift --plain --reasoning= --no-history --spec-type= -md= \
-                --model-draft= --spec-draft-model= -hfd= --hf-repo-draft= --spec-draft-hf= \
-                --spec-draft-n-max= --spec-draft-n-min= --draft-p-min= --spec-draft-p-min= \
-                --spec-ngram-simple-size-n= --spec-ngram-simple-size-m= --spec-ngram-simple-min-hits= \
-                --spec-ngram-map-k-size-n= --spec-ngram-map-k-size-m= --spec-ngram-map-k-min-hits= -n= \
-                --n-predict= --temp= --top-k= --top-p= --min-p= --typical= --repeat-penalty= \
-                --repeat-last-n= --presence-penalty= --frequency-penalty= --mirostat= --mirostat-lr= \
-                --mirostat-ent= --ignore-eos -r= --reverse-prompt= --logit-bias= --grammar= --grammar-file= \
-                -j= --json-schema= -jf= --json-schema-file= --samplers= --sampler-seq= --sampling-seq= \
-                --top-n-sigma= --top-nsigma= --xtc-probability= --xtc-threshold= --dry-multiplier= \
-                --dry-base= --dry-allowed-length= --dry-penalty-last-n= --dry-sequence-breaker= \
-                --dynatemp-range= --dynatemp-exp= --adaptive-target= --adaptive-decay= -m= --model= -hf= \
-                --hf-repo= -hff= --hf-file= -hft= --hf-token= --offline -c= --ctx-size= -t= --threads= -ngl= \
-                --gpu-layers= --n-gpu-layers= -fa= --flash-attn= -b= --batch-size= -ub= --ubatch-size= \
-                --mlock --no-mmap -s= --seed= -v --verbose --log-file= --rpc= -dev= --device= -ts= \
-                --tensor-split= --list-devices -tb= --threads-batch= -C= --cpu-mask= -Cr= --cpu-range= \
-                --cpu-strict= --prio= --poll= -Cb= --cpu-mask-batch= -Crb= --cpu-range-batch= \
-                --cpu-strict-batch= --prio-batch= --poll-batch= --lora= --lora-scaled= \
+                --chat-template= --context-shift --plain --reasoning= --no-history -mm= --mmproj= \
+                --mmproj-auto --no-mmproj --mmproj-offload --no-mmproj-offload --image-min-tokens= \
+                --image-max-tokens= --spec-type= -md= --model-draft= --spec-draft-model= -hfd= \
+                --hf-repo-draft= --spec-draft-hf= --spec-draft-n-max= --spec-draft-n-min= --draft-p-min= \
+                --spec-draft-p-min= --spec-ngram-simple-size-n= --spec-ngram-simple-size-m= \
+                --spec-ngram-simple-min-hits= --spec-ngram-map-k-size-n= --spec-ngram-map-k-size-m= \
+                --spec-ngram-map-k-min-hits= -n= --n-predict= --temp= --top-k= --top-p= --min-p= --typical= \
+                --repeat-penalty= --repeat-last-n= --presence-penalty= --frequency-penalty= --mirostat= \
+                --mirostat-lr= --mirostat-ent= --ignore-eos -r= --reverse-prompt= --logit-bias= --grammar= \
+                --grammar-file= -j= --json-schema= -jf= --json-schema-file= --samplers= --sampler-seq= \
+                --sampling-seq= --top-n-sigma= --top-nsigma= --xtc-probability= --xtc-threshold= \
+                --dry-multiplier= --dry-base= --dry-allowed-length= --dry-penalty-last-n= \
+                --dry-sequence-breaker= --dynatemp-range= --dynatemp-exp= --adaptive-target= \
+                --adaptive-decay= -m= --model= -hf= --hf-repo= -hff= --hf-file= -hft= --hf-token= --offline \
+                -c= --ctx-size= -t= --threads= -ngl= --gpu-layers= --n-gpu-layers= -fa= --flash-attn= -b= \
+                --batch-size= -ub= --ubatch-size= --mlock --no-mmap -s= --seed= -v --verbose --log-file= \
+                --rpc= -dev= --device= -ts= --tensor-split= --list-devices -tb= --threads-batch= -C= \
+                --cpu-mask= -Cr= --cpu-range= --cpu-strict= --prio= --poll= -Cb= --cpu-mask-batch= -Crb= \
+                --cpu-range-batch= --cpu-strict-batch= --prio-batch= --poll-batch= --lora= --lora-scaled= \
                 --lora-init-without-apply --control-vector= --control-vector-scaled= \
                 --control-vector-layer-range= -ctk= --cache-type-k= -ctv= --cache-type-v= --swa-full -kvo \
                 --kv-offload -nkvo --no-kv-offload --rope-scaling= --rope-scale= --rope-freq-base= \
@@ -382,17 +383,18 @@ _pyllama_value() {
             _pyllama_values none auto off on ;;
         "bench|-o" | "bench|--output")
             _pyllama_values none csv json jsonl md sql ;;
-        "bench|--compare" | "bench|--plot" | "chat|-sysf" | "chat|--system-prompt-file" | \
-        "chat|--grammar-file" | "chat|-jf" | "chat|--json-schema-file" | "chat|--log-file" | "complete|-f" | \
-        "complete|--file" | "complete|--audio" | "complete|--image" | "complete|--prompt-cache" | \
-        "complete|-mm" | "complete|--mmproj" | "complete|--grammar-file" | "complete|-jf" | \
-        "complete|--json-schema-file" | "complete|--log-file" | "embed|-f" | "embed|--file" | \
-        "embed|--log-file" | "imatrix|-f" | "imatrix|--file" | "imatrix|-o" | "imatrix|--output" | \
-        "imatrix|--output-file" | "imatrix|--in-file" | "imatrix|--log-file" | "perplexity|-f" | \
-        "perplexity|--file" | "perplexity|--kl-divergence-base" | "perplexity|--hellaswag" | \
-        "perplexity|--winogrande" | "perplexity|--log-file" | "quantize|--imatrix" | "quantize|--log-file" | \
-        "serve|--models-preset" | "serve|-mm" | "serve|--mmproj" | "serve|--grammar-file" | "serve|-jf" | \
-        "serve|--json-schema-file" | "serve|--log-file" | "tokenize|-f" | "tokenize|--file")
+        "bench|--compare" | "bench|--plot" | "chat|-sysf" | "chat|--system-prompt-file" | "chat|-mm" | \
+        "chat|--mmproj" | "chat|--grammar-file" | "chat|-jf" | "chat|--json-schema-file" | \
+        "chat|--log-file" | "complete|-f" | "complete|--file" | "complete|--audio" | "complete|--image" | \
+        "complete|--prompt-cache" | "complete|-mm" | "complete|--mmproj" | "complete|--grammar-file" | \
+        "complete|-jf" | "complete|--json-schema-file" | "complete|--log-file" | "embed|-f" | \
+        "embed|--file" | "embed|--log-file" | "imatrix|-f" | "imatrix|--file" | "imatrix|-o" | \
+        "imatrix|--output" | "imatrix|--output-file" | "imatrix|--in-file" | "imatrix|--log-file" | \
+        "perplexity|-f" | "perplexity|--file" | "perplexity|--kl-divergence-base" | \
+        "perplexity|--hellaswag" | "perplexity|--winogrande" | "perplexity|--log-file" | \
+        "quantize|--imatrix" | "quantize|--log-file" | "serve|--models-preset" | "serve|-mm" | \
+        "serve|--mmproj" | "serve|--grammar-file" | "serve|-jf" | "serve|--json-schema-file" | \
+        "serve|--log-file" | "tokenize|-f" | "tokenize|--file")
             _pyllama_values file ;;
         "chat|--chat-template" | "complete|--chat-template" | "serve|--chat-template" | \
         "tokenize|--chat-template")

@@ -147,6 +147,11 @@ complete -c pyllama -n '__pyllama_using chat' -l context-shift -d 'When the conv
 complete -c pyllama -n '__pyllama_using chat' -l plain -d 'Print answers as raw text instead of rendered Markdown.'
 complete -c pyllama -n '__pyllama_using chat' -l reasoning -d 'Reasoning between <think> and </think>: show (dimmed) or hide.' -x
 complete -c pyllama -n '__pyllama_using chat' -l no-history -d 'Do not read or write the input history file.'
+complete -c pyllama -n '__pyllama_using chat' -o mm -l mmproj -d 'Multimodal projector (mmproj GGUF): lets the model see images.' -x -a '(__pyllama_values file)'
+complete -c pyllama -n '__pyllama_using chat' -l mmproj-auto -l no-mmproj -d 'Use the multimodal projector (--no-mmproj: text only, even with --mmproj).'
+complete -c pyllama -n '__pyllama_using chat' -l mmproj-offload -l no-mmproj-offload -d 'Run the projector on the GPU when there is one.'
+complete -c pyllama -n '__pyllama_using chat' -l image-min-tokens -d 'Fewest tokens an image may take (dynamic-resolution models; -1: the projector\'s own).' -x
+complete -c pyllama -n '__pyllama_using chat' -l image-max-tokens -d 'Most tokens an image may take (dynamic-resolution models; -1: the projector\'s own).' -x
 complete -c pyllama -n '__pyllama_using chat' -l spec-type -d 'Speculative decoding: none, draft-simple, ngram-simple, ngram-map-k, ngram-cache (ngram-cache is not implemented).' -x
 complete -c pyllama -n '__pyllama_using chat' -o md -l model-draft -l spec-draft-model -d 'Draft model for draft-simple (a GGUF with the model\'s vocabulary; given alone, it turns draft-simple on).' -x
 complete -c pyllama -n '__pyllama_using chat' -o hfd -l hf-repo-draft -l spec-draft-hf -d 'Same as -hf, for the draft model: user/repo[:quant].' -x

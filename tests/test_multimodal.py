@@ -156,3 +156,23 @@ def test_info_shows_the_projector(mmproj: Path) -> None:
 def test_info_of_a_text_model_has_no_projector(tiny_model: Path) -> None:
     data = json.loads(run_cli("info", "-m", str(tiny_model), "--json").stdout)
     assert data["projector"] is None
+
+
+def test_chat_image_then_a_question_answers_as_complete_image(tiny_model: Path, mmproj: Path,
+                                                               images: dict[str, Path]) -> None:
+    """chat's /image puts the image before the next message, as complete --chat --image does: the same
+    rendered prompt, so the same greedy answer; a second turn keeps the image in the cached prompt."""
+    expected = complete(tiny_model, mmproj, "--image", str(images["jpeg"]), *ASK)
+    stdin = f"/image {images['jpeg']}\nWhat is in the image?\nAnd now?\n"
+    result = run_cli("chat", "-m", str(tiny_model), "--mmproj", str(mmproj), "-n", "8", "--temp", "0", "-c", "512",
+                     stdin=stdin)
+    assert result.exit_code == 0, result.stderr
+    answers = result.stdout.split("\n\n")
+    assert answers[0] == expected.stdout
+    assert answers[1].strip()  # the second turn is answered, the image still in its prompt
+    assert f"Attached '{images['jpeg']}' (JPEG 64x64); it goes with your next message." in result.stderr
+
+
+def test_chat_image_without_projector(tiny_model: Path, images: dict[str, Path]) -> None:
+    result = run_cli("chat", "-m", str(tiny_model), "-n", "4", stdin=f"/image {images['png']}\n")
+    assert "this model cannot see images: there is no projector" in result.stderr

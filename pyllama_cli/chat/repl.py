@@ -41,6 +41,8 @@ SLASH_COMMANDS = [
     SlashCommand("/set", "/set [PARAM VALUE]", "change a sampling parameter or max_tokens (no args: list them)"),
     SlashCommand("/show", "/show", "model, template, parameters and context usage"),
     SlashCommand("/read", "/read FILE", "add a file's text to your next message"),
+    SlashCommand("/image", "/image FILE", "attach an image (or audio clip) to your next message (needs --mmproj)",
+                 ("/audio",)),
     SlashCommand("/save", "/save FILE", "save the conversation: .json (messages) or .md (transcript)"),
     SlashCommand("/load", "/load FILE.json", "continue a conversation saved with /save"),
     SlashCommand("/stats", "/stats", "turn the stats line after each answer on or off"),
@@ -338,6 +340,18 @@ class ChatRepl:
         self.conv.attach(path.name, text)
         lines = text.count("\n") + (0 if text.endswith("\n") else 1)
         self.ui.notice(f"Loaded text from '{arg}' ({lines} lines); it goes with your next message.")
+
+    def cmd_image(self, arg: str) -> None:
+        from ..core.media.check import read_media
+
+        if not arg:
+            raise InputError("/image needs a file name", hint="/image photo.jpg")
+        if self.engine.projector is None:
+            raise InputError("this model cannot see images: there is no projector", hint="start chat with --mmproj FILE")
+        medium = read_media(Path(arg).expanduser())
+        self.conv.attach_media(medium)
+        size = f" {medium.width}x{medium.height}" if medium.kind == "image" else ""
+        self.ui.notice(f"Attached '{arg}' ({medium.format}{size}); it goes with your next message.")
 
     def cmd_save(self, arg: str) -> None:
         if not arg:
