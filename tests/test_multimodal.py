@@ -176,3 +176,34 @@ def test_chat_image_then_a_question_answers_as_complete_image(tiny_model: Path, 
 def test_chat_image_without_projector(tiny_model: Path, images: dict[str, Path]) -> None:
     result = run_cli("chat", "-m", str(tiny_model), "-n", "4", stdin=f"/image {images['png']}\n")
     assert "this model cannot see images: there is no projector" in result.stderr
+
+
+@pytest.mark.parametrize(("files", "model", "tag", "chosen"), [
+    (["m-Q4_K_M.gguf", "mmproj-m-f16.gguf", "mmproj-m-Q8_0.gguf"], "m-Q4_K_M.gguf", "Q4_K_M", "mmproj-m-Q8_0.gguf"),
+    (["m-Q4_K_M.gguf", "mmproj-m-f16.gguf", "mmproj-m-Q8_0.gguf"], "m-Q4_K_M.gguf", "F16", "mmproj-m-f16.gguf"),
+    (["m-F32.gguf", "mmproj-m-f16.gguf", "mmproj-m-Q8_0.gguf"], "m-F32.gguf", None, "mmproj-m-f16.gguf"),
+    (["a/m-Q8_0.gguf", "mmproj-top-f16.gguf", "a/mmproj-a-f16.gguf", "b/mmproj-b-Q8_0.gguf"], "a/m-Q8_0.gguf",
+     "Q8_0", "a/mmproj-a-f16.gguf"),
+    (["m-Q8_0.gguf", "README.md"], "m-Q8_0.gguf", None, None),
+])
+def test_pick_projector_as_llama_cpp(files: list[str], model: str, tag: str | None, chosen: str | None) -> None:
+    from pyllama_cli.core.model.resolve import pick_projector
+
+    assert pick_projector(files, model, tag) == chosen
+
+
+def test_hf_model_brings_its_projector(tiny_model: Path, mmproj: Path, images: dict[str, Path],
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.fixtures.fake_hf import FakeHub
+
+    expected = complete(tiny_model, mmproj, "--image", str(images["png"]), *ASK)
+    with FakeHub() as hub:
+        hub.add_repo("org/vl-GGUF", {"vl-F32.gguf": tiny_model, "mmproj-vl-f16.gguf": mmproj,
+                                     "mmproj-vl-Q8_0.gguf": tiny_model})  # the Q8_0 one would fail to load
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        result = run_cli("complete", "-hf", "org/vl-GGUF:F32", "--image", str(images["png"]), *ASK)
+        assert result.exit_code == 0, result.stderr
+        assert result.stdout == expected.stdout
+        assert ("GET", "/org/vl-GGUF/resolve/main/mmproj-vl-f16.gguf") in hub.requests
+        off = run_cli("complete", "-hf", "org/vl-GGUF:F32", "--no-mmproj", "--image", str(images["png"]), *ASK)
+        assert off.stderr.splitlines()[0] == "Error: --image and --audio need a multimodal projector"

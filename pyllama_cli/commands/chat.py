@@ -74,7 +74,7 @@ def chat(
     from ..core.text.chat_template import resolve_template
     from ..core.generate.conversation import Conversation, open_chat_engine
     from ..core.generate.speculative import resolve_draft
-    from ..core.media.projector import open_projector
+    from ..core.media.projector import open_projector, with_hf_projector
 
     if reasoning not in REASONING_CHOICES:
         raise typer.BadParameter(f"{reasoning!r} is not one of {', '.join(REASONING_CHOICES)}",
@@ -89,7 +89,8 @@ def chat(
     progress = model_progress()
     spec = resolve_draft(speculative.settings, speculative.draft, progress.download)
     with open_model(model, load, progress=progress) as session, \
-            open_projector(media, session.model, load.n_threads) as projector, \
+            open_projector(with_hf_projector(media, model, session.resolved, progress.download), session.model,
+                           load.n_threads) as projector, \
             closing(open_chat_engine(session, load, chat_template, spec)) as engine:
         engine.projector = projector  # /image (docs/multimodal.md)
         ui = _make_ui(plain, reasoning, no_history)

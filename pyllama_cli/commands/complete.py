@@ -91,7 +91,7 @@ def complete(
     from ..core.generate.one_shot import OneShot, OneShotRequest, as_typed, cut_warning, read_prompt
     from ..core.generate.speculative import resolve_draft, speculating
     from ..core.interrupt import StopFlag, catch_sigint
-    from ..core.media.projector import open_projector
+    from ..core.media.projector import open_projector, with_hf_projector
     from ..core.text.reasoning import AnswerOnly
 
     if system_prompt is not None and not chat:
@@ -115,7 +115,8 @@ def complete(
     spec = resolve_draft(speculative.settings, speculative.draft, progress.download)
     with open_model(model, load, context={}, progress=progress) as session, \
             speculating(spec, load, session.model, session.ctx.n_ctx) as speculation, \
-            open_projector(media, session.model, load.n_threads, needed=bool(attached)) as projector:
+            open_projector(with_hf_projector(media, model, session.resolved, progress.download) if attached else media,
+                           session.model, load.n_threads, needed=bool(attached)) as projector:
         run = OneShot(session.model, session.ctx, request, warn=warn, speculation=speculation, projector=projector)
         try:
             answer = AnswerOnly(run.thinking) if reasoning == "hide" else None

@@ -121,6 +121,7 @@ def serve(
     from ..server import run as server
     from ..server.http.hosts import allowed_hosts as hosts_allowed
     from ..server.settings import ServerSettings
+    from ..core.media.projector import with_hf_projector
 
 
     if chat_template:
@@ -155,7 +156,8 @@ def serve(
     if past := trained_context_warning(resolved.path, per_request, f"a context of {per_request} tokens per request"):
         warn(past)
     _add_rpc_servers(load)
-    settings = replace(settings, alias=alias or resolved.path.stem)  # default: the file's name without .gguf
+    settings = replace(settings, alias=alias or resolved.path.stem,  # default: the file's name without .gguf
+                       projector=with_hf_projector(media, model.first(), resolved, download_tqdm()))
     socks = server.listen_for(host, port, settings)
     server.serve(socks, resolved.path, load, settings, embeddings=embeddings, parallel=parallel, kv_unified=kv_unified)
 

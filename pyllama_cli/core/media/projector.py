@@ -123,6 +123,20 @@ def _load_error(path: Path, model: Any, errors: list[str]) -> ModelLoadError:
                           hint="--mmproj takes a multimodal projector GGUF (a file named mmproj-*.gguf)")
 
 
+def with_hf_projector(settings: ProjectorSettings, request: Any, resolved: Any,
+                      tqdm_class: Any = None) -> ProjectorSettings:
+    """`settings` with the projector of an -hf model's repo when --mmproj names none (and --no-mmproj is
+    not given), as llama.cpp's -hf finds it: core/model/resolve.py's pick_projector."""
+    from dataclasses import replace
+
+    from ..model.resolve import resolve_hf_projector
+
+    if settings.path is not None or not settings.auto or not getattr(request, "hf_repo", None) or not resolved.repo:
+        return settings
+    path = resolve_hf_projector(request, resolved.filename, tqdm_class=tqdm_class)
+    return replace(settings, path=path) if path is not None else settings
+
+
 @contextmanager
 def open_projector(settings: ProjectorSettings, model: Any, n_threads: int = -1,
                    needed: bool = True) -> Iterator[Projector | None]:
