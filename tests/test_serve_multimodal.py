@@ -204,3 +204,29 @@ def test_completion_multimodal_data_errors(vision: Server, text_only: Server) ->
 def test_props_report_the_modalities(vision: Server, text_only: Server) -> None:
     assert httpx.get(f"{vision.url}/props", timeout=30).json()["modalities"] == {"vision": True, "audio": False}
     assert httpx.get(f"{text_only.url}/props", timeout=30).json()["modalities"] == {"vision": False, "audio": False}
+
+
+def test_image_tokens_count_against_the_context(vision: Server, images: dict[str, Path]) -> None:  # noqa: F811
+    """70 images of 16 tokens each do not fit a 1024-token context: the usual context error, a 400."""
+    part = {"type": "image_url", "image_url": {"url": data_url(images["png"].read_bytes())}}
+    messages = [{"role": "user", "content": [part] * 70 + [{"type": "text", "text": QUESTION}]}]
+    response = httpx.post(f"{vision.url}/v1/chat/completions", json={"messages": messages, "max_tokens": 4},
+                          timeout=60)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["message"].startswith("the prompt has 1145 tokens")
+
+
+def test_serve_hf_model_brings_its_projector(tiny_model: Path, mmproj: Path,  # noqa: F811
+                                             tmp_path_factory: pytest.TempPathFactory) -> None:
+    from tests.fixtures.fake_hf import FakeHub
+    from tests.test_serve import spawn_serve
+
+    with FakeHub() as hub:
+        hub.add_repo("org/vl-GGUF", {"vl-F32.gguf": tiny_model, "mmproj-vl-f16.gguf": mmproj})
+        srv = spawn_serve(tmp_path_factory.mktemp("serve-hf-vision") / "stderr.log",
+                          ["-hf", "org/vl-GGUF:F32", "-c", "512"], env={"HF_ENDPOINT": hub.url})
+        try:
+            props = httpx.get(f"{srv.url}/props", timeout=30).json()
+            assert props["modalities"] == {"vision": True, "audio": False}
+        finally:
+            srv.stop()
