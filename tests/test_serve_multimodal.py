@@ -201,9 +201,11 @@ def test_completion_multimodal_data_errors(vision: Server, text_only: Server) ->
     assert response.json()["error"]["message"].startswith("this model cannot see images")
 
 
-def test_props_report_the_modalities(vision: Server, text_only: Server) -> None:
+def test_props_and_models_report_the_modalities(vision: Server, text_only: Server) -> None:
     assert httpx.get(f"{vision.url}/props", timeout=30).json()["modalities"] == {"vision": True, "audio": False}
     assert httpx.get(f"{text_only.url}/props", timeout=30).json()["modalities"] == {"vision": False, "audio": False}
+    card = httpx.get(f"{vision.url}/v1/models", timeout=30).json()["data"][0]
+    assert card["meta"]["modalities"] == {"vision": True, "audio": False}
 
 
 def test_image_tokens_count_against_the_context(vision: Server, images: dict[str, Path]) -> None:  # noqa: F811

@@ -20,6 +20,7 @@ from ... import __version__
 from ...core.serving.engine import Engine
 from ...errors import InputError
 from .. import spine
+from ..cards import modalities
 from ..errors import APIError, body_error
 from ..model_set import ModelSet
 from ..settings import ServerSettings
@@ -69,17 +70,11 @@ def add_routes(app: FastAPI, models: ModelSet) -> None:
         template = await run_in_threadpool(engine.chat_template_text, settings.chat_template)
         return {"default_generation_settings": {"n_ctx": engine.n_ctx, "params": default_params(settings)},
                 "total_slots": len(engine.slot_states()), "model_alias": model.id, "model_path": str(engine.path),
-                "modalities": _modalities(engine), "chat_template": template or "",
+                "modalities": modalities(engine), "chat_template": template or "",
                 "bos_token": _piece(engine, engine.model.bos), "eos_token": _piece(engine, engine.model.eos),
                 "build_info": f"pyllama {__version__}"}
 
     add_token_routes(app, models)
-
-
-def _modalities(engine: Any) -> dict[str, bool]:
-    """What the model takes besides text: its projector's (--mmproj) capabilities."""
-    caps = engine.projector.capabilities if engine.projector is not None else None
-    return {"vision": bool(caps and caps.vision), "audio": bool(caps and caps.audio)}
 
 
 async def _json_body(request: Request) -> Any:
