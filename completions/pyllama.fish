@@ -716,6 +716,8 @@ complete -c pyllama -n '__pyllama_using serve' -l cors-origin -d 'Also allow bro
 complete -c pyllama -n '__pyllama_using serve' -l allowed-hosts -d 'Host names the server answers to (repeatable or comma-separated; \'*\' = any).' -x
 complete -c pyllama -n '__pyllama_using serve' -l docs -d 'Serve Swagger UI at /docs (it loads its scripts from a CDN); /openapi.json is always there.'
 complete -c pyllama -n '__pyllama_using serve' -l media-domains -d 'Hosts whose http(s) image URLs requests may name (repeatable or comma-separated); without it only data: URLs are taken, so the server fetches nothing on a client\'s behalf.' -x
+complete -c pyllama -n '__pyllama_using serve' -l media-max-image-size -d 'Most image bytes one request may send (bytes, or with K/M/G; --max-body-size bounds them too).' -x
+complete -c pyllama -n '__pyllama_using serve' -l media-max-audio-size -d 'Most audio bytes one request may send (bytes, or with K/M/G).' -x
 complete -c pyllama -n '__pyllama_using serve' -l slot-save-path -d 'Folder for /slots/ID?action=save|restore files (off unless given).' -x -a '(__pyllama_values dir)'
 complete -c pyllama -n '__pyllama_using serve' -l max-body-size -d 'Largest request body accepted (bytes, or with K/M/G; larger gets 413).' -x
 complete -c pyllama -n '__pyllama_using serve' -l chat-template -d 'Chat template: a built-in name (chatml, llama3, ...), a .jinja file or Jinja text (default: the model\'s own).' -x -a '(__pyllama_values file chatml gemma llama2 llama2-sys llama2-sys-bos llama2-sys-strip llama3 mistral phi3 zephyr)'

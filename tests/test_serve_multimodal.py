@@ -33,7 +33,8 @@ def vision(tiny_model: Path, mmproj: Path, tmp_path_factory: pytest.TempPathFact
 
 @pytest.fixture(scope="module")
 def text_only(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = _start(tiny_model, tmp_path_factory.mktemp("serve-text") / "stderr.log", "-c", "512")
+    srv = _start(tiny_model, tmp_path_factory.mktemp("serve-text") / "stderr.log", "-c", "512",
+                 "--media-max-image-size", "2K")  # the JPEG (1.7 KiB) fits, the PNG (4.9 KiB) does not
     yield srv
     srv.stop()
 
@@ -163,8 +164,8 @@ def test_hostile_media_get_400_and_the_server_keeps_its_memory(vision: Server,
 
 def test_image_to_a_model_without_projector(text_only: Server, images: dict[str, Path]) -> None:  # noqa: F811
     with pytest.raises(openai.BadRequestError) as caught:
-        text_only.client().chat.completions.create(model="any", messages=ask(data_url(images["png"].read_bytes())),
-                                                   max_tokens=4)
+        text_only.client().chat.completions.create(
+            model="any", messages=ask(data_url(images["jpeg"].read_bytes(), "image/jpeg")), max_tokens=4)
     assert caught.value.body["message"] == ("this model cannot see images or hear audio: the server has no "
                                             "multimodal projector (start it with --mmproj)")
 
@@ -232,3 +233,12 @@ def test_serve_hf_model_brings_its_projector(tiny_model: Path, mmproj: Path,  # 
             assert props["modalities"] == {"vision": True, "audio": False}
         finally:
             srv.stop()
+
+
+def test_media_bytes_per_request_are_limited(text_only: Server, images: dict[str, Path]) -> None:  # noqa: F811
+    png = images["png"].read_bytes()
+    response = httpx.post(f"{text_only.url}/v1/chat/completions", timeout=30,
+                          json={"messages": ask(data_url(png)), "max_tokens": 4})
+    assert response.status_code == 400
+    assert response.json()["error"]["message"] == (f"the request's image data is {len(png)} bytes, more than the "
+                                                   "2048 this server takes (--media-max-image-size)")

@@ -36,7 +36,7 @@ from ..options.serve import (
     DocsOpt,
     HostOpt,
     KvUnifiedOpt,
-    MaxBodySizeOpt, MediaDomainsOpt,
+    MaxBodySizeOpt, MediaDomainsOpt, MediaMaxAudioOpt, MediaMaxImageOpt,
     ModelsCacheOpt,
     ModelsDirOpt,
     ModelsMaxOpt,
@@ -88,6 +88,8 @@ def serve(
     allowed_hosts: AllowedHostsOpt = None,
     docs: DocsOpt = False,
     media_domains: MediaDomainsOpt = None,
+    media_max_image_size: MediaMaxImageOpt = "20MiB",
+    media_max_audio_size: MediaMaxAudioOpt = "100MiB",
     slot_save_path: SlotSavePathOpt = None,
     embeddings: EmbeddingMode = EmbeddingMode(),
     max_body_size: MaxBodySizeOpt = "8MiB",
@@ -144,6 +146,8 @@ def serve(
         access_log=None if quiet else log_format, verbose=load.verbose, **embeddings.fields,
         prompt_cache=replace(prompt_cache, template=chat_template), projector=media,
         media_domains=tuple(h.strip().lower() for v in media_domains or [] for h in v.split(",") if h.strip()),
+        media_max_bytes=(parse_size(media_max_image_size, "--media-max-image-size"),
+                         parse_size(media_max_audio_size, "--media-max-audio-size")),
     )
     load = replace(load, verbose=verbose_native)  # -v is the server's detail; llama.cpp's log is its own switch
     if router:

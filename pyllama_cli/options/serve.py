@@ -39,6 +39,12 @@ MediaDomainsOpt = Annotated[list[str] | None, typer.Option(
     "--media-domains", metavar="HOST", help="Hosts whose http(s) image URLs requests may name (repeatable or "
     "comma-separated); without it only data: URLs are taken, so the server fetches nothing on a client's "
     "behalf.", rich_help_panel=SERVER_PANEL, show_default=False)]
+MediaMaxImageOpt = Annotated[str, typer.Option(
+    "--media-max-image-size", metavar="SIZE", help="Most image bytes one request may send (bytes, or with K/M/G; "
+    "--max-body-size bounds them too).", rich_help_panel=SERVER_PANEL)]
+MediaMaxAudioOpt = Annotated[str, typer.Option(
+    "--media-max-audio-size", metavar="SIZE", help="Most audio bytes one request may send (bytes, or with K/M/G).",
+    rich_help_panel=SERVER_PANEL)]
 DocsOpt = Annotated[bool, typer.Option(
     "--docs", help="Serve Swagger UI at /docs (it loads its scripts from a CDN); /openapi.json is always there.",
     rich_help_panel=SERVER_PANEL)]

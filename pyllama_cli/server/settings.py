@@ -64,3 +64,4 @@ class ServerSettings:
     embd_normalize: int = 2  # --embd-normalize
     projector: ProjectorSettings = field(default_factory=ProjectorSettings)  # --mmproj and its companions
     media_domains: tuple[str, ...] = ()  # hosts whose http(s) media URLs requests may name (--media-domains)
+    media_max_bytes: tuple[int, int] = (20 * 2**20, 100 * 2**20)  # a request's image and audio bytes at most

@@ -16,7 +16,7 @@ from ...core.serving.jobs import GenerationJob
 from ...errors import InputError
 from ..errors import APIError
 from .. import job_rules as rules
-from ..openai.media import media_from_base64, media_prompt_of
+from ..openai.media import check_media_bytes, media_from_base64, media_prompt_of
 from ..settings import ServerSettings
 from .schemas import InfillRequest, NativeCompletionRequest, NativeFields
 
@@ -34,7 +34,7 @@ class NativeJobs:
 
 
 def prepare_native(engine: Engine, settings: ServerSettings, req: NativeCompletionRequest) -> NativeJobs:
-    return _jobs(engine, settings, req, native_prompts(engine, req.prompt))
+    return _jobs(engine, settings, req, native_prompts(engine, req.prompt, settings))
 
 
 def prepare_infill(engine: Engine, settings: ServerSettings, req: InfillRequest) -> NativeJobs:
@@ -77,7 +77,7 @@ def _bias_as_pairs(req: NativeFields) -> NativeFields:
 # ---------------------------------------------------------------- prompts
 
 
-def native_prompts(engine: Engine, prompt: Any) -> list[list[int]]:
+def native_prompts(engine: Engine, prompt: Any, settings: ServerSettings) -> list[list[int]]:
     """Token ids of each prompt, read as llama-server reads `prompt`: a string, an object with
     "prompt_string", token ids, ids and strings mixed (one prompt), or a list of those (one each)."""
     if isinstance(prompt, list) and any(_is_piece(p) and not isinstance(p, str) for p in prompt):
@@ -90,7 +90,7 @@ def native_prompts(engine: Engine, prompt: Any) -> list[list[int]]:
         raise APIError(400, "prompt is empty", param="prompt", code="invalid_value")
     out = []
     for p in prompts:
-        ids = _one_prompt(engine, p)
+        ids = _one_prompt(engine, p, settings)
         if not ids:
             raise APIError(400, "prompt is empty (no tokens)", param="prompt", code="invalid_value")
         out.append(ids)
@@ -101,10 +101,10 @@ def _is_piece(value: Any) -> bool:
     return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
 
 
-def _one_prompt(engine: Engine, prompt: Any) -> list[int]:
+def _one_prompt(engine: Engine, prompt: Any, settings: ServerSettings) -> list[int]:
     if isinstance(prompt, dict):
         if prompt.get(MULTIMODAL):
-            return _media_prompt(engine, prompt)
+            return _media_prompt(engine, prompt, settings)
         prompt = prompt.get(PROMPT_STRING)
     if isinstance(prompt, str):
         return engine.tokenize(prompt, add_special=True, parse_special=True)
@@ -114,7 +114,7 @@ def _one_prompt(engine: Engine, prompt: Any) -> list[int]:
                    "or a list of those", param="prompt", code="invalid_value")
 
 
-def _media_prompt(engine: Engine, prompt: dict[str, Any]) -> Any:
+def _media_prompt(engine: Engine, prompt: dict[str, Any], settings: ServerSettings) -> Any:
     """{"prompt_string": TEXT, "multimodal_data": [BASE64, ...]}: the text's media markers (or the start)
     take the media in order; a MediaPrompt, whose `tokens` are the job's prompt."""
     from ...core.media.prompt import with_markers
@@ -124,6 +124,7 @@ def _media_prompt(engine: Engine, prompt: dict[str, Any]) -> Any:
         raise APIError(400, "multimodal_data must be a list of base64 strings, beside a prompt_string",
                        param="prompt", code="invalid_value")
     media = [media_from_base64(item, f"prompt.multimodal_data[{k}]") for k, item in enumerate(data)]
+    check_media_bytes(media, settings, "prompt")
     try:
         text = with_markers(text, len(media))
     except InputError as exc:

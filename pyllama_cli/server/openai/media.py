@@ -95,6 +95,16 @@ def content_text(parts: list[Any], i: int, settings: ServerSettings | None, medi
     return "".join(texts)
 
 
+def check_media_bytes(media: list[Media], settings: ServerSettings, param: str = "messages") -> None:
+    """A request's images and audio within --media-max-image-size and --media-max-audio-size."""
+    for kind, limit, flag in zip(("image", "audio"), settings.media_max_bytes,
+                                 ("--media-max-image-size", "--media-max-audio-size")):
+        total = sum(len(m.data) for m in media if m.kind == kind)
+        if total > limit:
+            raise APIError(400, f"the request's {kind} data is {total} bytes, more than the {limit} this server "
+                           f"takes ({flag})", param=param, code="invalid_value")
+
+
 def media_prompt_of(engine: Any, prompt: str, media: list[Media], param: str = "messages") -> Any:
     """The rendered prompt and its media as libmtmd's chunks (core/media's MediaPrompt).
 

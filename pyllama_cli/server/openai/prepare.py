@@ -31,7 +31,7 @@ from ..errors import APIError, to_api_error
 from ..settings import ServerSettings
 from ...core.media.check import Media
 from .extras import ChatExtras, chat_shape, extras_of
-from .media import content_text, media_prompt_of
+from .media import check_media_bytes, content_text, media_prompt_of
 from .schemas import ChatCompletionRequest, ChatMessage, CompletionRequest
 
 @dataclass(frozen=True)
@@ -55,6 +55,7 @@ def prepare_chat(engine: Engine, settings: ServerSettings, req: ChatCompletionRe
     plan = plan_request_tools(req.tools, req.tool_choice, req.parallel_tool_calls is not False, not agent)
     prompt = render_prompt(engine, settings, shape.messages, plan, add_generation_prompt=shape.add_generation_prompt,
                            template_kwargs=req.chat_template_kwargs) + shape.prefill
+    check_media_bytes(media, settings)
     media_prompt = media_prompt_of(engine, prompt, media) if media else None
     ids = engine.tokenize(prompt, add_special=True, parse_special=True) if media_prompt is None else media_prompt.tokens
     grammar = rules.grammar(req, settings, plan)
