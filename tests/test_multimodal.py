@@ -207,3 +207,23 @@ def test_hf_model_brings_its_projector(tiny_model: Path, mmproj: Path, images: d
         assert ("GET", "/org/vl-GGUF/resolve/main/mmproj-vl-f16.gguf") in hub.requests
         off = run_cli("complete", "-hf", "org/vl-GGUF:F32", "--no-mmproj", "--image", str(images["png"]), *ASK)
         assert off.stderr.splitlines()[0] == "Error: --image and --audio need a multimodal projector"
+
+
+def test_chat_image_on_a_terminal(tiny_model: Path, mmproj: Path, images: dict[str, Path]) -> None:
+    """In a pty (prompt-toolkit's front end): /image, then the question, answers as complete --image."""
+    from tests.fixtures.terminal import Terminal
+
+    expected = complete(tiny_model, mmproj, "--image", str(images["png"]), *ASK).stdout
+    term = Terminal("chat", "-m", str(tiny_model), "--mmproj", str(mmproj), "-n", "8", "--temp", "0", "-c", "512",
+                    "-t", "1", "--no-history", "--plain")
+    try:
+        start = term.wait_for("> ", after=term.wait_for("/exit quits"))
+        term.type(f"/image {images['png']}\r")
+        start = term.wait_for("it goes with your next message.", after=start)
+        term.type("What is in the image?\r")
+        start = term.wait_for(expected, after=start)
+        term.wait_for("> ", after=start)  # the next prompt
+        term.type("\x04")  # Ctrl-D: leave the chat
+        assert term.close() == 0, term.seen[-500:]
+    finally:
+        term.proc.kill()
