@@ -312,13 +312,13 @@ _pyllama_spec() {
         "serve")
             subs=""
             opts="--host= --port= -a= --alias= --api-key= --cors-origin= --allowed-hosts= --docs \
-                --media-domains= --media-max-image-size= --media-max-audio-size= --slot-save-path= \
-                --max-body-size= --chat-template= -np= --parallel= --kv-unified --no-webui --models-dir= \
-                --models-cache --models-max= --sleep-idle-seconds= --models-preset= --reasoning-format= \
-                --reasoning-budget= --log-format= -q --quiet --verbose-native -mm= --mmproj= --mmproj-auto \
-                --no-mmproj --mmproj-offload --no-mmproj-offload --image-min-tokens= --image-max-tokens= \
-                --embeddings --pooling= --embd-normalize= --rerank --reranking -cram= --cache-ram= \
-                --cache-idle-slots --no-cache-idle-slots --cache-disk= --cache-disk-max= \
+                --slot-save-path= --max-body-size= --chat-template= -np= --parallel= --kv-unified --no-webui \
+                --models-dir= --models-cache --models-max= --sleep-idle-seconds= --models-preset= \
+                --reasoning-format= --reasoning-budget= --log-format= -q --quiet --verbose-native \
+                --media-domains= --media-path= --media-max-image-size= --media-max-audio-size= -mm= \
+                --mmproj= --mmproj-auto --no-mmproj --mmproj-offload --no-mmproj-offload --image-min-tokens= \
+                --image-max-tokens= --embeddings --pooling= --embd-normalize= --rerank --reranking -cram= \
+                --cache-ram= --cache-idle-slots --no-cache-idle-slots --cache-disk= --cache-disk-max= \
                 --cache-disk-min-tokens= --shutdown-grace= --max-header-size= --max-headers= \
                 --max-url-length= --header-timeout= --body-timeout= --max-connections= --keep-alive-timeout= \
                 --max-grammar-size= --max-grammar-seconds= --stream-buffer-size= --stream-sessions= \
@@ -424,7 +424,8 @@ _pyllama_value() {
         "imatrix|-fit" | "imatrix|--fit" | "perplexity|-fit" | "perplexity|--fit" | "serve|-fit" | \
         "serve|--fit")
             _pyllama_values none on off ;;
-        "list|--models-dir" | "serve|--slot-save-path" | "serve|--models-dir" | "serve|--cache-disk")
+        "list|--models-dir" | "serve|--slot-save-path" | "serve|--models-dir" | "serve|--media-path" | \
+        "serve|--cache-disk")
             _pyllama_values dir ;;
         "quantize|--output-tensor-type" | "quantize|--token-embedding-type")
             _pyllama_values none bf16 f16 f32 iq1_m iq1_s iq2_s iq2_xs iq2_xxs iq3_s iq3_xxs iq4_nl iq4_xs \

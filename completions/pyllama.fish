@@ -715,9 +715,6 @@ complete -c pyllama -n '__pyllama_using serve' -l api-key -d 'Require \'Authoriz
 complete -c pyllama -n '__pyllama_using serve' -l cors-origin -d 'Also allow browser requests from this origin (repeatable; \'*\' = any origin, as llama-server does).' -x
 complete -c pyllama -n '__pyllama_using serve' -l allowed-hosts -d 'Host names the server answers to (repeatable or comma-separated; \'*\' = any).' -x
 complete -c pyllama -n '__pyllama_using serve' -l docs -d 'Serve Swagger UI at /docs (it loads its scripts from a CDN); /openapi.json is always there.'
-complete -c pyllama -n '__pyllama_using serve' -l media-domains -d 'Hosts whose http(s) image URLs requests may name (repeatable or comma-separated); without it only data: URLs are taken, so the server fetches nothing on a client\'s behalf.' -x
-complete -c pyllama -n '__pyllama_using serve' -l media-max-image-size -d 'Most image bytes one request may send (bytes, or with K/M/G; --max-body-size bounds them too).' -x
-complete -c pyllama -n '__pyllama_using serve' -l media-max-audio-size -d 'Most audio bytes one request may send (bytes, or with K/M/G).' -x
 complete -c pyllama -n '__pyllama_using serve' -l slot-save-path -d 'Folder for /slots/ID?action=save|restore files (off unless given).' -x -a '(__pyllama_values dir)'
 complete -c pyllama -n '__pyllama_using serve' -l max-body-size -d 'Largest request body accepted (bytes, or with K/M/G; larger gets 413).' -x
 complete -c pyllama -n '__pyllama_using serve' -l chat-template -d 'Chat template: a built-in name (chatml, llama3, ...), a .jinja file or Jinja text (default: the model\'s own).' -x -a '(__pyllama_values file chatml gemma llama2 llama2-sys llama2-sys-bos llama2-sys-strip llama3 mistral phi3 zephyr)'
@@ -734,6 +731,10 @@ complete -c pyllama -n '__pyllama_using serve' -l reasoning-budget -d 'Thinking 
 complete -c pyllama -n '__pyllama_using serve' -l log-format -d 'The access log\'s form: one text line per request (method, path, model, status, tokens, time; errors with their reason), or one JSON object per line for log collectors.' -x
 complete -c pyllama -n '__pyllama_using serve' -s q -l quiet -d 'No access log (the start-up lines and errors that stop the server still show).'
 complete -c pyllama -n '__pyllama_using serve' -l verbose-native -d 'Show llama.cpp\'s own log on stderr (what -v shows in the other commands).'
+complete -c pyllama -n '__pyllama_using serve' -l media-domains -d 'Hosts whose http(s) media URLs requests may name (repeatable or comma-separated); without it only data: URLs are taken, so the server fetches nothing for a client.' -x
+complete -c pyllama -n '__pyllama_using serve' -l media-path -d 'Folder whose files requests may name as file: URLs (off unless given).' -x -a '(__pyllama_values dir)'
+complete -c pyllama -n '__pyllama_using serve' -l media-max-image-size -d 'Most image bytes one request may send (bytes, or with K/M/G; --max-body-size bounds them too).' -x
+complete -c pyllama -n '__pyllama_using serve' -l media-max-audio-size -d 'Most audio bytes one request may send (bytes, or with K/M/G).' -x
 complete -c pyllama -n '__pyllama_using serve' -o mm -l mmproj -d 'Multimodal projector (mmproj GGUF): lets the model see images.' -x -a '(__pyllama_values file)'
 complete -c pyllama -n '__pyllama_using serve' -l mmproj-auto -l no-mmproj -d 'Use the multimodal projector (--no-mmproj: text only, even with --mmproj).'
 complete -c pyllama -n '__pyllama_using serve' -l mmproj-offload -l no-mmproj-offload -d 'Run the projector on the GPU when there is one.'

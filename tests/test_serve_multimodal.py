@@ -32,9 +32,10 @@ def vision(tiny_model: Path, mmproj: Path, tmp_path_factory: pytest.TempPathFact
 
 
 @pytest.fixture(scope="module")
-def text_only(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def text_only(tiny_model: Path, images: dict[str, Path],  # noqa: F811
+              tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     srv = _start(tiny_model, tmp_path_factory.mktemp("serve-text") / "stderr.log", "-c", "512",
-                 "--media-max-image-size", "2K")  # the JPEG (1.7 KiB) fits, the PNG (4.9 KiB) does not
+                 "--media-max-image-size", "2K", "--media-path", str(images["png"].parent))  # the JPEG (1.7 KiB) fits, the PNG (4.9 KiB) does not
     yield srv
     srv.stop()
 
@@ -136,7 +137,8 @@ def hostile_bodies(png: bytes) -> dict[str, tuple[str, str]]:
         "text with an image type": (data_url(b"hello, I am not a picture"), f"{where} is not an image"),
         "svg": (data_url(svg, "image/svg+xml"), f"{where} is not an image or audio format that can be read (SVG"),
         "http": ("http://127.0.0.1:9/cat.png", f"{where}.image_url.url: remote media URLs are refused"),
-        "file": ("file:///etc/passwd", f"{where}.image_url.url: file: URLs are refused"),
+        "file": ("file:///etc/passwd", f"{where}.image_url.url: file: URLs are refused (the server has no "
+                 "--media-path)"),
         "bad base64": ("data:image/png;base64,@@@", f"{where}.image_url.url is not valid base64"),
     }
 
@@ -242,3 +244,17 @@ def test_media_bytes_per_request_are_limited(text_only: Server, images: dict[str
     assert response.status_code == 400
     assert response.json()["error"]["message"] == (f"the request's image data is {len(png)} bytes, more than the "
                                                    "2048 this server takes (--media-max-image-size)")
+
+
+def test_file_urls_only_inside_media_path(text_only: Server, images: dict[str, Path]) -> None:  # noqa: F811
+    """--media-path lets file: URLs name files in that folder, and nothing outside it (.. and all)."""
+    def message(url: str) -> str:
+        response = httpx.post(f"{text_only.url}/v1/chat/completions", timeout=30,
+                              json={"messages": ask(url), "max_tokens": 4})
+        assert response.status_code == 400
+        return response.json()["error"]["message"]
+
+    where = "messages[0].content[0].image_url.url"
+    assert message(f"file://{images['jpeg']}").startswith("this model cannot see images")  # read, then refused
+    assert message(f"file://{images['jpeg'].parent}/../../../etc/passwd") == f"{where}: no such file in --media-path"
+    assert message("file:///etc/passwd") == f"{where}: no such file in --media-path"

@@ -15,11 +15,11 @@ from ..core.model.settings import LoadSettings
 from ..errors import UsageError
 from ..core.serving.cache.settings import CacheSettings
 from ..options.embedding import EmbeddingMode, embedding_options
-from ..options.limits import cache_options, limit_options
+from ..options.limits import cache_options, limit_options, media_policy_options
 from ..options.load import ChatTemplateOpt, in_panel, media_options, model_options
 from ..options.sampling import SamplingOptions, sampling_options
 from ..options.speculative import SpeculativeOptions, speculative_options
-from ..server.settings import ServerLimits
+from ..server.settings import MediaPolicy, ServerLimits
 from ..options.serve import (
     DEFAULT_HOST,
     DEFAULT_MODELS_MAX,
@@ -36,7 +36,7 @@ from ..options.serve import (
     DocsOpt,
     HostOpt,
     KvUnifiedOpt,
-    MaxBodySizeOpt, MediaDomainsOpt, MediaMaxAudioOpt, MediaMaxImageOpt,
+    MaxBodySizeOpt,
     ModelsCacheOpt,
     ModelsDirOpt,
     ModelsMaxOpt,
@@ -71,6 +71,7 @@ Examples:
 @cache_options()
 @embedding_options()
 @media_options()
+@media_policy_options()
 def serve(
     ctx: typer.Context,
     model: ModelRequests,
@@ -80,6 +81,7 @@ def serve(
     limits: ServerLimits,
     prompt_cache: CacheSettings,
     media: Any,
+    media_policy: MediaPolicy,
     host: HostOpt = DEFAULT_HOST,
     port: PortOpt = DEFAULT_PORT,
     alias: AliasOpt = None,
@@ -87,9 +89,6 @@ def serve(
     cors_origin: CorsOriginOpt = None,
     allowed_hosts: AllowedHostsOpt = None,
     docs: DocsOpt = False,
-    media_domains: MediaDomainsOpt = None,
-    media_max_image_size: MediaMaxImageOpt = "20MiB",
-    media_max_audio_size: MediaMaxAudioOpt = "100MiB",
     slot_save_path: SlotSavePathOpt = None,
     embeddings: EmbeddingMode = EmbeddingMode(),
     max_body_size: MaxBodySizeOpt = "8MiB",
@@ -145,9 +144,7 @@ def serve(
         allowed_hosts=hosts_allowed(host, allowed_hosts or []),
         access_log=None if quiet else log_format, verbose=load.verbose, **embeddings.fields,
         prompt_cache=replace(prompt_cache, template=chat_template), projector=media,
-        media_domains=tuple(h.strip().lower() for v in media_domains or [] for h in v.split(",") if h.strip()),
-        media_max_bytes=(parse_size(media_max_image_size, "--media-max-image-size"),
-                         parse_size(media_max_audio_size, "--media-max-audio-size")),
+        media=media_policy,
     )
     load = replace(load, verbose=verbose_native)  # -v is the server's detail; llama.cpp's log is its own switch
     if router:

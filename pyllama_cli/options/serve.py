@@ -35,16 +35,6 @@ AllowedHostsOpt = Annotated[list[str] | None, typer.Option(
     "--allowed-hosts", help="Host names the server answers to (repeatable or comma-separated; '*' = any). "
     "Default: bound to loopback, only loopback names (localhost, 127.0.0.1, [::1]), against DNS rebinding; "
     "bound elsewhere, any.", rich_help_panel=SERVER_PANEL, show_default=False)]
-MediaDomainsOpt = Annotated[list[str] | None, typer.Option(
-    "--media-domains", metavar="HOST", help="Hosts whose http(s) image URLs requests may name (repeatable or "
-    "comma-separated); without it only data: URLs are taken, so the server fetches nothing on a client's "
-    "behalf.", rich_help_panel=SERVER_PANEL, show_default=False)]
-MediaMaxImageOpt = Annotated[str, typer.Option(
-    "--media-max-image-size", metavar="SIZE", help="Most image bytes one request may send (bytes, or with K/M/G; "
-    "--max-body-size bounds them too).", rich_help_panel=SERVER_PANEL)]
-MediaMaxAudioOpt = Annotated[str, typer.Option(
-    "--media-max-audio-size", metavar="SIZE", help="Most audio bytes one request may send (bytes, or with K/M/G).",
-    rich_help_panel=SERVER_PANEL)]
 DocsOpt = Annotated[bool, typer.Option(
     "--docs", help="Serve Swagger UI at /docs (it loads its scripts from a CDN); /openapi.json is always there.",
     rich_help_panel=SERVER_PANEL)]

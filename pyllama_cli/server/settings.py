@@ -38,6 +38,16 @@ class ServerLimits:
 
 
 @dataclass(frozen=True)
+class MediaPolicy:
+    """What a request's images and audio may be (docs/multimodal.md): where from, and how many bytes."""
+
+    domains: tuple[str, ...] = ()  # hosts whose http(s) media URLs requests may name (--media-domains)
+    path: Path | None = None  # the folder file: URLs may name (--media-path; None: file: URLs refused)
+    max_image_bytes: int = 20 * 2**20  # a request's image bytes at most (--media-max-image-size)
+    max_audio_bytes: int = 100 * 2**20  # its audio bytes at most (--media-max-audio-size)
+
+
+@dataclass(frozen=True)
 class ServerSettings:
     """Server-wide options; per-request fields override the sampling defaults."""
 
@@ -63,5 +73,4 @@ class ServerSettings:
     pooling: int = -1  # --pooling as llama.cpp's pooling type (-1: the model's own); 4 (rank) with --rerank
     embd_normalize: int = 2  # --embd-normalize
     projector: ProjectorSettings = field(default_factory=ProjectorSettings)  # --mmproj and its companions
-    media_domains: tuple[str, ...] = ()  # hosts whose http(s) media URLs requests may name (--media-domains)
-    media_max_bytes: tuple[int, int] = (20 * 2**20, 100 * 2**20)  # a request's image and audio bytes at most
+    media: MediaPolicy = field(default_factory=MediaPolicy)  # what requests' media may be

@@ -1,9 +1,10 @@
 """Images in chat requests: OpenAI's `image_url` and `input_audio` parts turned into checked media.
 
 A part's place in the message becomes libmtmd's media marker in the text, and its bytes a
-core/media `Media`. Only `data:` URLs are read; an `http(s)` URL is refused unless its host is one
-of --media-domains (fetching it is not implemented yet, so even then it is refused with a hint),
-and any other scheme is refused, so the server never fetches an address on a client's behalf.
+core/media `Media`. `data:` URLs are read; `file:` URLs only inside --media-path; an `http(s)` URL
+is refused unless its host is one of --media-domains (fetching it is not implemented yet, so even then
+it is refused with a hint), and any other scheme is refused, so the server never fetches an address
+on a client's behalf.
 Every problem is a 400 in the API's shape, naming the part.
 """
 
@@ -12,7 +13,8 @@ from __future__ import annotations
 import base64
 import binascii
 from typing import Any
-from urllib.parse import urlsplit
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
 from ...core.media.check import Media, sniff
 from ...core.media.settings import MEDIA_MARKER
@@ -49,12 +51,14 @@ def _url_bytes(url: Any, param: str, settings: ServerSettings) -> bytes:
     parts = urlsplit(url)
     if parts.scheme in ("http", "https"):
         host = (parts.hostname or "").lower()
-        if host not in settings.media_domains:
+        if host not in settings.media.domains:
             raise APIError(400, f"{param}: remote media URLs are refused ({host or 'no host'} is not in "
                            "--media-domains); send the image inline as a data: URL", param=param,
                            code="invalid_value")
         raise APIError(400, f"{param}: fetching remote media is not supported yet; send a data: URL", param=param,
                        code="unsupported_value")
+    if parts.scheme == "file":
+        return _file_bytes(parts.path, param, settings)
     what = f"{parts.scheme}: URLs are refused" if parts.scheme else "is not a URL"
     raise APIError(400, f"{param}: {what}; send the image inline as a data: URL", param=param, code="invalid_value")
 
@@ -65,6 +69,23 @@ def media_from_base64(payload: Any, where: str) -> Media:
         return sniff(_base64(payload, where), where)
     except InputError as exc:
         raise APIError(400, exc.message, param=where, code="invalid_value") from None
+
+
+def _file_bytes(url_path: str, param: str, settings: ServerSettings) -> bytes:
+    """A file: URL's bytes, only from inside --media-path (links and .. resolved first, so none leads out)."""
+    folder = settings.media.path
+    if folder is None:
+        raise APIError(400, f"{param}: file: URLs are refused (the server has no --media-path); send the image "
+                       "inline as a data: URL", param=param, code="invalid_value")
+    path = Path(unquote(url_path)).resolve()
+    if not path.is_relative_to(folder) or not path.is_file():
+        raise APIError(400, f"{param}: no such file in --media-path", param=param, code="invalid_value")
+    limit = max(settings.media.max_image_bytes, settings.media.max_audio_bytes)
+    with open(path, "rb") as file:
+        data = file.read(limit + 1)
+    if len(data) > limit:
+        raise APIError(400, f"{param}: the file is larger than {limit} bytes", param=param, code="invalid_value")
+    return data
 
 
 def _base64(payload: Any, param: str) -> bytes:
@@ -97,8 +118,8 @@ def content_text(parts: list[Any], i: int, settings: ServerSettings | None, medi
 
 def check_media_bytes(media: list[Media], settings: ServerSettings, param: str = "messages") -> None:
     """A request's images and audio within --media-max-image-size and --media-max-audio-size."""
-    for kind, limit, flag in zip(("image", "audio"), settings.media_max_bytes,
-                                 ("--media-max-image-size", "--media-max-audio-size")):
+    limits = (settings.media.max_image_bytes, settings.media.max_audio_bytes)
+    for kind, limit, flag in zip(("image", "audio"), limits, ("--media-max-image-size", "--media-max-audio-size")):
         total = sum(len(m.data) for m in media if m.kind == kind)
         if total > limit:
             raise APIError(400, f"the request's {kind} data is {total} bytes, more than the {limit} this server "
