@@ -258,3 +258,27 @@ def test_file_urls_only_inside_media_path(text_only: Server, images: dict[str, P
     assert message(f"file://{images['jpeg']}").startswith("this model cannot see images")  # read, then refused
     assert message(f"file://{images['jpeg'].parent}/../../../etc/passwd") == f"{where}: no such file in --media-path"
     assert message("file:///etc/passwd") == f"{where}: no such file in --media-path"
+
+
+def test_router_preset_gives_a_model_its_projector(tiny_model: Path, mmproj: Path, images: dict[str, Path],  # noqa: F811
+                                                   expected: dict[str, tuple[str, int]],
+                                                   tmp_path_factory: pytest.TempPathFactory) -> None:
+    import shutil
+
+    from tests.test_serve import spawn_serve
+
+    folder = tmp_path_factory.mktemp("router-vision")
+    for name in ("vis.gguf", "txt.gguf"):
+        shutil.copy(tiny_model, folder / name)
+    presets = folder.parent / "presets.ini"
+    presets.write_text(f"[vis]\nmmproj = {mmproj}\nc = 1024\n")
+    srv = spawn_serve(folder.parent / "router.log", ["--models-dir", str(folder), "--models-preset", str(presets)])
+    try:
+        url = data_url(images["png"].read_bytes())
+        seen = srv.client().chat.completions.create(model="vis", messages=ask(url), max_tokens=8, temperature=0)
+        assert (seen.choices[0].message.content, seen.usage.prompt_tokens) == expected["png"]
+        with pytest.raises(openai.BadRequestError) as caught:
+            srv.client().chat.completions.create(model="txt", messages=ask(url), max_tokens=8)
+        assert caught.value.body["message"].startswith("this model cannot see images")
+    finally:
+        srv.stop()

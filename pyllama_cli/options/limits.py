@@ -1,5 +1,6 @@
 """The server's budgets as flags, for every command that serves (`serve`): its HTTP limits and
-shutdown grace, and the prompt cache's memory and disk (--cache-ram, --cache-disk...).
+shutdown grace, the prompt cache's memory and disk (--cache-ram, --cache-disk...), and what requests'
+media may be (--media-domains, --media-path, --media-max-image-size, --media-max-audio-size).
 
 A command declares a `limits: ServerLimits` parameter and decorates itself with `@limit_options()`,
 which adds the limit flags (defaults from ServerLimits, written once) and builds the object; likewise
