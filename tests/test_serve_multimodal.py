@@ -24,18 +24,18 @@ QUESTION = "What is in the image?"
 
 
 @pytest.fixture(scope="module")
-def vision(tiny_model: Path, mmproj: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:  # noqa: F811
+def vision(tiny_model: Path, mmproj: Path, images: dict[str, Path],  # noqa: F811
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    # 3 MiB of images a request: the large PNG (2.7 MB) fits once, not twice; file: URLs from the images' folder
     srv = _start(tiny_model, tmp_path_factory.mktemp("serve-vision") / "stderr.log", "--mmproj", str(mmproj),
-                 "-c", "1024")
+                 "-c", "1024", "--media-max-image-size", "3M", "--media-path", str(images["png"].parent))
     yield srv
     srv.stop()
 
 
 @pytest.fixture(scope="module")
-def text_only(tiny_model: Path, images: dict[str, Path],  # noqa: F811
-              tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = _start(tiny_model, tmp_path_factory.mktemp("serve-text") / "stderr.log", "-c", "512",
-                 "--media-max-image-size", "2K", "--media-path", str(images["png"].parent))  # the JPEG (1.7 KiB) fits, the PNG (4.9 KiB) does not
+def text_only(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    srv = _start(tiny_model, tmp_path_factory.mktemp("serve-text") / "stderr.log", "-c", "512")  # the JPEG (1.7 KiB) fits, the PNG (4.9 KiB) does not
     yield srv
     srv.stop()
 
@@ -137,8 +137,8 @@ def hostile_bodies(png: bytes) -> dict[str, tuple[str, str]]:
         "text with an image type": (data_url(b"hello, I am not a picture"), f"{where} is not an image"),
         "svg": (data_url(svg, "image/svg+xml"), f"{where} is not an image or audio format that can be read (SVG"),
         "http": ("http://127.0.0.1:9/cat.png", f"{where}.image_url.url: remote media URLs are refused"),
-        "file": ("file:///etc/passwd", f"{where}.image_url.url: file: URLs are refused (the server has no "
-                 "--media-path)"),
+        "file": ("file:///etc/passwd", f"{where}.image_url.url: no such file in --media-path"),
+        "ftp": ("ftp://127.0.0.1/cat.png", f"{where}.image_url.url: ftp: URLs are refused"),
         "bad base64": ("data:image/png;base64,@@@", f"{where}.image_url.url is not valid base64"),
     }
 
@@ -168,8 +168,9 @@ def test_image_to_a_model_without_projector(text_only: Server, images: dict[str,
     with pytest.raises(openai.BadRequestError) as caught:
         text_only.client().chat.completions.create(
             model="any", messages=ask(data_url(images["jpeg"].read_bytes(), "image/jpeg")), max_tokens=4)
-    assert caught.value.body["message"] == ("this model cannot see images or hear audio: the server has no "
-                                            "multimodal projector (start it with --mmproj)")
+    assert caught.value.body["message"] == ("messages[0]: content parts of type 'image_url' are not supported: this "
+                                            "model cannot see images or hear audio: the server has no multimodal "
+                                            "projector (start it with --mmproj)")
 
 
 def test_media_domains_flag_is_in_the_help() -> None:
@@ -237,27 +238,28 @@ def test_serve_hf_model_brings_its_projector(tiny_model: Path, mmproj: Path,  # 
             srv.stop()
 
 
-def test_media_bytes_per_request_are_limited(text_only: Server, images: dict[str, Path]) -> None:  # noqa: F811
-    png = images["png"].read_bytes()
-    response = httpx.post(f"{text_only.url}/v1/chat/completions", timeout=30,
-                          json={"messages": ask(data_url(png)), "max_tokens": 4})
+def test_media_bytes_per_request_are_limited(vision: Server, images: dict[str, Path]) -> None:  # noqa: F811
+    large = images["large"].read_bytes()
+    part = {"type": "image_url", "image_url": {"url": data_url(large)}}
+    messages = [{"role": "user", "content": [part, part, {"type": "text", "text": QUESTION}]}]
+    response = httpx.post(f"{vision.url}/v1/chat/completions", timeout=60, json={"messages": messages, "max_tokens": 4})
     assert response.status_code == 400
-    assert response.json()["error"]["message"] == (f"the request's image data is {len(png)} bytes, more than the "
-                                                   "2048 this server takes (--media-max-image-size)")
+    assert response.json()["error"]["message"] == (f"the request's image data is {2 * len(large)} bytes, more than "
+                                                   "the 3145728 this server takes (--media-max-image-size)")
 
 
-def test_file_urls_only_inside_media_path(text_only: Server, images: dict[str, Path]) -> None:  # noqa: F811
+def test_file_urls_only_inside_media_path(vision: Server, images: dict[str, Path],  # noqa: F811
+                                          expected: dict[str, tuple[str, int]]) -> None:
     """--media-path lets file: URLs name files in that folder, and nothing outside it (.. and all)."""
-    def message(url: str) -> str:
-        response = httpx.post(f"{text_only.url}/v1/chat/completions", timeout=30,
+    answer = vision.client().chat.completions.create(model="any", messages=ask(f"file://{images['png']}"),
+                                                     max_tokens=8, temperature=0)
+    assert (answer.choices[0].message.content, answer.usage.prompt_tokens) == expected["png"]
+    where = "messages[0].content[0].image_url.url"
+    for url in (f"file://{images['png'].parent}/../../../etc/passwd", "file:///etc/passwd"):
+        response = httpx.post(f"{vision.url}/v1/chat/completions", timeout=30,
                               json={"messages": ask(url), "max_tokens": 4})
         assert response.status_code == 400
-        return response.json()["error"]["message"]
-
-    where = "messages[0].content[0].image_url.url"
-    assert message(f"file://{images['jpeg']}").startswith("this model cannot see images")  # read, then refused
-    assert message(f"file://{images['jpeg'].parent}/../../../etc/passwd") == f"{where}: no such file in --media-path"
-    assert message("file:///etc/passwd") == f"{where}: no such file in --media-path"
+        assert response.json()["error"]["message"] == f"{where}: no such file in --media-path"
 
 
 def test_router_preset_gives_a_model_its_projector(tiny_model: Path, mmproj: Path, images: dict[str, Path],  # noqa: F811
@@ -279,6 +281,6 @@ def test_router_preset_gives_a_model_its_projector(tiny_model: Path, mmproj: Pat
         assert (seen.choices[0].message.content, seen.usage.prompt_tokens) == expected["png"]
         with pytest.raises(openai.BadRequestError) as caught:
             srv.client().chat.completions.create(model="txt", messages=ask(url), max_tokens=8)
-        assert caught.value.body["message"].startswith("this model cannot see images")
+        assert "this model cannot see images" in caught.value.body["message"]
     finally:
         srv.stop()

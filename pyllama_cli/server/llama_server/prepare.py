@@ -16,7 +16,7 @@ from ...core.serving.jobs import GenerationJob
 from ...errors import InputError
 from ..errors import APIError
 from .. import job_rules as rules
-from ..openai.media import check_media_bytes, media_from_base64, media_prompt_of
+from ..openai.media import media_from_base64, media_prompt_of
 from ..settings import ServerSettings
 from .schemas import InfillRequest, NativeCompletionRequest, NativeFields
 
@@ -124,12 +124,11 @@ def _media_prompt(engine: Engine, prompt: dict[str, Any], settings: ServerSettin
         raise APIError(400, "multimodal_data must be a list of base64 strings, beside a prompt_string",
                        param="prompt", code="invalid_value")
     media = [media_from_base64(item, f"prompt.multimodal_data[{k}]") for k, item in enumerate(data)]
-    check_media_bytes(media, settings, "prompt")
     try:
         text = with_markers(text, len(media))
     except InputError as exc:
         raise APIError(400, exc.message, param="prompt", code="invalid_value") from None
-    return media_prompt_of(engine, text, media, param="prompt")
+    return media_prompt_of(engine, text, media, settings, param="prompt")
 
 
 def mixed_tokens(engine: Engine, pieces: list[Any], *, add_special: bool) -> list[int]:

@@ -23,6 +23,8 @@ from ..errors import APIError
 from ..settings import ServerSettings
 
 MEDIA_PART_TYPES = ("image_url", "input_audio")
+NO_PROJECTOR = ("this model cannot see images or hear audio: the server has no multimodal projector "
+                "(start it with --mmproj)")
 
 
 def part_media(part: Any, where: str, settings: ServerSettings) -> Media:
@@ -107,7 +109,8 @@ def content_text(parts: list[Any], i: int, settings: ServerSettings | None, medi
             media.append(part_media(part, where, settings))
             texts.append(MEDIA_MARKER)
         elif part.type != "text":
-            raise APIError(400, f"messages[{i}]: content parts of type {part.type!r} are not supported here",
+            why = NO_PROJECTOR if part.type in MEDIA_PART_TYPES else "this server takes text and images"
+            raise APIError(400, f"messages[{i}]: content parts of type {part.type!r} are not supported: {why}",
                            param=f"messages[{i}].content", code="invalid_value")
         elif part.text is None:
             raise APIError(400, f"{where}: a text part needs its \"text\"", param=where, code="invalid_value")
@@ -126,7 +129,8 @@ def check_media_bytes(media: list[Media], settings: ServerSettings, param: str =
                            f"takes ({flag})", param=param, code="invalid_value")
 
 
-def media_prompt_of(engine: Any, prompt: str, media: list[Media], param: str = "messages") -> Any:
+def media_prompt_of(engine: Any, prompt: str, media: list[Media], settings: ServerSettings,
+                    param: str = "messages") -> Any:
     """The rendered prompt and its media as libmtmd's chunks (core/media's MediaPrompt).
 
     Raises:
@@ -135,8 +139,8 @@ def media_prompt_of(engine: Any, prompt: str, media: list[Media], param: str = "
     from ...core.media.prompt import MediaPrompt
 
     if engine.projector is None:
-        raise APIError(400, "this model cannot see images or hear audio: the server has no multimodal projector "
-                       "(start it with --mmproj)", param=param, code="invalid_value")
+        raise APIError(400, NO_PROJECTOR, param=param, code="invalid_value")
+    check_media_bytes(media, settings, param)
     try:
         prepared = MediaPrompt(engine.projector, prompt, media)
     except InputError as exc:

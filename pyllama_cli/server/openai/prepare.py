@@ -31,7 +31,7 @@ from ..errors import APIError, to_api_error
 from ..settings import ServerSettings
 from ...core.media.check import Media
 from .extras import ChatExtras, chat_shape, extras_of
-from .media import check_media_bytes, content_text, media_prompt_of
+from .media import content_text, media_prompt_of
 from .schemas import ChatCompletionRequest, ChatMessage, CompletionRequest
 
 @dataclass(frozen=True)
@@ -50,13 +50,12 @@ def prepare_chat(engine: Engine, settings: ServerSettings, req: ChatCompletionRe
     Responses) offers tools whose schemas no grammar can enforce, unless a call to them is forced."""
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs", code="invalid_value")
-    media: list[Media] = []
+    media: list[Media] | None = [] if engine.projector is not None else None  # None: image parts refused
     shape = chat_shape(engine, req, message_dicts(req.messages, settings, media))
     plan = plan_request_tools(req.tools, req.tool_choice, req.parallel_tool_calls is not False, not agent)
     prompt = render_prompt(engine, settings, shape.messages, plan, add_generation_prompt=shape.add_generation_prompt,
                            template_kwargs=req.chat_template_kwargs) + shape.prefill
-    check_media_bytes(media, settings)
-    media_prompt = media_prompt_of(engine, prompt, media) if media else None
+    media_prompt = media_prompt_of(engine, prompt, media, settings) if media else None
     ids = engine.tokenize(prompt, add_special=True, parse_special=True) if media_prompt is None else media_prompt.tokens
     grammar = rules.grammar(req, settings, plan)
     requested = rules.requested_tokens(req, req.max_completion_tokens)
