@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from ...errors import ContextOverflow
+from ...errors import ContextOverflow, Interrupted, PyllamaError
 from ..model.native import Batch, Context, Model
 from .decide import STOP_CONTEXT, STOP_INTERRUPTED, Turn, reusable_prefix
 from .sampling import Sampler, SamplingSettings
@@ -67,7 +67,7 @@ class Generator:
         try:
             with self.ctx.abortable():
                 if self.media is not None:
-                    self.media.evaluate(self.ctx.handle, reuse, self.ctx.n_batch)
+                    self._evaluate_media(reuse, stop_flag)
                     self.cached = list(prompt)
                 for start in range(len(self.cached), len(prompt), self.ctx.n_batch):
                     chunk = prompt[start:start + self.ctx.n_batch]
@@ -77,6 +77,15 @@ class Generator:
         finally:
             self.ctx.abort_check = None
         return reuse
+
+    def _evaluate_media(self, start: int, stop_flag: Callable[[], bool]) -> None:
+        """The prompt's libmtmd chunks from `start` on; a Ctrl-C that aborted a decode is Interrupted."""
+        try:
+            self.media.evaluate(self.ctx.handle, start, self.ctx.n_batch)
+        except PyllamaError:
+            if stop_flag():
+                raise Interrupted("evaluation interrupted") from None
+            raise
 
     def stream(
         self,

@@ -130,7 +130,11 @@ class MediaPrompt:
             self.lib.mtmd_input_chunks_free(self._chunks)
             self._chunks = None
 
-    __del__ = close  # a job cancelled before it ran still frees its chunks
+    def __del__(self) -> None:  # a server job cancelled before it ran still frees its chunks
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - at interpreter exit the bindings may be gone already
+            pass
 
 
 def prefill_slot(media: MediaPrompt, ctx: Any, seq_id: int, reuse: int) -> int:

@@ -236,6 +236,7 @@ class ParallelEngine(Engine):
                 self._wait_for_arrivals()
                 self._cut.clear()  # requested for requests cut by now: dropped next
             self._drop_cancelled()
+            self._prefill_media()
             if self._build_batch():
                 self._decode_and_sample()
             self._flush()
@@ -309,10 +310,7 @@ class ParallelEngine(Engine):
             reuse, _ = self.prompt_cache.prepare(self._ctx, slot, self.slots, prompt, reuse, job.cache_prompt, lora)
         else:
             self._ctx.remove_tokens(slot.id, reuse, -1)
-        if job.media is not None:  # libmtmd encodes the images and decodes every chunk now
-            from ..media.prompt import prefill_slot
-
-            reuse = prefill_slot(job.media, self._ctx, slot.id, reuse)
+        slot.media = job.media  # its images are evaluated outside the lock, before the next batch
         slot.lora = lora
         slot.cached = prompt[:reuse]
         slot.pending = prompt[reuse:]
@@ -468,6 +466,16 @@ class ParallelEngine(Engine):
             JobStream.put_all(self._outbox)
             self._outbox = []
 
+    def _prefill_media(self) -> None:
+        """libmtmd encodes the images of requests that just started (seconds for a large model): without
+        the lock held, so that requests keep arriving meanwhile."""
+        for slot in self.slots:
+            if slot.media is not None:
+                try:
+                    slot.prefill_media(self._ctx)
+                except Exception as exc:  # noqa: BLE001 - one bad request must not stop the others
+                    self._fail(slot, exc)
+
     def _fail(self, slot: Slot, exc: Exception) -> None:
         stream = slot.stream
         # What the failed batch left in this sequence is unknown: forget the slot's cache.
@@ -484,4 +492,4 @@ class ParallelEngine(Engine):
             slot.sampler.close()
         slot.sampler, slot.stream, slot.state = None, None, IDLE
         slot.pending, slot.batch_index, slot.last_token, slot.drafts = [], -1, -1, []
-        slot.turn, slot.budget = None, None
+        slot.turn, slot.budget, slot.media = None, None, None

@@ -35,6 +35,16 @@ class Slot:
     drafter: Any = None  # this slot's speculative drafter (None: no speculation)
     drafts: list[int] = field(default_factory=list)  # tokens drafted after last_token in this step's batch
     lora: tuple[float, ...] = ()  # the LoRA scales the request runs with, and that made the cached tokens
+    media: Any = None  # a prompt with images (core/media's MediaPrompt) whose chunks libmtmd still has to evaluate
+
+    def prefill_media(self, ctx: Any) -> None:
+        """Evaluate the images of a request that just started (and its text up to the last token, which
+        the next batch evaluates with the other slots' tokens, for its logits)."""
+        from ..media.prompt import prefill_slot
+
+        media, self.media = self.media, None
+        held = prefill_slot(media, ctx, self.id, len(self.cached))
+        self.cached, self.pending = list(media.tokens[:held]), list(media.tokens[held:])
 
     def plan_draft(self, n_ctx: int, n_max: int, n_min: int) -> list[int]:
         """What to draft after `last_token` this step (nothing without a drafter or room for one)."""
