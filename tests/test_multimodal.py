@@ -227,3 +227,14 @@ def test_chat_image_on_a_terminal(tiny_model: Path, mmproj: Path, images: dict[s
         assert term.close() == 0, term.seen[-500:]
     finally:
         term.proc.kill()
+
+
+def test_chat_takes_a_dropped_image_path_as_an_attachment(tiny_model: Path, mmproj: Path,
+                                                           images: dict[str, Path]) -> None:
+    """A line that is only an image's path (as a terminal pastes a dropped file, quoted) attaches it."""
+    expected = complete(tiny_model, mmproj, "--image", str(images["png"]), *ASK)
+    result = run_cli("chat", "-m", str(tiny_model), "--mmproj", str(mmproj), "-n", "8", "--temp", "0", "-c", "512",
+                     stdin=f"'{images['png']}'\nWhat is in the image?\n")
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.split("\n\n")[0] == expected.stdout
+    assert f"Attached '{images['png']}' (PNG 48x40)" in result.stderr

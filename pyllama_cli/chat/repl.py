@@ -19,6 +19,7 @@ from ..core.interrupt import StopFlag, catch_sigint
 from ..core.generate.sampling import SamplingSettings, check_logit_bias
 from ..errors import InputError, Interrupted, PyllamaError
 
+MEDIA_SUFFIXES = (".png", ".jpg", ".jpeg", ".gif", ".bmp", ".wav", ".mp3", ".flac")  # what a dropped path may be
 DOUBLE_PRESS_S = 1.0  # a second Ctrl-C within this many seconds exits
 EXIT_INTERRUPTED = 130
 
@@ -160,9 +161,13 @@ class ChatRepl:
             return False
         if line.startswith("//"):
             return self.send(line[1:])
-        if line.startswith("/"):
+        dropped = self._dropped_media(line)
+        if line.startswith("/") or dropped:
             word, _, arg = line.strip().partition(" ")
             try:
+                if dropped:  # a file dropped on the terminal: attached as /image does
+                    self.cmd_image(dropped)
+                    return False
                 cmd = find_command(word)
                 if cmd is None:
                     raise InputError(f"unknown command {word}", hint="/help lists them (// sends a message starting with /)")
@@ -352,6 +357,13 @@ class ChatRepl:
         self.conv.attach_media(medium)
         size = f" {medium.width}x{medium.height}" if medium.kind == "image" else ""
         self.ui.notice(f"Attached '{arg}' ({medium.format}{size}); it goes with your next message.")
+
+    def _dropped_media(self, line: str) -> str:
+        """The path in a line that is only an existing image or clip's path (quoted, or with backslashed spaces,
+        as terminals paste a dropped file), when there is a projector; else ""."""
+        path = line.strip().strip("'\"").replace("\\ ", " ")
+        ok = self.engine.projector is not None and Path(path).suffix.lower() in MEDIA_SUFFIXES
+        return path if ok and Path(path).expanduser().is_file() else ""
 
     def cmd_save(self, arg: str) -> None:
         if not arg:
