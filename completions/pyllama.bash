@@ -148,15 +148,46 @@ _pyllama_spec() {
         "chat")
             subs=""
             opts="-sys= --system-prompt= -sysf= --system-prompt-file= -p= --prompt= -st --single-turn \
-                --chat-template= --context-shift --plain --reasoning= --no-history --spec-type= -md= \
-                --model-draft= --spec-draft-model= -hfd= --hf-repo-draft= --spec-draft-hf= \
-                --spec-draft-n-max= --spec-draft-n-min= --draft-p-min= --spec-draft-p-min= \
-                --spec-ngram-simple-size-n= --spec-ngram-simple-size-m= --spec-ngram-simple-min-hits= \
-                --spec-ngram-map-k-size-n= --spec-ngram-map-k-size-m= --spec-ngram-map-k-min-hits= -n= \
-                --n-predict= --temp= --top-k= --top-p= --min-p= --typical= --repeat-penalty= \
-                --repeat-last-n= --presence-penalty= --frequency-penalty= --mirostat= --mirostat-lr= \
-                --mirostat-ent= --ignore-eos -r= --reverse-prompt= --logit-bias= --grammar= --grammar-file= \
-                -j= --json-schema= -jf= --json-schema-file= --samplers= --sampler-seq= --sampling-seq= \
+                --chat-template= --context-shift --plain --reasoning= --no-history -mm= --mmproj= \
+                --mmproj-auto --no-mmproj --mmproj-offload --no-mmproj-offload --image-min-tokens= \
+                --image-max-tokens= --spec-type= -md= --model-draft= --spec-draft-model= -hfd= \
+                --hf-repo-draft= --spec-draft-hf= --spec-draft-n-max= --spec-draft-n-min= --draft-p-min= \
+                --spec-draft-p-min= --spec-ngram-simple-size-n= --spec-ngram-simple-size-m= \
+                --spec-ngram-simple-min-hits= --spec-ngram-map-k-size-n= --spec-ngram-map-k-size-m= \
+                --spec-ngram-map-k-min-hits= -n= --n-predict= --temp= --top-k= --top-p= --min-p= --typical= \
+                --repeat-penalty= --repeat-last-n= --presence-penalty= --frequency-penalty= --mirostat= \
+                --mirostat-lr= --mirostat-ent= --ignore-eos -r= --reverse-prompt= --logit-bias= --grammar= \
+                --grammar-file= -j= --json-schema= -jf= --json-schema-file= --samplers= --sampler-seq= \
+                --sampling-seq= --top-n-sigma= --top-nsigma= --xtc-probability= --xtc-threshold= \
+                --dry-multiplier= --dry-base= --dry-allowed-length= --dry-penalty-last-n= \
+                --dry-sequence-breaker= --dynatemp-range= --dynatemp-exp= --adaptive-target= \
+                --adaptive-decay= -m= --model= -hf= --hf-repo= -hff= --hf-file= -hft= --hf-token= --offline \
+                -c= --ctx-size= -t= --threads= -ngl= --gpu-layers= --n-gpu-layers= -fa= --flash-attn= -b= \
+                --batch-size= -ub= --ubatch-size= --mlock --no-mmap -s= --seed= -v --verbose --log-file= \
+                --rpc= -dev= --device= -ts= --tensor-split= --list-devices -tb= --threads-batch= -C= \
+                --cpu-mask= -Cr= --cpu-range= --cpu-strict= --prio= --poll= -Cb= --cpu-mask-batch= -Crb= \
+                --cpu-range-batch= --cpu-strict-batch= --prio-batch= --poll-batch= --lora= --lora-scaled= \
+                --lora-init-without-apply --control-vector= --control-vector-scaled= \
+                --control-vector-layer-range= -ctk= --cache-type-k= -ctv= --cache-type-v= --swa-full -kvo \
+                --kv-offload -nkvo --no-kv-offload --rope-scaling= --rope-scale= --rope-freq-base= \
+                --rope-freq-scale= --yarn-orig-ctx= --yarn-ext-factor= --yarn-attn-factor= --yarn-beta-slow= \
+                --yarn-beta-fast= -ot= --override-tensor= -cmoe --cpu-moe -ncmoe= --n-cpu-moe= -sm= \
+                --split-mode= -mg= --main-gpu= -fit= --fit= -fitt= --fit-target= -fitc= --fit-ctx= -h --help"
+            ;;
+        "complete")
+            subs=""
+            opts="-p= --prompt= -f= --file= -e --escape --no-escape --audio= --image= --chat -sys= \
+                --system-prompt= --chat-template= --reasoning= --truncate --prompt-cache= --echo --stats \
+                --json -mm= --mmproj= --mmproj-auto --no-mmproj --mmproj-offload --no-mmproj-offload \
+                --image-min-tokens= --image-max-tokens= --spec-type= -md= --model-draft= --spec-draft-model= \
+                -hfd= --hf-repo-draft= --spec-draft-hf= --spec-draft-n-max= --spec-draft-n-min= \
+                --draft-p-min= --spec-draft-p-min= --spec-ngram-simple-size-n= --spec-ngram-simple-size-m= \
+                --spec-ngram-simple-min-hits= --spec-ngram-map-k-size-n= --spec-ngram-map-k-size-m= \
+                --spec-ngram-map-k-min-hits= --context-shift --no-context-shift --keep= -n= --n-predict= \
+                --temp= --top-k= --top-p= --min-p= --typical= --repeat-penalty= --repeat-last-n= \
+                --presence-penalty= --frequency-penalty= --mirostat= --mirostat-lr= --mirostat-ent= \
+                --ignore-eos -r= --reverse-prompt= --logit-bias= --grammar= --grammar-file= -j= \
+                --json-schema= -jf= --json-schema-file= --samplers= --sampler-seq= --sampling-seq= \
                 --top-n-sigma= --top-nsigma= --xtc-probability= --xtc-threshold= --dry-multiplier= \
                 --dry-base= --dry-allowed-length= --dry-penalty-last-n= --dry-sequence-breaker= \
                 --dynatemp-range= --dynatemp-exp= --adaptive-target= --adaptive-decay= -m= --model= -hf= \
@@ -167,34 +198,6 @@ _pyllama_spec() {
                 --cpu-strict= --prio= --poll= -Cb= --cpu-mask-batch= -Crb= --cpu-range-batch= \
                 --cpu-strict-batch= --prio-batch= --poll-batch= --lora= --lora-scaled= \
                 --lora-init-without-apply --control-vector= --control-vector-scaled= \
-                --control-vector-layer-range= -ctk= --cache-type-k= -ctv= --cache-type-v= --swa-full -kvo \
-                --kv-offload -nkvo --no-kv-offload --rope-scaling= --rope-scale= --rope-freq-base= \
-                --rope-freq-scale= --yarn-orig-ctx= --yarn-ext-factor= --yarn-attn-factor= --yarn-beta-slow= \
-                --yarn-beta-fast= -ot= --override-tensor= -cmoe --cpu-moe -ncmoe= --n-cpu-moe= -sm= \
-                --split-mode= -mg= --main-gpu= -fit= --fit= -fitt= --fit-target= -fitc= --fit-ctx= -h --help"
-            ;;
-        "complete")
-            subs=""
-            opts="-p= --prompt= -f= --file= -e --escape --no-escape --chat -sys= --system-prompt= \
-                --chat-template= --reasoning= --truncate --prompt-cache= --echo --stats --json --spec-type= \
-                -md= --model-draft= --spec-draft-model= -hfd= --hf-repo-draft= --spec-draft-hf= \
-                --spec-draft-n-max= --spec-draft-n-min= --draft-p-min= --spec-draft-p-min= \
-                --spec-ngram-simple-size-n= --spec-ngram-simple-size-m= --spec-ngram-simple-min-hits= \
-                --spec-ngram-map-k-size-n= --spec-ngram-map-k-size-m= --spec-ngram-map-k-min-hits= \
-                --context-shift --no-context-shift --keep= -n= --n-predict= --temp= --top-k= --top-p= \
-                --min-p= --typical= --repeat-penalty= --repeat-last-n= --presence-penalty= \
-                --frequency-penalty= --mirostat= --mirostat-lr= --mirostat-ent= --ignore-eos -r= \
-                --reverse-prompt= --logit-bias= --grammar= --grammar-file= -j= --json-schema= -jf= \
-                --json-schema-file= --samplers= --sampler-seq= --sampling-seq= --top-n-sigma= --top-nsigma= \
-                --xtc-probability= --xtc-threshold= --dry-multiplier= --dry-base= --dry-allowed-length= \
-                --dry-penalty-last-n= --dry-sequence-breaker= --dynatemp-range= --dynatemp-exp= \
-                --adaptive-target= --adaptive-decay= -m= --model= -hf= --hf-repo= -hff= --hf-file= -hft= \
-                --hf-token= --offline -c= --ctx-size= -t= --threads= -ngl= --gpu-layers= --n-gpu-layers= \
-                -fa= --flash-attn= -b= --batch-size= -ub= --ubatch-size= --mlock --no-mmap -s= --seed= -v \
-                --verbose --log-file= --rpc= -dev= --device= -ts= --tensor-split= --list-devices -tb= \
-                --threads-batch= -C= --cpu-mask= -Cr= --cpu-range= --cpu-strict= --prio= --poll= -Cb= \
-                --cpu-mask-batch= -Crb= --cpu-range-batch= --cpu-strict-batch= --prio-batch= --poll-batch= \
-                --lora= --lora-scaled= --lora-init-without-apply --control-vector= --control-vector-scaled= \
                 --control-vector-layer-range= -ctk= --cache-type-k= -ctv= --cache-type-v= --swa-full -kvo \
                 --kv-offload -nkvo --no-kv-offload --rope-scaling= --rope-scale= --rope-freq-base= \
                 --rope-freq-scale= --yarn-orig-ctx= --yarn-ext-factor= --yarn-attn-factor= --yarn-beta-slow= \
@@ -312,8 +315,10 @@ _pyllama_spec() {
                 --slot-save-path= --max-body-size= --chat-template= -np= --parallel= --kv-unified --no-webui \
                 --models-dir= --models-cache --models-max= --sleep-idle-seconds= --models-preset= \
                 --reasoning-format= --reasoning-budget= --log-format= -q --quiet --verbose-native \
-                --embeddings --pooling= --embd-normalize= --rerank --reranking -cram= --cache-ram= \
-                --cache-idle-slots --no-cache-idle-slots --cache-disk= --cache-disk-max= \
+                --media-domains= --media-path= --media-max-image-size= --media-max-audio-size= -mm= \
+                --mmproj= --mmproj-auto --no-mmproj --mmproj-offload --no-mmproj-offload --image-min-tokens= \
+                --image-max-tokens= --embeddings --pooling= --embd-normalize= --rerank --reranking -cram= \
+                --cache-ram= --cache-idle-slots --no-cache-idle-slots --cache-disk= --cache-disk-max= \
                 --cache-disk-min-tokens= --cache-reuse= -ctxcp= --ctx-checkpoints= --swa-checkpoints= \
                 --shutdown-grace= --max-header-size= --max-headers= --max-url-length= --header-timeout= \
                 --body-timeout= --max-connections= --keep-alive-timeout= --max-grammar-size= \
@@ -379,15 +384,17 @@ _pyllama_value() {
             _pyllama_values none auto off on ;;
         "bench|-o" | "bench|--output")
             _pyllama_values none csv json jsonl md sql ;;
-        "bench|--compare" | "bench|--plot" | "chat|-sysf" | "chat|--system-prompt-file" | \
-        "chat|--grammar-file" | "chat|-jf" | "chat|--json-schema-file" | "chat|--log-file" | "complete|-f" | \
-        "complete|--file" | "complete|--prompt-cache" | "complete|--grammar-file" | "complete|-jf" | \
-        "complete|--json-schema-file" | "complete|--log-file" | "embed|-f" | "embed|--file" | \
-        "embed|--log-file" | "imatrix|-f" | "imatrix|--file" | "imatrix|-o" | "imatrix|--output" | \
-        "imatrix|--output-file" | "imatrix|--in-file" | "imatrix|--log-file" | "perplexity|-f" | \
-        "perplexity|--file" | "perplexity|--kl-divergence-base" | "perplexity|--hellaswag" | \
-        "perplexity|--winogrande" | "perplexity|--log-file" | "quantize|--imatrix" | "quantize|--log-file" | \
-        "serve|--models-preset" | "serve|--grammar-file" | "serve|-jf" | "serve|--json-schema-file" | \
+        "bench|--compare" | "bench|--plot" | "chat|-sysf" | "chat|--system-prompt-file" | "chat|-mm" | \
+        "chat|--mmproj" | "chat|--grammar-file" | "chat|-jf" | "chat|--json-schema-file" | \
+        "chat|--log-file" | "complete|-f" | "complete|--file" | "complete|--audio" | "complete|--image" | \
+        "complete|--prompt-cache" | "complete|-mm" | "complete|--mmproj" | "complete|--grammar-file" | \
+        "complete|-jf" | "complete|--json-schema-file" | "complete|--log-file" | "embed|-f" | \
+        "embed|--file" | "embed|--log-file" | "imatrix|-f" | "imatrix|--file" | "imatrix|-o" | \
+        "imatrix|--output" | "imatrix|--output-file" | "imatrix|--in-file" | "imatrix|--log-file" | \
+        "perplexity|-f" | "perplexity|--file" | "perplexity|--kl-divergence-base" | \
+        "perplexity|--hellaswag" | "perplexity|--winogrande" | "perplexity|--log-file" | \
+        "quantize|--imatrix" | "quantize|--log-file" | "serve|--models-preset" | "serve|-mm" | \
+        "serve|--mmproj" | "serve|--grammar-file" | "serve|-jf" | "serve|--json-schema-file" | \
         "serve|--log-file" | "tokenize|-f" | "tokenize|--file")
             _pyllama_values file ;;
         "chat|--chat-template" | "complete|--chat-template" | "serve|--chat-template" | \
@@ -418,7 +425,8 @@ _pyllama_value() {
         "imatrix|-fit" | "imatrix|--fit" | "perplexity|-fit" | "perplexity|--fit" | "serve|-fit" | \
         "serve|--fit")
             _pyllama_values none on off ;;
-        "list|--models-dir" | "serve|--slot-save-path" | "serve|--models-dir" | "serve|--cache-disk")
+        "list|--models-dir" | "serve|--slot-save-path" | "serve|--models-dir" | "serve|--media-path" | \
+        "serve|--cache-disk")
             _pyllama_values dir ;;
         "quantize|--output-tensor-type" | "quantize|--token-embedding-type")
             _pyllama_values none bf16 f16 f32 iq1_m iq1_s iq2_s iq2_xs iq2_xxs iq3_s iq3_xxs iq4_nl iq4_xs \

@@ -147,6 +147,11 @@ complete -c pyllama -n '__pyllama_using chat' -l context-shift -d 'When the conv
 complete -c pyllama -n '__pyllama_using chat' -l plain -d 'Print answers as raw text instead of rendered Markdown.'
 complete -c pyllama -n '__pyllama_using chat' -l reasoning -d 'Reasoning between <think> and </think>: show (dimmed) or hide.' -x
 complete -c pyllama -n '__pyllama_using chat' -l no-history -d 'Do not read or write the input history file.'
+complete -c pyllama -n '__pyllama_using chat' -o mm -l mmproj -d 'Multimodal projector (mmproj GGUF): lets the model see images.' -x -a '(__pyllama_values file)'
+complete -c pyllama -n '__pyllama_using chat' -l mmproj-auto -l no-mmproj -d 'Use the multimodal projector (--no-mmproj: text only, even with --mmproj).'
+complete -c pyllama -n '__pyllama_using chat' -l mmproj-offload -l no-mmproj-offload -d 'Run the projector on the GPU when there is one.'
+complete -c pyllama -n '__pyllama_using chat' -l image-min-tokens -d 'Fewest tokens an image may take (dynamic-resolution models; -1: the projector\'s own).' -x
+complete -c pyllama -n '__pyllama_using chat' -l image-max-tokens -d 'Most tokens an image may take (dynamic-resolution models; -1: the projector\'s own).' -x
 complete -c pyllama -n '__pyllama_using chat' -l spec-type -d 'Speculative decoding: none, draft-simple, ngram-simple, ngram-map-k, ngram-cache (ngram-cache is not implemented).' -x
 complete -c pyllama -n '__pyllama_using chat' -o md -l model-draft -l spec-draft-model -d 'Draft model for draft-simple (a GGUF with the model\'s vocabulary; given alone, it turns draft-simple on).' -x
 complete -c pyllama -n '__pyllama_using chat' -o hfd -l hf-repo-draft -l spec-draft-hf -d 'Same as -hf, for the draft model: user/repo[:quant].' -x
@@ -257,6 +262,7 @@ complete -c pyllama -n '__pyllama_using chat' -s h -l help -d 'Show this message
 complete -c pyllama -n '__pyllama_using complete' -s p -l prompt -d 'Prompt text (piped stdin, if any, is appended after it).' -x
 complete -c pyllama -n '__pyllama_using complete' -s f -l file -d 'Read the prompt from this file (- reads standard input).' -x -a '(__pyllama_values file)'
 complete -c pyllama -n '__pyllama_using complete' -s e -l escape -l no-escape -d 'Turn \\n, \\t, \\xHH...'
+complete -c pyllama -n '__pyllama_using complete' -l audio -l image -d 'An image or audio file for the model (repeat for several; needs --mmproj).' -x -a '(__pyllama_values file)'
 complete -c pyllama -n '__pyllama_using complete' -l chat -d 'Send the prompt as one user turn through the model\'s chat template (instruct models).'
 complete -c pyllama -n '__pyllama_using complete' -o sys -l system-prompt -d 'System prompt: the system message that opens the conversation.' -x
 complete -c pyllama -n '__pyllama_using complete' -l chat-template -d 'Chat template: a built-in name (chatml, llama3, ...), a .jinja file or Jinja text (default: the model\'s own).' -x -a '(__pyllama_values file chatml gemma llama2 llama2-sys llama2-sys-bos llama2-sys-strip llama3 mistral phi3 zephyr)'
@@ -266,6 +272,11 @@ complete -c pyllama -n '__pyllama_using complete' -l prompt-cache -d 'Save the e
 complete -c pyllama -n '__pyllama_using complete' -l echo -d 'Print the prompt before the generated text.'
 complete -c pyllama -n '__pyllama_using complete' -l stats -d 'Print speed and stop reason on stderr after the text (also with -v).'
 complete -c pyllama -n '__pyllama_using complete' -l json -d 'Print the statistics as one JSON line on stderr (implies --stats).'
+complete -c pyllama -n '__pyllama_using complete' -o mm -l mmproj -d 'Multimodal projector (mmproj GGUF): lets the model see images.' -x -a '(__pyllama_values file)'
+complete -c pyllama -n '__pyllama_using complete' -l mmproj-auto -l no-mmproj -d 'Use the multimodal projector (--no-mmproj: text only, even with --mmproj).'
+complete -c pyllama -n '__pyllama_using complete' -l mmproj-offload -l no-mmproj-offload -d 'Run the projector on the GPU when there is one.'
+complete -c pyllama -n '__pyllama_using complete' -l image-min-tokens -d 'Fewest tokens an image may take (dynamic-resolution models; -1: the projector\'s own).' -x
+complete -c pyllama -n '__pyllama_using complete' -l image-max-tokens -d 'Most tokens an image may take (dynamic-resolution models; -1: the projector\'s own).' -x
 complete -c pyllama -n '__pyllama_using complete' -l spec-type -d 'Speculative decoding: none, draft-simple, ngram-simple, ngram-map-k, ngram-cache (ngram-cache is not implemented).' -x
 complete -c pyllama -n '__pyllama_using complete' -o md -l model-draft -l spec-draft-model -d 'Draft model for draft-simple (a GGUF with the model\'s vocabulary; given alone, it turns draft-simple on).' -x
 complete -c pyllama -n '__pyllama_using complete' -o hfd -l hf-repo-draft -l spec-draft-hf -d 'Same as -hf, for the draft model: user/repo[:quant].' -x
@@ -720,6 +731,15 @@ complete -c pyllama -n '__pyllama_using serve' -l reasoning-budget -d 'Thinking 
 complete -c pyllama -n '__pyllama_using serve' -l log-format -d 'The access log\'s form: one text line per request (method, path, model, status, tokens, time; errors with their reason), or one JSON object per line for log collectors.' -x
 complete -c pyllama -n '__pyllama_using serve' -s q -l quiet -d 'No access log (the start-up lines and errors that stop the server still show).'
 complete -c pyllama -n '__pyllama_using serve' -l verbose-native -d 'Show llama.cpp\'s own log on stderr (what -v shows in the other commands).'
+complete -c pyllama -n '__pyllama_using serve' -l media-domains -d 'Hosts whose http(s) media URLs requests may name (repeatable or comma-separated); without it only data: URLs are taken, so the server fetches nothing for a client.' -x
+complete -c pyllama -n '__pyllama_using serve' -l media-path -d 'Folder whose files requests may name as file: URLs (off unless given).' -x -a '(__pyllama_values dir)'
+complete -c pyllama -n '__pyllama_using serve' -l media-max-image-size -d 'Most image bytes one request may send (bytes, or with K/M/G; --max-body-size bounds them too).' -x
+complete -c pyllama -n '__pyllama_using serve' -l media-max-audio-size -d 'Most audio bytes one request may send (bytes, or with K/M/G).' -x
+complete -c pyllama -n '__pyllama_using serve' -o mm -l mmproj -d 'Multimodal projector (mmproj GGUF): lets the model see images.' -x -a '(__pyllama_values file)'
+complete -c pyllama -n '__pyllama_using serve' -l mmproj-auto -l no-mmproj -d 'Use the multimodal projector (--no-mmproj: text only, even with --mmproj).'
+complete -c pyllama -n '__pyllama_using serve' -l mmproj-offload -l no-mmproj-offload -d 'Run the projector on the GPU when there is one.'
+complete -c pyllama -n '__pyllama_using serve' -l image-min-tokens -d 'Fewest tokens an image may take (dynamic-resolution models; -1: the projector\'s own).' -x
+complete -c pyllama -n '__pyllama_using serve' -l image-max-tokens -d 'Most tokens an image may take (dynamic-resolution models; -1: the projector\'s own).' -x
 complete -c pyllama -n '__pyllama_using serve' -l embeddings -d 'Serve an embedding model: /v1/embeddings only.'
 complete -c pyllama -n '__pyllama_using serve' -l pooling -d 'Pooling of embeddings: none, mean, cls, last, rank (default: the model\'s own, else mean).' -x
 complete -c pyllama -n '__pyllama_using serve' -l embd-normalize -d 'Normalisation of embeddings: -1 none, 0 max absolute as int16, 1 taxicab, 2 euclidean, >2 p-norm.' -x

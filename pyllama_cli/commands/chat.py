@@ -15,7 +15,7 @@ from ..core.model.resolve import ModelRequest
 from ..core.model.session import open_model
 from ..core.model.settings import LoadSettings
 from ..errors import InputError, UsageError
-from ..options.load import ChatTemplateOpt, SystemPromptOpt, in_panel, model_options
+from ..options.load import ChatTemplateOpt, SystemPromptOpt, in_panel, media_options, model_options
 from ..options.sampling import SamplingOptions, sampling_options
 from ..options.speculative import SpeculativeOptions, speculative_options
 
@@ -36,9 +36,11 @@ HISTORY_FILE = "chat_history"
 @model_options(load=True)
 @sampling_options()
 @speculative_options()
+@media_options()
 def chat(
     model: ModelRequest,
     load: LoadSettings,
+    media: Any,
     sampling: SamplingOptions,
     speculative: SpeculativeOptions,
     system_prompt: in_panel(SystemPromptOpt, CHAT_PANEL) = None,
@@ -72,6 +74,7 @@ def chat(
     from ..core.text.chat_template import resolve_template
     from ..core.generate.conversation import Conversation, open_chat_engine
     from ..core.generate.speculative import resolve_draft
+    from ..core.media.projector import open_projector, with_hf_projector
 
     if reasoning not in REASONING_CHOICES:
         raise typer.BadParameter(f"{reasoning!r} is not one of {', '.join(REASONING_CHOICES)}",
@@ -86,7 +89,10 @@ def chat(
     progress = model_progress()
     spec = resolve_draft(speculative.settings, speculative.draft, progress.download)
     with open_model(model, load, progress=progress) as session, \
+            open_projector(with_hf_projector(media, model, session.resolved, progress.download), session.model,
+                           load.n_threads) as projector, \
             closing(open_chat_engine(session, load, chat_template, spec)) as engine:
+        engine.projector = projector  # /image (docs/multimodal.md)
         ui = _make_ui(plain, reasoning, no_history)
         settings = ChatSettings(sampling=sampling.settings, max_tokens=sampling.n_predict, stop=sampling.stop,
                                 context_shift=context_shift)

@@ -10,13 +10,15 @@ from typing import Annotated, Any
 import typer
 
 from ..console import err, model_progress, silence_stdout, warn, write_all
+from ..core.media.check import read_media_files
 from ..core.text.escapes import process_text_escapes
 from ..core.paths import require_folder
 from ..core.model.resolve import ModelRequest
 from ..core.model.session import open_model
 from ..core.model.settings import LoadSettings
 from ..errors import Interrupted, OutputClosed, UsageError
-from ..options.load import ChatTemplateOpt, SystemPromptOpt, in_panel, model_options
+from ..options.adapters import MediaFileOpt
+from ..options.load import ChatTemplateOpt, SystemPromptOpt, in_panel, media_options, model_options
 from ..options.sampling import SamplingOptions, sampling_options, shift_options
 from ..options.speculative import SpeculativeOptions, speculative_options
 
@@ -27,6 +29,7 @@ Examples:
   pyllama complete -m model.gguf -p "Is water wet? Answer:" --grammar yes_no
   pyllama complete -m model.gguf --chat -p "List three colors as JSON" -j '{"type": "array"}'
   pyllama complete -m model.gguf -f long-preamble.txt --prompt-cache preamble.bin --stats
+  pyllama complete -m model.gguf --mmproj mmproj.gguf --image photo.jpg --chat -p "What is in the image?"
 """
 
 PROMPT_PANEL = "Prompt"
@@ -38,11 +41,13 @@ REASONING_CHOICES = ("show", "hide")
 @sampling_options()
 @shift_options()
 @speculative_options()
+@media_options()
 def complete(
     model: ModelRequest,
     load: LoadSettings,
     sampling: SamplingOptions,
     speculative: SpeculativeOptions,
+    media: Any,
     prompt: Annotated[str | None, typer.Option(
         "-p", "--prompt", help="Prompt text (piped stdin, if any, is appended after it).",
         rich_help_panel=PROMPT_PANEL, show_default=False)] = None,
@@ -53,6 +58,7 @@ def complete(
         "--escape/--no-escape", "-e", help="Turn \\n, \\t, \\xHH... in the -p/-f prompt and -r texts into the "
         "characters they name, as llama.cpp does (piped stdin is taken as it is).",
         rich_help_panel=PROMPT_PANEL)] = True,
+    image: in_panel(MediaFileOpt, PROMPT_PANEL) = None,
     chat: Annotated[bool, typer.Option(
         "--chat", help="Send the prompt as one user turn through the model's chat template (instruct models).",
         rich_help_panel=PROMPT_PANEL)] = False,
@@ -82,9 +88,10 @@ def complete(
     Sampling flags, grammars and JSON schemas follow llama.cpp's names and defaults.
     Ctrl-C stops at once, keeps what was printed and exits with 130.
     """
-    from ..core.generate.one_shot import OneShot, OneShotRequest, as_typed, read_prompt
+    from ..core.generate.one_shot import OneShot, OneShotRequest, as_typed, cut_warning, read_prompt
     from ..core.generate.speculative import resolve_draft, speculating
     from ..core.interrupt import StopFlag, catch_sigint
+    from ..core.media.projector import open_projector, with_hf_projector
     from ..core.text.reasoning import AnswerOnly
 
     if system_prompt is not None and not chat:
@@ -97,42 +104,32 @@ def complete(
     if prompt_cache is not None:
         require_folder(prompt_cache, "the prompt cache")
     unescape = process_text_escapes if escape else as_typed
+    attached = read_media_files(image or [])
     request = OneShotRequest(
         prompt=read_prompt(prompt, file, unescape), sampling=sampling.settings, n_predict=sampling.n_predict,
         stop=tuple(map(unescape, sampling.stop)), chat=chat, system_prompt=system_prompt, chat_template=chat_template,
         truncate=truncate, prompt_cache=prompt_cache, context_shift=sampling.context_shift, keep=sampling.keep,
+        media=attached,
     )
     progress = model_progress()
     spec = resolve_draft(speculative.settings, speculative.draft, progress.download)
     with open_model(model, load, context={}, progress=progress) as session, \
-            speculating(spec, load, session.model, session.ctx.n_ctx) as speculation:
-        run = OneShot(session.model, session.ctx, request, warn=warn, speculation=speculation)
+            speculating(spec, load, session.model, session.ctx.n_ctx) as speculation, \
+            open_projector(with_hf_projector(media, model, session.resolved, progress.download) if attached else media,
+                           session.model, load.n_threads, needed=bool(attached)) as projector:
+        run = OneShot(session.model, session.ctx, request, warn=warn, speculation=speculation, projector=projector)
         try:
             answer = AnswerOnly(run.thinking) if reasoning == "hide" else None
             interrupted = _stream(run, echo, catch_sigint, StopFlag(), answer)
         finally:
             run.close()
-        _warn_if_cut(run.report.stats, session.ctx.n_ctx, constrained=request.sampling.grammar is not None)
+        if cut := cut_warning(run.report.stats, session.ctx.n_ctx, constrained=request.sampling.grammar is not None):
+            sys.stdout.flush()
+            warn(cut)
     if stats or as_json or load.verbose:
         _print_stats(run.report.to_dict(), as_json)
     if interrupted:
         raise Interrupted("Interrupted by user")
-
-
-def _warn_if_cut(stats: Any, n_ctx: int, *, constrained: bool) -> None:
-    """Say on stderr when the text may be cut short: otherwise it just ends, and nothing tells a reader
-    of stdout (llama.cpp warns of a full context too). Output that follows a grammar or schema and
-    stops at -n is likely unfinished (JSON without its closing brace)."""
-    from ..core.generate.decide import STOP_CONTEXT, STOP_LENGTH
-
-    if stats.stop_reason == STOP_CONTEXT:
-        sys.stdout.flush()
-        warn(f"the context is full ({n_ctx} tokens): generation stopped after {stats.n_generated} tokens; "
-             "raise -c/--ctx-size for a longer text")
-    elif stats.stop_reason == STOP_LENGTH and constrained:
-        sys.stdout.flush()
-        warn(f"generation stopped at the -n limit of {stats.n_generated} tokens before the grammar said the "
-             "output was done, so it may be unfinished; raise -n/--n-predict")
 
 
 def _stream(run: Any, echo: bool, catch_sigint: Any, flag: Any, answer: Any) -> bool:

@@ -122,6 +122,11 @@ def _print_info(d: ModelInfo) -> None:
     ]
     if d.split_count > 1:
         rows.append(("split parts", d.split_count))
+    if d.projector:  # an mmproj: docs/multimodal.md
+        p = d.projector
+        rows += [("Projector", None), ("type", p["type"]), ("accepts", ", ".join(p["accepts"]) or "nothing"),
+                 ("image size", p["image_size"]), ("patch size", p["patch_size"]),
+                 ("encoder width", p["embedding_length"]), ("projection dim", p["projection_dim"])]
     if d.special_tokens:
         rows.append(("Special tokens", None))
         rows += [(name, f"{tok['id']}  {tok['text']!r}" if tok["text"] is not None else tok["id"])

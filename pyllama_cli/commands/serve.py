@@ -15,11 +15,11 @@ from ..core.model.settings import LoadSettings
 from ..errors import UsageError
 from ..core.serving.cache.settings import CacheSettings
 from ..options.embedding import EmbeddingMode, embedding_options
-from ..options.limits import cache_options, limit_options
-from ..options.load import ChatTemplateOpt, in_panel, model_options
+from ..options.limits import cache_options, limit_options, media_policy_options
+from ..options.load import ChatTemplateOpt, in_panel, media_options, model_options
 from ..options.sampling import SamplingOptions, sampling_options
 from ..options.speculative import SpeculativeOptions, speculative_options
-from ..server.settings import ServerLimits
+from ..server.settings import MediaPolicy, ServerLimits
 from ..options.serve import (
     DEFAULT_HOST,
     DEFAULT_MODELS_MAX,
@@ -70,6 +70,8 @@ Examples:
 @limit_options()
 @cache_options()
 @embedding_options()
+@media_options()
+@media_policy_options()
 def serve(
     ctx: typer.Context,
     model: ModelRequests,
@@ -78,6 +80,8 @@ def serve(
     speculative: SpeculativeOptions,
     limits: ServerLimits,
     prompt_cache: CacheSettings,
+    media: Any,
+    media_policy: MediaPolicy,
     host: HostOpt = DEFAULT_HOST,
     port: PortOpt = DEFAULT_PORT,
     alias: AliasOpt = None,
@@ -118,6 +122,7 @@ def serve(
     from ..server import run as server
     from ..server.http.hosts import allowed_hosts as hosts_allowed
     from ..server.settings import ServerSettings
+    from ..core.media.projector import with_hf_projector
 
 
     if chat_template:
@@ -138,7 +143,8 @@ def serve(
         reasoning_format=reasoning_format, reasoning_budget=reasoning_budget, docs=docs,
         allowed_hosts=hosts_allowed(host, allowed_hosts or []),
         access_log=None if quiet else log_format, verbose=load.verbose, **embeddings.fields,
-        prompt_cache=replace(prompt_cache, template=chat_template),
+        prompt_cache=replace(prompt_cache, template=chat_template), projector=media,
+        media=media_policy,
     )
     load = replace(load, verbose=verbose_native)  # -v is the server's detail; llama.cpp's log is its own switch
     if router:
@@ -151,7 +157,8 @@ def serve(
     if past := trained_context_warning(resolved.path, per_request, f"a context of {per_request} tokens per request"):
         warn(past)
     _add_rpc_servers(load)
-    settings = replace(settings, alias=alias or resolved.path.stem)  # default: the file's name without .gguf
+    settings = replace(settings, alias=alias or resolved.path.stem,  # default: the file's name without .gguf
+                       projector=with_hf_projector(media, model.first(), resolved, download_tqdm()))
     socks = server.listen_for(host, port, settings)
     server.serve(socks, resolved.path, load, settings, embeddings=embeddings, parallel=parallel, kv_unified=kv_unified)
 

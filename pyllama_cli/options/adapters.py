@@ -1,5 +1,7 @@
-"""The adapter load flags, as llama.cpp names them: --lora, --lora-scaled, --lora-init-without-apply,
---control-vector, --control-vector-scaled and --control-vector-layer-range.
+"""The files loaded beside a model, with llama.cpp's flag names: the adapters (--lora, --lora-scaled,
+--lora-init-without-apply, --control-vector, --control-vector-scaled, --control-vector-layer-range)
+and the multimodal projector (-mm/--mmproj, --no-mmproj, --mmproj-offload, --image-min/max-tokens:
+`media_options`, on chat, complete and serve).
 
 Each file flag may be repeated and takes a comma-separated list. LoRA ids (serve's /lora-adapters)
 count the --lora files first, then the --lora-scaled ones, each in the order given.
@@ -13,6 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
+from ..core.media.settings import DEFAULT_IMAGE_TOKENS, ProjectorSettings
 from ..core.model.adapters import AdapterFile, AdapterSettings
 from ..errors import UsageError
 
@@ -89,3 +92,43 @@ def adapter_settings(kwargs: dict[str, Any]) -> AdapterSettings:
     return AdapterSettings(loras=tuple(loras), lora_init_without_apply=kwargs.pop("lora_init_without_apply"),
                            control_vectors=tuple(vectors),
                            cvec_layer_range=tuple(layer_range) if layer_range else None)
+
+
+MEDIA_PANEL = "Multimodal"
+
+MmprojOpt = Annotated[Path | None, typer.Option(
+    "-mm", "--mmproj", metavar="FILE", help="Multimodal projector (mmproj GGUF): lets the model see images.",
+    rich_help_panel=MEDIA_PANEL, show_default=False, dir_okay=False)]
+MmprojAutoOpt = Annotated[bool, typer.Option(
+    "--mmproj-auto/--no-mmproj", help="Use the multimodal projector (--no-mmproj: text only, even with --mmproj).",
+    rich_help_panel=MEDIA_PANEL)]
+MmprojOffloadOpt = Annotated[bool, typer.Option(
+    "--mmproj-offload/--no-mmproj-offload", help="Run the projector on the GPU when there is one.",
+    rich_help_panel=MEDIA_PANEL)]
+ImageMinTokensOpt = Annotated[int, typer.Option(
+    "--image-min-tokens", metavar="N", help="Fewest tokens an image may take (dynamic-resolution models; -1: the "
+    "projector's own).", rich_help_panel=MEDIA_PANEL)]
+ImageMaxTokensOpt = Annotated[int, typer.Option(
+    "--image-max-tokens", metavar="N", help="Most tokens an image may take (dynamic-resolution models; -1: the "
+    "projector's own).", rich_help_panel=MEDIA_PANEL)]
+
+MediaFileOpt = Annotated[list[Path] | None, typer.Option(
+    "--image", "--audio", metavar="FILE", help="An image or audio file for the model (repeat for several; needs "
+    "--mmproj). The prompt marks where each goes with <__media__>, or they come first.",
+    show_default=False, dir_okay=False)]
+
+MEDIA_PARAMS = [
+    _param("mmproj", MmprojOpt, None),
+    _param("mmproj_auto", MmprojAutoOpt, True),
+    _param("mmproj_offload", MmprojOffloadOpt, True),
+    _param("image_min_tokens", ImageMinTokensOpt, DEFAULT_IMAGE_TOKENS),
+    _param("image_max_tokens", ImageMaxTokensOpt, DEFAULT_IMAGE_TOKENS),
+]
+
+
+def projector_settings(kwargs: dict[str, Any]) -> ProjectorSettings:
+    """Pop the projector flags out of a command's keyword arguments."""
+    return ProjectorSettings(path=kwargs.pop("mmproj"), auto=kwargs.pop("mmproj_auto"),
+                             offload=kwargs.pop("mmproj_offload"), image_min_tokens=kwargs.pop("image_min_tokens"),
+                             image_max_tokens=kwargs.pop("image_max_tokens"))
+

@@ -1,5 +1,6 @@
 """The server's budgets as flags, for every command that serves (`serve`): its HTTP limits and
-shutdown grace, and the prompt cache's memory and disk (--cache-ram, --cache-disk...).
+shutdown grace, the prompt cache's memory and disk (--cache-ram, --cache-disk...), and what requests'
+media may be (--media-domains, --media-path, --media-max-image-size, --media-max-audio-size).
 
 A command declares a `limits: ServerLimits` parameter and decorates itself with `@limit_options()`,
 which adds the limit flags (defaults from ServerLimits, written once) and builds the object; likewise
@@ -19,7 +20,7 @@ import typer
 from ..core.serving.cache.settings import (DEFAULT_CACHE_RAM_MIB, DEFAULT_CTX_CHECKPOINTS, DEFAULT_DISK_MAX,
                                            DEFAULT_DISK_MIN_TOKENS, CacheSettings)
 from ..errors import UsageError
-from ..server.settings import ServerLimits
+from ..server.settings import MediaPolicy, ServerLimits
 from .load import option_param, with_flags
 from .serve import parse_size
 
@@ -158,3 +159,39 @@ def cache_options() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         return with_flags(fn, ("prompt_cache",), _CACHE_PARAMS, build)
 
     return decorate
+
+
+# ---- media in requests (server/openai/media.py, docs/multimodal.md)
+
+MEDIA_PANEL = "Media in requests"
+_M = MediaPolicy()
+_MEDIA_PARAMS = [
+    option_param("media_domains", Annotated[list[str] | None, typer.Option(
+        "--media-domains", metavar="HOST", help="Hosts whose http(s) media URLs requests may name (repeatable or "
+        "comma-separated); without it only data: URLs are taken, so the server fetches nothing for a client.",
+        rich_help_panel=MEDIA_PANEL, show_default=False)], None),
+    option_param("media_path", Annotated[Path | None, typer.Option(
+        "--media-path", metavar="DIR", help="Folder whose files requests may name as file: URLs (off unless given).",
+        rich_help_panel=MEDIA_PANEL, show_default=False, file_okay=False)], None),
+    option_param("media_max_image_size", Annotated[str, typer.Option(
+        "--media-max-image-size", metavar="SIZE", help="Most image bytes one request may send (bytes, or with "
+        "K/M/G; --max-body-size bounds them too).", rich_help_panel=MEDIA_PANEL)], "20MiB"),
+    option_param("media_max_audio_size", Annotated[str, typer.Option(
+        "--media-max-audio-size", metavar="SIZE", help="Most audio bytes one request may send (bytes, or with "
+        "K/M/G).", rich_help_panel=MEDIA_PANEL)], "100MiB"),
+]
+
+
+def media_policy_options() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Give a command the flags of what requests' media may be; it declares a `media_policy: MediaPolicy`."""
+
+    def build(kwargs: dict[str, Any]) -> None:
+        domains = tuple(h.strip().lower() for v in kwargs.pop("media_domains") or [] for h in v.split(",")
+                        if h.strip())
+        path = kwargs.pop("media_path")
+        kwargs["media_policy"] = MediaPolicy(
+            domains=domains, path=path.resolve() if path is not None else None,
+            max_image_bytes=parse_size(kwargs.pop("media_max_image_size"), "--media-max-image-size"),
+            max_audio_bytes=parse_size(kwargs.pop("media_max_audio_size"), "--media-max-audio-size"))
+
+    return lambda fn: with_flags(fn, ("media_policy",), _MEDIA_PARAMS, build)

@@ -45,6 +45,9 @@ LLAMA_ARG_ENV = {
     "--cache-reuse": "LLAMA_ARG_CACHE_REUSE", "--embeddings": "LLAMA_ARG_EMBEDDINGS",
     "--kv-unified": "LLAMA_ARG_KV_UNIFIED", "--pooling": "LLAMA_ARG_POOLING", "--rerank": "LLAMA_ARG_RERANKING",
     "--fit": "LLAMA_ARG_FIT", "--fit-target": "LLAMA_ARG_FIT_TARGET", "--fit-ctx": "LLAMA_ARG_FIT_CTX",
+    "--mmproj": "LLAMA_ARG_MMPROJ", "--mmproj-auto": "LLAMA_ARG_MMPROJ_AUTO",
+    "--mmproj-offload": "LLAMA_ARG_MMPROJ_OFFLOAD", "--image-min-tokens": "LLAMA_ARG_IMAGE_MIN_TOKENS",
+    "--image-max-tokens": "LLAMA_ARG_IMAGE_MAX_TOKENS",
 }
 
 

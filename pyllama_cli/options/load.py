@@ -30,7 +30,7 @@ from ..core.model.settings import (
     LoadSettings,
 )
 from ..errors import UsageError
-from .adapters import ADAPTER_PARAMS, adapter_settings
+from .adapters import ADAPTER_PARAMS, MEDIA_PARAMS, adapter_settings, projector_settings
 from .hardware.cpu import cpu_params, cpu_settings
 from .hardware.devices import (
     DeviceOpt,
@@ -165,6 +165,7 @@ _LOAD_PARAMS += KV_CACHE_PARAMS + CONTEXT_PARAMS + PLACEMENT_PARAMS + FIT_PARAMS
 _LOAD_PARAMS = with_llama_env(_LOAD_PARAMS)  # LLAMA_ARG_CTX_SIZE and the others llama.cpp reads
 _MODEL_PARAMS = with_llama_env(_MODEL_PARAMS)  # LLAMA_ARG_MODEL, LLAMA_ARG_HF_REPO, LLAMA_ARG_HF_FILE
 _SEVERAL_MODEL_PARAMS = with_llama_env(_SEVERAL_MODEL_PARAMS)
+MEDIA_FLAGS = with_llama_env(MEDIA_PARAMS)  # LLAMA_ARG_MMPROJ, LLAMA_ARG_MMPROJ_OFFLOAD...
 
 
 def model_request(kwargs: dict[str, Any]) -> ModelRequest:
@@ -236,6 +237,15 @@ def model_options(load: bool = True, *, several: bool = False,
         return with_flags(fn, ("model", "load"), flags, build)
 
     return decorate
+
+
+def media_options() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Give a command the projector flags (options/adapters.py) as one `media: ProjectorSettings` parameter."""
+
+    def build(kwargs: dict[str, Any]) -> None:
+        kwargs["media"] = projector_settings(kwargs)
+
+    return lambda fn: with_flags(fn, ("media",), MEDIA_FLAGS, build)
 
 
 def with_flags(fn: Callable[..., Any], replaced: tuple[str, ...], flags: list[inspect.Parameter],

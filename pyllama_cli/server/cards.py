@@ -34,7 +34,13 @@ def _meta(engine: Engine) -> dict[str, Any]:
         return {}
     return {"path": str(s.path), "description": s.description, "n_ctx": s.n_ctx, "n_ctx_train": s.n_ctx_train,
             "n_vocab": s.n_vocab, "n_embd": s.n_embd, "n_params": s.n_params, "size": s.size_bytes,
-            "embeddings": s.embeddings}
+            "embeddings": s.embeddings, "modalities": modalities(engine)}
+
+
+def modalities(engine: Engine) -> dict[str, bool]:
+    """What the model takes besides text: its projector's (--mmproj) capabilities (docs/multimodal.md)."""
+    caps = engine.projector.capabilities if engine.projector is not None else None
+    return {"vision": bool(caps and caps.vision), "audio": bool(caps and caps.audio)}
 
 
 def _runtime(engine: Engine, idle_s: float) -> dict[str, Any]:

@@ -124,7 +124,7 @@ def serve(sock: socket.socket | list[socket.socket], path: Path, load: LoadSetti
         check_pooling(path, settings.pooling)
     engine = make_engine(path, load, embeddings, parallel, kv_unified, settings.speculative, settings.pooling,
                          settings.embd_normalize, prompt_cache=settings.prompt_cache, on_ready=on_ready,
-                         on_failure=on_failure)
+                         on_failure=on_failure, projector=settings.projector)
     if load.rpc and hasattr(engine, "break_down"):
         _survive_dead_rpc_servers(engine)
     app = create_app(OneModel(engine, settings), settings)

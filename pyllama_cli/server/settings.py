@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ..core.constrain.bounds import DEFAULT_MAX_GRAMMAR_SECONDS, DEFAULT_MAX_GRAMMAR_SIZE
 from ..core.generate.sampling import SamplingSettings
+from ..core.media.settings import ProjectorSettings
 from ..core.generate.speculative import SpeculativeSettings
 from ..core.serving.cache.settings import CacheSettings
 from ..core.text.reasoning import FORMAT_DEEPSEEK, UNLIMITED
@@ -37,6 +38,16 @@ class ServerLimits:
 
 
 @dataclass(frozen=True)
+class MediaPolicy:
+    """What a request's images and audio may be (docs/multimodal.md): where from, and how many bytes."""
+
+    domains: tuple[str, ...] = ()  # hosts whose http(s) media URLs requests may name (--media-domains)
+    path: Path | None = None  # the folder file: URLs may name (--media-path; None: file: URLs refused)
+    max_image_bytes: int = 20 * 2**20  # a request's image bytes at most (--media-max-image-size)
+    max_audio_bytes: int = 100 * 2**20  # its audio bytes at most (--media-max-audio-size)
+
+
+@dataclass(frozen=True)
 class ServerSettings:
     """Server-wide options; per-request fields override the sampling defaults."""
 
@@ -61,3 +72,5 @@ class ServerSettings:
     verbose: bool = False  # -v: each request's prompt tokens by part, uvicorn's own log
     pooling: int = -1  # --pooling as llama.cpp's pooling type (-1: the model's own); 4 (rank) with --rerank
     embd_normalize: int = 2  # --embd-normalize
+    projector: ProjectorSettings = field(default_factory=ProjectorSettings)  # --mmproj and its companions
+    media: MediaPolicy = field(default_factory=MediaPolicy)  # what requests' media may be

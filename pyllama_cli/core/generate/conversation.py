@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ...errors import ContextOverflow, InputError
+from ...errors import ContextOverflow, InputError, UsageError
+from ..media.settings import MEDIA_MARKER
 from ..text import json_text
 from ..text.chat_template import TURN_END_MARKERS, render_template, validate_messages
 from ..text.reasoning import Thinking, opens_reasoning, template_markers
@@ -36,6 +37,7 @@ class Conversation:
     system: str = ""
     messages: list[Message] = field(default_factory=list)
     attachments: list[tuple[str, str]] = field(default_factory=list)  # (name, text) for the next message
+    media: list[Any] = field(default_factory=list)  # images and clips (core/media's Media) for the next message
 
     def __post_init__(self) -> None:
         self.system = valid_text(self.system)
@@ -53,12 +55,22 @@ class Conversation:
         """Queue a file's text for the next user message."""
         self.attachments.append((name, valid_text(text)))
 
+    def attach_media(self, medium: Any) -> None:
+        """Queue an image or clip for the next user message."""
+        self.media.append(medium)
+
     def add_user(self, text: str) -> None:
-        """Add a user message, preceded by the queued files, each under a header naming it."""
+        """Add a user message, preceded by the queued files, each under a header naming it, and by a media
+        marker for each queued image (the message keeps the images under "media")."""
         parts = [f"--- File: {name} ---\n{body.rstrip()}" for name, body in self.attachments]
         self.attachments = []
         text = valid_text(text)
-        self.messages.append({"role": "user", "content": "\n\n".join(parts + [text]) if text else "\n\n".join(parts)})
+        message: Message = {"role": "user", "content": "\n\n".join(parts + [text]) if text else "\n\n".join(parts)}
+        if self.media:  # where llama-mtmd-cli puts them: before the text
+            message = {**message, "content": MEDIA_MARKER * len(self.media) + message["content"],
+                       "media": tuple(self.media)}
+            self.media = []
+        self.messages.append(message)
 
     def add_assistant(self, text: str) -> None:
         self.messages.append({"role": "assistant", "content": text})
@@ -90,6 +102,7 @@ class Conversation:
         """Forget the messages and queued files; the system prompt stays."""
         self.messages = []
         self.attachments = []
+        self.media = []
 
     def drop_oldest_turn(self) -> None:
         """Remove the first user message and everything up to the next one (its answer)."""
@@ -107,7 +120,8 @@ class Conversation:
         """
         suffix = path.suffix.lower()
         if suffix == ".json":
-            text = json.dumps(self.to_messages(), indent=2, ensure_ascii=False) + "\n"
+            plain = [{k: v for k, v in m.items() if k != "media"} for m in self.to_messages()]  # images stay out
+            text = json.dumps(plain, indent=2, ensure_ascii=False) + "\n"
         elif suffix == ".md":
             text = self.to_markdown(title)
         else:
@@ -230,6 +244,8 @@ class ChatEngine:
         self.bos_text = _token_text(model, model.bos)
         self.eos_text = _token_text(model, model.eos)
         self.turn_end = TURN_END_MARKERS.get(template_name, ())
+        self.projector: Any = None  # core/media's Projector when chat runs with --mmproj (/image)
+        self._media: Any = None  # the MediaPrompt of the last prompt with images
         self.markers = template_markers(template)
         self.thinking = Thinking(self.markers)  # the last prompt's: did the template open the think block?
         # Recent prompts and prompt+answer pairs as text and as the exact tokens the model saw and produced,
@@ -239,6 +255,7 @@ class ChatEngine:
 
     def close(self) -> None:
         self.generator.close()
+        self._use_media(None)
         if self.speculation is not None:
             self.speculation.close()
             self.speculation = None
@@ -284,12 +301,29 @@ class ChatEngine:
         # Not a generator itself: the prompt is rendered (and template errors raised) right away.
         text = self.render(messages)
         self.thinking = Thinking(self.markers, opens_reasoning(text, self.markers))
-        prompt = self._continuation(text)
+        media = [medium for m in messages for medium in m.get("media", ())]
+        prompt = self._media_tokens(text, media) if media else self._continuation(text)
+        if not media:
+            self._use_media(None)
         if prompt is None:
             prompt = self._tokenize(text)
         stream = self.generator.stream(prompt, sampling, max_tokens=max_tokens,
                                        stop=tuple(stop) + self.turn_end, stop_flag=stop_flag)
         return self._remember_turn(text, prompt, stream)
+
+    def _media_tokens(self, text: str, media: list[Any]) -> list[int]:
+        """The prompt's tokens with its images (placeholders), which the generator evaluates through libmtmd."""
+        from ..media.prompt import MediaPrompt
+
+        if self.projector is None:
+            raise UsageError("the conversation has images but there is no projector", hint="start with --mmproj")
+        self._use_media(MediaPrompt(self.projector, text, media))
+        return list(self._media.tokens)
+
+    def _use_media(self, media: Any) -> None:
+        if self._media is not None:
+            self._media.close()
+        self._media = self.generator.media = media
 
     def _continuation(self, text: str) -> list[int] | None:
         """The tokens of the longest remembered text that `text` extends, plus the tokens of the rest."""
@@ -301,6 +335,8 @@ class ChatEngine:
         return known_tokens + self.model.tokenize(tail, add_special=False, parse_special=True).tolist()
 
     def _remember(self, text: str, tokens: list[int]) -> None:
+        if self._media is not None:  # image placeholders are no text's tokens
+            return
         self._snapshots = [*self._snapshots[-(_MAX_SNAPSHOTS - 1):], (text, tokens)]
 
     def _remember_turn(self, text: str, prompt: list[int], stream: Iterator[str]) -> Iterator[str]:

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from ...errors import ContextOverflow
+from ...errors import ContextOverflow, Interrupted, PyllamaError
 from ..model.native import Batch, Context, Model
 from .decide import STOP_CONTEXT, STOP_INTERRUPTED, Turn, reusable_prefix
 from .sampling import Sampler, SamplingSettings
@@ -36,6 +36,8 @@ class Generator:
         self.stats = GenerationStats()
         # With a context shift (complete's --context-shift): the tokens at the start that a shift keeps.
         self.shift_keep: int | None = None
+        # A prompt with images (core/media's MediaPrompt): its chunks are what `prefill` evaluates.
+        self.media: Any = None
 
     def close(self) -> None:
         self.batch.close()
@@ -56,13 +58,18 @@ class Generator:
         """Evaluate the part of `prompt` not already cached; return how many tokens were reused."""
         self.check_fits(len(prompt))
         reuse = reusable_prefix(self.cached, prompt)
+        if self.media is not None:  # libmtmd evaluates whole chunks: an image is never cut
+            reuse = self.media.chunk_start(reuse)
         # Drop everything past the reused prefix, including entries an aborted decode left behind.
         self.ctx.remove_tokens(0, reuse, -1)
         self.cached = list(prompt[:reuse])
         self.ctx.abort_check = stop_flag
         try:
             with self.ctx.abortable():
-                for start in range(reuse, len(prompt), self.ctx.n_batch):
+                if self.media is not None:
+                    self._evaluate_media(reuse, stop_flag)
+                    self.cached = list(prompt)
+                for start in range(len(self.cached), len(prompt), self.ctx.n_batch):
                     chunk = prompt[start:start + self.ctx.n_batch]
                     self.batch.fill(chunk, start, logits_last=start + len(chunk) == len(prompt))
                     self.ctx.decode(self.batch)
@@ -70,6 +77,15 @@ class Generator:
         finally:
             self.ctx.abort_check = None
         return reuse
+
+    def _evaluate_media(self, start: int, stop_flag: Callable[[], bool]) -> None:
+        """The prompt's libmtmd chunks from `start` on; a Ctrl-C that aborted a decode is Interrupted."""
+        try:
+            self.media.evaluate(self.ctx.handle, start, self.ctx.n_batch)
+        except PyllamaError:
+            if stop_flag():
+                raise Interrupted("evaluation interrupted") from None
+            raise
 
     def stream(
         self,

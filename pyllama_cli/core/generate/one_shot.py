@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import ContextOverflow, InputError, UsageError
+from ..media.prompt import MediaPrompt, with_markers
 from ..text.chat_template import render_chat, resolve_template
 from ..text.reasoning import Thinking, opens_reasoning, template_markers
 from .generator import Generator
@@ -37,6 +38,7 @@ class OneShotRequest:
     prompt_cache: Path | None = None
     context_shift: bool = False  # when the context is full, drop half of what follows the kept prompt tokens
     keep: int = 0  # --keep: prompt tokens a shift keeps after BOS (-1 = the whole prompt)
+    media: tuple[Any, ...] = ()  # --image/--audio: checked media (core/media/check.py's Media), in order
 
 
 @dataclass
@@ -119,9 +121,10 @@ def _read_stdin(even_a_terminal: bool = False) -> str | None:
 
 def prompt_text(model: Model, request: OneShotRequest) -> str:
     """The text the model sees: the prompt itself, or with --chat, one rendered user turn."""
+    prompt = with_markers(request.prompt, len(request.media)) if request.media else request.prompt
     if not request.chat:
-        return request.prompt
-    messages = [{"role": "user", "content": request.prompt}]
+        return prompt
+    messages = [{"role": "user", "content": prompt}]
     if request.system_prompt:
         messages.insert(0, {"role": "system", "content": request.system_prompt})
     return render_chat(model, messages, template=request.chat_template)
@@ -185,7 +188,7 @@ class OneShot:
     """One completion run over a loaded model and a fresh context."""
 
     def __init__(self, model: Model, ctx: Context, request: OneShotRequest,
-                 warn: Callable[[str], None] = lambda _: None, speculation: Any = None):
+                 warn: Callable[[str], None] = lambda _: None, speculation: Any = None, projector: Any = None):
         self.model = model
         self.ctx = ctx
         self.request = request
@@ -193,7 +196,11 @@ class OneShot:
         self.report = OneShotReport()
         self.generator = Generator(model, ctx, speculation)
         self.text = prompt_text(model, request)
-        ids = tokenize_prompt(model, self.text)
+        if request.media and speculation is not None:
+            raise UsageError("speculative decoding does not work with media yet", hint="leave out -md/--spec-type")
+        self.media = _media_prompt(projector, request, self.text)
+        self.generator.media = self.media
+        ids = tokenize_prompt(model, self.text) if self.media is None else self.media.tokens
         self.tokens, self.report.truncated = fit_prompt(ids, ctx.n_ctx, request.n_predict, request.truncate,
                                                         model.bos)
         if self.report.truncated:
@@ -235,6 +242,8 @@ class OneShot:
 
     def close(self) -> None:
         self.generator.close()
+        if self.media is not None:
+            self.media.close()
 
     def _load_cache(self, path: Path) -> None:
         start = time.perf_counter()
@@ -256,6 +265,33 @@ class OneShot:
             self.report.cache_saved = True
         except InputError as exc:
             self.warn(exc.message)
+
+
+def _media_prompt(projector: Any, request: OneShotRequest, text: str) -> MediaPrompt | None:
+    """The prompt as libmtmd's chunks when media come with it."""
+    if not request.media:
+        return None
+    if projector is None:
+        raise UsageError("--image and --audio need a multimodal projector", hint="pass --mmproj FILE")
+    if request.truncate or request.prompt_cache is not None or request.context_shift:
+        raise UsageError("--truncate, --prompt-cache and --context-shift do not work with media yet",
+                         hint="leave them out when you pass --image or --audio")
+    return MediaPrompt(projector, text, request.media)
+
+
+def cut_warning(stats: GenerationStats, n_ctx: int, *, constrained: bool) -> str | None:
+    """What to say when the text may be cut short: otherwise it just ends, and nothing tells a reader of
+    stdout (llama.cpp warns of a full context too). Output that follows a grammar or schema and stops at
+    -n is likely unfinished (JSON without its closing brace)."""
+    from .decide import STOP_CONTEXT, STOP_LENGTH
+
+    if stats.stop_reason == STOP_CONTEXT:
+        return (f"the context is full ({n_ctx} tokens): generation stopped after {stats.n_generated} tokens; "
+                "raise -c/--ctx-size for a longer text")
+    if stats.stop_reason == STOP_LENGTH and constrained:
+        return (f"generation stopped at the -n limit of {stats.n_generated} tokens before the grammar said the "
+                "output was done, so it may be unfinished; raise -n/--n-predict")
+    return None
 
 
 def _thinking(model: Model, request: OneShotRequest, prompt: str) -> Thinking:

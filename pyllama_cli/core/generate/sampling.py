@@ -146,7 +146,8 @@ class Sampler:
         if self._keeps_history:
             accept, chain = self._lib.llama_sampler_accept, self.chain
             for token in tokens:
-                accept(chain, int(token))
+                if token >= 0:  # a negative id stands for an image's position (core/media/prompt.py)
+                    accept(chain, int(token))
 
     def reset(self) -> None:
         for stage in self._constraints:

@@ -36,6 +36,7 @@ class ModelInfo:
     split_count: int = 1
     gguf_version: int = 3
     tensor_count: int = 0
+    projector: dict[str, Any] | None = None  # a multimodal projector's (mmproj, architecture "clip") facts
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -71,8 +72,23 @@ def describe_model(resolved: ResolvedModel) -> tuple[ModelInfo, GGUFFile]:
         split_count=len(headers),
         gguf_version=head.version,
         tensor_count=len(tensors),
+        projector=projector_facts(head) if head.architecture == "clip" else None,
     )
     return info, head
+
+
+def projector_facts(head: GGUFFile) -> dict[str, Any]:
+    """A projector's type, what it takes, and its image geometry, from libmtmd's `clip.*` keys."""
+    vision, audio = bool(head.get("clip.has_vision_encoder")), bool(head.get("clip.has_audio_encoder"))
+    kinds = {"vision": head.get("clip.vision.projector_type"), "audio": head.get("clip.audio.projector_type")}
+    return {
+        "type": head.get("clip.projector_type") or ", ".join(f"{v} ({k})" for k, v in kinds.items() if v),
+        "accepts": [name for name, on in (("vision", vision), ("audio", audio)) if on],
+        "image_size": head.get("clip.vision.image_size") if vision else None,
+        "patch_size": head.get("clip.vision.patch_size") if vision else None,
+        "embedding_length": head.get("clip.vision.embedding_length" if vision else "clip.audio.embedding_length"),
+        "projection_dim": head.get("clip.vision.projection_dim" if vision else "clip.audio.projection_dim"),
+    }
 
 
 def _scalar(value: Any) -> Any:

@@ -129,6 +129,11 @@ def log_line(level: int, line: str) -> None:
     _router.dispatch(level, line)
 
 
+def route_log(log_set: Callable[[Any, Any], None]) -> None:
+    """Send another library's log (libmtmd's `mtmd_helper_log_set`) where llama.cpp's goes, listeners included."""
+    log_set(_router.callback, ctypes.c_void_p(0))
+
+
 @contextmanager
 def log_listener(fn: Callable[[int, str], None]) -> Iterator[None]:
     """Call `fn(level, text)` for each llama.cpp log line while the block runs."""

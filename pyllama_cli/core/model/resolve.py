@@ -216,6 +216,48 @@ def pick_gguf_files(files: list[str], tag: str | None, hf_file: str | None, repo
     return _with_split_parts(chosen, ggufs)
 
 
+def pick_projector(files: list[str], model_file: str, tag: str | None = None) -> str | None:
+    """The repo's multimodal projector for `model_file`, as llama.cpp's -hf picks it: a .gguf whose name
+    holds "mmproj", in the model's folder or one above it; the deepest such folder first, then a name
+    with the -hf tag (`-Q8_0.`), then the quant whose bits are closest to the tag's (or the model's)."""
+    model_dir = model_file.split("/")[:-1]
+    wanted_bits = _quant_bits(tag) if tag else _quant_bits(_name_tag(model_file))
+    best: tuple[int, bool, int] | None = None
+    chosen = None
+    for name in sorted(files):
+        sib_dir = name.split("/")[:-1]
+        if not name.lower().endswith(".gguf") or "mmproj" not in name or model_dir[:len(sib_dir)] != sib_dir:
+            continue
+        exact = bool(tag) and f"-{tag.upper()}." in name.upper()
+        rank = (len(sib_dir), exact, -abs(_quant_bits(_name_tag(name)) - wanted_bits))
+        if best is None or rank > best:
+            best, chosen = rank, name
+    return chosen
+
+
+def _name_tag(name: str) -> str:
+    """What follows a file name's last "-" (its quant, as llama.cpp reads it): Q4_K_M in model-Q4_K_M.gguf."""
+    stem = _SPLIT.sub("", name.rsplit("/", 1)[-1]).removesuffix(".gguf")
+    return stem.rsplit("-", 1)[-1]
+
+
+def _quant_bits(tag: str) -> int:
+    digits = re.search(r"\d+", tag)
+    return int(digits.group()) if digits else 0
+
+
+def resolve_hf_projector(request: ModelRequest, model_file: str, *, tqdm_class: Any = None) -> Path | None:
+    """The projector beside an -hf model, downloaded into the HF cache (pick_projector chooses); None
+    when the repo has none."""
+    repo, tag = parse_hf_spec(request.hf_repo or "")
+    if offline_requested(request):
+        cached = _cached_repo_files(repo)
+        name = pick_projector(list(cached), model_file, tag)
+        return cached.get(name) if name else None
+    name = pick_projector(_list_repo_files(repo, request.hf_token), model_file, tag)
+    return _download(repo, name, request.hf_token, tqdm_class) if name else None
+
+
 def _match_tag(ggufs: list[str], tag: str) -> str | None:
     pattern = re.compile(r"(?<![A-Za-z0-9])" + re.escape(tag) + r"(?=[.-])", re.IGNORECASE)
     matches = [f for f in ggufs if pattern.search(f.rsplit("/", 1)[-1])]

@@ -36,10 +36,12 @@ class Engine(ABC):
 
     def __init__(self, path: Path, settings: LoadSettings, *, embeddings: bool = False,
                  on_ready: Callable[[Engine], None] | None = None,
-                 on_failure: Callable[[BaseException], None] | None = None):
+                 on_failure: Callable[[BaseException], None] | None = None, projector: Any = None):
         self.path = path
         self.settings = settings
         self.embeddings = embeddings
+        self.projector_settings = projector  # core/media's ProjectorSettings (None: text only)
+        self.projector: Any = None  # core/media's Projector once loaded, when there is one
         self.state = LOADING
         self.error: BaseException | None = None
         self.session: Any = None  # core.model.session.Session once loaded
@@ -207,6 +209,14 @@ class Engine(ABC):
 
         return load_session(ResolvedModel(self.path, (self.path,)), self.settings, context=context)
 
+    def _open_projector(self) -> None:
+        """Load --mmproj for the loaded model (the worker's step after the session)."""
+        from ..media.projector import Projector
+
+        settings = self.projector_settings
+        if settings is not None and settings.enabled and settings.path is not None:
+            self.projector = Projector.load(settings.path, self.session.model, settings, self.settings.n_threads)
+
     def _join_and_free(self, worker: Any, timeout: float) -> None:
         """Wait for the worker thread to stop, mark the engine closed, and free the context and model.
         A worker still running after `timeout` keeps them (vocabulary helpers use the model until then)."""
@@ -215,6 +225,8 @@ class Engine(ABC):
         if self.state not in (FAILED, BROKEN):
             self.state = CLOSED
         if self.session is not None and (worker is None or not worker.is_alive()):
+            if self.projector is not None:  # it points into the model: freed first
+                self.projector.close()
             self.session.close()
 
     def _load(self) -> None:

@@ -50,6 +50,8 @@ class GenerationJob:
     # Where the prompt's user messages start (llama-server's message spans, chat requests only): a model
     # whose memory needs checkpoints evaluates the prompt in batches that end there (checkpoints.py).
     user_starts: tuple[int, ...] = ()
+    # A prompt with images: core/media's MediaPrompt, whose chunks the slot evaluates (`prompt` is its tokens).
+    media: Any = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,7 @@ from .cut import StepCut, roll_back
 from .post_sampling import post_sampling_prob
 from .lora_sets import LoraTurns
 from .slots import (GENERATING, IDLE, PREFILL, PaddingTrial, Slot, add_slot_tokens, pad_candidate, plan_drafts,
-                    plan_prefill, runs_with)
+                    plan_prefill, prefill_media, runs_with)
 
 SlotTask = tuple[int, Callable[[Any, Slot], Any], Future[Any]]  # (slot id, action, its result): on_idle_slot
 Start = tuple[Slot, JobStream, list[int]]  # a request given a slot, to start (slot, stream, prompt)
@@ -206,6 +206,7 @@ class ParallelEngine(Engine):
             session.close()
             raise
         self.summary = ModelSummary.of(self.path, session.model, self._ctx, n_ctx=self.n_ctx_slot, embeddings=False)
+        self._open_projector()
         self.lora = LoraTurns(session.model.adapters)
         self._checkpoints = open_checkpoints(session.model, self.settings.swa_full, self._ctx, self.n_slots,
                                              self.cache_settings)
@@ -261,6 +262,7 @@ class ParallelEngine(Engine):
                 continue
             self._start_all(starting)
             self._drop_cancelled()
+            prefill_media(self.slots, self._ctx, self._fail)
             if self._build_batch():
                 self._decode_and_sample()
             self._flush()
@@ -341,6 +343,7 @@ class ParallelEngine(Engine):
         else:
             reuse = shifted
             self._ctx.remove_tokens(slot.id, reuse, -1)
+        slot.media = job.media  # its images are evaluated outside the lock, before the next batch
         slot.lora = lora
         slot.cached = prompt[:reuse]
         slot.pending = prompt[reuse:]
@@ -492,4 +495,4 @@ class ParallelEngine(Engine):
             slot.sampler.close()
         slot.sampler, slot.stream, slot.state = None, None, IDLE
         slot.pending, slot.batch_index, slot.last_token, slot.drafts = [], -1, -1, []
-        slot.turn, slot.budget = None, None
+        slot.turn, slot.budget, slot.media = None, None, None

@@ -4,6 +4,7 @@ and the step padding trial."""
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +36,16 @@ class Slot:
     drafter: Any = None  # this slot's speculative drafter (None: no speculation)
     drafts: list[int] = field(default_factory=list)  # tokens drafted after last_token in this step's batch
     lora: tuple[float, ...] = ()  # the LoRA scales the request runs with, and that made the cached tokens
+    media: Any = None  # a prompt with images (core/media's MediaPrompt) whose chunks libmtmd still has to evaluate
+
+    def prefill_media(self, ctx: Any) -> None:
+        """Evaluate the images of a request that just started (and its text up to the last token, which
+        the next batch evaluates with the other slots' tokens, for its logits)."""
+        from ..media.prompt import prefill_slot
+
+        media, self.media = self.media, None
+        held = prefill_slot(media, ctx, self.id, len(self.cached))
+        self.cached, self.pending = list(media.tokens[:held]), list(media.tokens[held:])
 
     def plan_draft(self, n_ctx: int, n_max: int, n_min: int) -> list[int]:
         """What to draft after `last_token` this step (nothing without a drafter or room for one)."""
@@ -192,3 +203,14 @@ def pad_candidate(slots: list[Slot], padding: PaddingTrial, kv_unified: bool, n_
         return None
     idle = [slot for slot in slots if slot.state == IDLE and len(slot.cached) < n_ctx_slot - 1]
     return min(idle, key=lambda s: runs_with(slots, s, kv_unified)) if idle else None
+
+
+def prefill_media(slots: list[Slot], ctx: Any, fail: Callable[[Slot, Exception], None]) -> None:
+    """libmtmd encodes the images of requests that just started (seconds for a large model), outside the
+    scheduler's lock, so that requests keep arriving meanwhile; a request whose media fail goes to `fail`."""
+    for slot in slots:
+        if slot.media is not None:
+            try:
+                slot.prefill_media(ctx)
+            except Exception as exc:  # noqa: BLE001 - one bad request must not stop the others
+                fail(slot, exc)

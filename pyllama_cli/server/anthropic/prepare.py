@@ -63,11 +63,14 @@ def _turn(message: MessageParam, index: int) -> list[dict[str, Any]]:
     """One Messages turn as chat messages: tool results become `tool` messages before the user's text."""
     blocks = [ContentBlock(type="text", text=message.content)] if isinstance(message.content, str) \
         else message.content
-    texts, thinking, calls, results = [], [], [], []
+    texts, thinking, calls, results, parts = [], [], [], [], []
     for j, block in enumerate(blocks):
         where = f"messages[{index}].content[{j}]"
         if block.type == "text":
             texts.append(block.text or "")
+            parts.append({"type": "text", "text": block.text or ""})
+        elif block.type == "image" and message.role == "user":
+            parts.append({"type": "image_url", "image_url": {"url": _image_url(block.source or {}, where)}})
         elif block.type in ("thinking", "redacted_thinking") and message.role == "assistant":
             thinking.append(block.thinking or "")
         elif block.type == "tool_use" and message.role == "assistant":
@@ -77,12 +80,13 @@ def _turn(message: MessageParam, index: int) -> list[dict[str, Any]]:
             results.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": _result_text(block)})
         else:
             raise APIError(400, f"{where}: a {message.role} message cannot hold a block of type {block.type!r} "
-                           "here (this server takes text, thinking, tool_use and tool_result)",
+                           "here (this server takes text, image, thinking, tool_use and tool_result)",
                            param=f"{where}.type")
     out = list(results)
     if texts or calls or thinking or not results:
         role = "user" if message.role == "system" else message.role
-        turn: dict[str, Any] = {"role": role, "content": "".join(texts)}
+        images = len(parts) > len(texts)  # the OpenAI parts carry the images on (server/openai/media.py)
+        turn: dict[str, Any] = {"role": role, "content": parts if images else "".join(texts)}
         if calls:
             turn["tool_calls"] = calls
         if thinking:
@@ -97,10 +101,29 @@ def _join_user_turns(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for message in messages:
         if out and message["role"] == "user" and out[-1]["role"] == "user":
-            out[-1] = {**out[-1], "content": f"{out[-1]['content']}\n\n{message['content']}"}
+            out[-1] = {**out[-1], "content": _joined(out[-1]["content"], message["content"])}
         else:
             out.append(message)
     return out
+
+
+def _joined(first: Any, second: Any) -> Any:
+    if isinstance(first, str) and isinstance(second, str):
+        return f"{first}\n\n{second}"
+    return [*_as_parts(first), {"type": "text", "text": "\n\n"}, *_as_parts(second)]
+
+
+def _as_parts(content: Any) -> list[dict[str, Any]]:
+    return [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
+
+
+def _image_url(source: dict[str, Any], where: str) -> str:
+    """An image block's source as the URL of an OpenAI image part: base64 data as a data: URL."""
+    if source.get("type") == "base64":
+        return f"data:{source.get('media_type') or 'image/png'};base64,{source.get('data') or ''}"
+    if source.get("type") == "url" and isinstance(source.get("url"), str):
+        return source["url"]
+    raise APIError(400, f"{where}.source: an image's source must be base64 data or a url", param=f"{where}.source")
 
 
 def _result_text(block: ContentBlock) -> str:

@@ -16,7 +16,7 @@ class _Lenient(BaseModel):
 
 
 class ContentBlock(_Lenient):
-    """One block of a message: text, tool_use, tool_result or thinking (others are refused by prepare)."""
+    """One block of a message: text, image, tool_use, tool_result or thinking (others are refused by prepare)."""
 
     type: str
     text: str | None = None
@@ -28,6 +28,7 @@ class ContentBlock(_Lenient):
     is_error: bool | None = None  # tool_result
     thinking: str | None = None  # thinking
     signature: str | None = None  # thinking
+    source: dict[str, Any] | None = None  # image: {"type": "base64", "media_type": ..., "data": ...} or {"type": "url"}
 
 
 class MessageParam(_Lenient):

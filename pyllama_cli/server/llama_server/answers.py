@@ -18,6 +18,7 @@ from starlette.requests import Request
 from ...core.generate.decide import STOP_CONTEXT, STOP_EOS, STOP_GRAMMAR, STOP_LENGTH, STOP_STOP
 from ...core.generate.stats import GenerationStats
 from ...core.serving.engine import Engine
+from ...core.media.settings import MEDIA_MARKER
 from ...core.serving.jobs import GenerationJob, JobStream, TokenProb
 from ..sse import DONE, EventStream, error_event, event
 from ..timings import timings
@@ -157,6 +158,18 @@ async def _stream_chunks(engine: Engine, stream: JobStream, prep: NativeJobs, mo
 # ---------------------------------------------------------------- shapes
 
 
+def prompt_text(engine: Engine, prompt: tuple[int, ...]) -> str:
+    """The prompt as text; each image in it (a run of negative placeholder ids) as its media marker."""
+    text, run = [], []
+    for k, token in enumerate(prompt):
+        if token >= 0:
+            run.append(token)
+        elif k == 0 or prompt[k - 1] != token:  # a new medium starts
+            text.append(engine.detokenize(run) + MEDIA_MARKER)
+            run = []
+    return "".join(text) + engine.detokenize(run)
+
+
 def completion_body(engine: Engine, result: Result, prep: NativeJobs, model: str, index: int,
                     *, stream: bool) -> dict[str, Any]:
     stats, job, req = result.stats, result.job, prep.request
@@ -168,7 +181,7 @@ def completion_body(engine: Engine, result: Result, prep: NativeJobs, model: str
         "index": index, "content": text, "tokens": [*stats.tokens, *ended] if req.return_tokens else [],
         "id_slot": stats.id_slot, "stop": True, "model": model, "tokens_predicted": n_predicted,
         "tokens_evaluated": stats.n_prompt, "generation_settings": generation_settings(job, prep, stream),
-        "prompt": engine.detokenize(list(job.prompt)), "has_new_line": "\n" in text, "truncated": False,
+        "prompt": prompt_text(engine, job.prompt), "has_new_line": "\n" in text, "truncated": False,
         "stop_type": stop_type, "stopping_word": _stopping_word(engine, stats, job) if stop_type == "word" else "",
         "tokens_cached": stats.n_prompt + max(n_predicted - 1, 0), "timings": timings(stats),
     }

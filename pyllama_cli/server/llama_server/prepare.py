@@ -16,6 +16,7 @@ from ...core.serving.jobs import GenerationJob
 from ...errors import InputError
 from ..errors import APIError
 from .. import job_rules as rules
+from ..openai.media import media_from_base64, media_prompt_of
 from ..settings import ServerSettings
 from .schemas import InfillRequest, NativeCompletionRequest, NativeFields
 
@@ -33,7 +34,7 @@ class NativeJobs:
 
 
 def prepare_native(engine: Engine, settings: ServerSettings, req: NativeCompletionRequest) -> NativeJobs:
-    return _jobs(engine, settings, req, native_prompts(engine, req.prompt))
+    return _jobs(engine, settings, req, native_prompts(engine, req.prompt, settings))
 
 
 def prepare_infill(engine: Engine, settings: ServerSettings, req: InfillRequest) -> NativeJobs:
@@ -49,13 +50,19 @@ def _jobs(engine: Engine, settings: ServerSettings, req: NativeFields, prompts: 
     if requested is None or requested < 0:
         requested = settings.n_predict
     stop = rules.stops(req.stop, settings)
-    jobs = [GenerationJob(prompt=tuple(ids), sampling=sampling, stop=stop,
-                          max_tokens=rules.budget(requested, len(ids), engine, settings, "prompt"),
+    jobs = [GenerationJob(prompt=tuple(_ids(p)), sampling=sampling, stop=stop,
+                          max_tokens=rules.budget(requested, len(_ids(p)), engine, settings, "prompt"),
                           n_probs=req.n_probs if req.n_probs > 0 else -1, id_slot=req.id_slot,
                           cache_prompt=req.cache_prompt, progress=req.return_progress,
-                          post_sampling=req.post_sampling_probs, lora=rules.job_lora(engine, req.lora))
-            for ids in prompts]
+                          post_sampling=req.post_sampling_probs, lora=rules.job_lora(engine, req.lora),
+                          media=None if isinstance(p, list) else p)
+            for p in prompts]
     return NativeJobs(jobs, req, requested)
+
+
+def _ids(prompt: Any) -> list[int]:
+    """A prompt's token ids: a list of them, or a MediaPrompt's (images as placeholder ids)."""
+    return prompt if isinstance(prompt, list) else prompt.tokens
 
 
 def _bias_as_pairs(req: NativeFields) -> NativeFields:
@@ -70,7 +77,7 @@ def _bias_as_pairs(req: NativeFields) -> NativeFields:
 # ---------------------------------------------------------------- prompts
 
 
-def native_prompts(engine: Engine, prompt: Any) -> list[list[int]]:
+def native_prompts(engine: Engine, prompt: Any, settings: ServerSettings) -> list[list[int]]:
     """Token ids of each prompt, read as llama-server reads `prompt`: a string, an object with
     "prompt_string", token ids, ids and strings mixed (one prompt), or a list of those (one each)."""
     if isinstance(prompt, list) and any(_is_piece(p) and not isinstance(p, str) for p in prompt):
@@ -83,7 +90,7 @@ def native_prompts(engine: Engine, prompt: Any) -> list[list[int]]:
         raise APIError(400, "prompt is empty", param="prompt", code="invalid_value")
     out = []
     for p in prompts:
-        ids = _one_prompt(engine, p)
+        ids = _one_prompt(engine, p, settings)
         if not ids:
             raise APIError(400, "prompt is empty (no tokens)", param="prompt", code="invalid_value")
         out.append(ids)
@@ -94,11 +101,10 @@ def _is_piece(value: Any) -> bool:
     return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
 
 
-def _one_prompt(engine: Engine, prompt: Any) -> list[int]:
+def _one_prompt(engine: Engine, prompt: Any, settings: ServerSettings) -> list[int]:
     if isinstance(prompt, dict):
         if prompt.get(MULTIMODAL):
-            raise APIError(400, "this model takes no images or audio (multimodal_data)", param="prompt",
-                           code="not_supported")
+            return _media_prompt(engine, prompt, settings)
         prompt = prompt.get(PROMPT_STRING)
     if isinstance(prompt, str):
         return engine.tokenize(prompt, add_special=True, parse_special=True)
@@ -106,6 +112,23 @@ def _one_prompt(engine: Engine, prompt: Any) -> list[int]:
         return mixed_tokens(engine, prompt, add_special=True)
     raise APIError(400, "prompt must be a string, token ids, a mix of both, an object with \"prompt_string\", "
                    "or a list of those", param="prompt", code="invalid_value")
+
+
+def _media_prompt(engine: Engine, prompt: dict[str, Any], settings: ServerSettings) -> Any:
+    """{"prompt_string": TEXT, "multimodal_data": [BASE64, ...]}: the text's media markers (or the start)
+    take the media in order; a MediaPrompt, whose `tokens` are the job's prompt."""
+    from ...core.media.prompt import with_markers
+
+    data, text = prompt[MULTIMODAL], prompt.get(PROMPT_STRING)
+    if not isinstance(data, list) or not isinstance(text, str):
+        raise APIError(400, "multimodal_data must be a list of base64 strings, beside a prompt_string",
+                       param="prompt", code="invalid_value")
+    media = [media_from_base64(item, f"prompt.multimodal_data[{k}]") for k, item in enumerate(data)]
+    try:
+        text = with_markers(text, len(media))
+    except InputError as exc:
+        raise APIError(400, exc.message, param="prompt", code="invalid_value") from None
+    return media_prompt_of(engine, text, media, settings, param="prompt")
 
 
 def mixed_tokens(engine: Engine, pieces: list[Any], *, add_special: bool) -> list[int]:

@@ -20,6 +20,7 @@ from ... import __version__
 from ...core.serving.engine import Engine
 from ...errors import InputError
 from .. import spine
+from ..cards import modalities
 from ..errors import APIError, body_error
 from ..model_set import ModelSet
 from ..settings import ServerSettings
@@ -69,7 +70,7 @@ def add_routes(app: FastAPI, models: ModelSet) -> None:
         template = await run_in_threadpool(engine.chat_template_text, settings.chat_template)
         return {"default_generation_settings": {"n_ctx": engine.n_ctx, "params": default_params(settings)},
                 "total_slots": len(engine.slot_states()), "model_alias": model.id, "model_path": str(engine.path),
-                "modalities": {"vision": False, "audio": False}, "chat_template": template or "",
+                "modalities": modalities(engine), "chat_template": template or "",
                 "bos_token": _piece(engine, engine.model.bos), "eos_token": _piece(engine, engine.model.eos),
                 "build_info": f"pyllama {__version__}"}
 

@@ -29,7 +29,9 @@ from ...errors import InputError
 from .. import job_rules as rules
 from ..errors import APIError, to_api_error
 from ..settings import ServerSettings
+from ...core.media.check import Media
 from .extras import ChatExtras, chat_shape, extras_of
+from .media import content_text, media_prompt_of
 from .schemas import ChatCompletionRequest, ChatMessage, CompletionRequest
 
 @dataclass(frozen=True)
@@ -48,11 +50,13 @@ def prepare_chat(engine: Engine, settings: ServerSettings, req: ChatCompletionRe
     Responses) offers tools whose schemas no grammar can enforce, unless a call to them is forced."""
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs", code="invalid_value")
-    shape = chat_shape(engine, req, message_dicts(req.messages))
+    media: list[Media] | None = [] if engine.projector is not None else None  # None: image parts refused
+    shape = chat_shape(engine, req, message_dicts(req.messages, settings, media))
     plan = plan_request_tools(req.tools, req.tool_choice, req.parallel_tool_calls is not False, not agent)
     prompt = render_prompt(engine, settings, shape.messages, plan, add_generation_prompt=shape.add_generation_prompt,
                            template_kwargs=req.chat_template_kwargs) + shape.prefill
-    ids = engine.tokenize(prompt, add_special=True, parse_special=True)
+    media_prompt = media_prompt_of(engine, prompt, media, settings) if media else None
+    ids = engine.tokenize(prompt, add_special=True, parse_special=True) if media_prompt is None else media_prompt.tokens
     grammar = rules.grammar(req, settings, plan)
     requested = rules.requested_tokens(req, req.max_completion_tokens)
     if think_budget is None and req.reasoning_effort:
@@ -64,6 +68,7 @@ def prepare_chat(engine: Engine, settings: ServerSettings, req: ChatCompletionRe
         n_probs=(req.top_logprobs or 0) if req.logprobs else -1, id_slot=req.id_slot, cache_prompt=req.cache_prompt,
         progress=req.return_progress, think_budget=budget_spec, lora=rules.job_lora(engine, req.lora),
         user_starts=engine.user_starts(ids, settings.chat_template),
+        media=media_prompt,
     )
     return PreparedChat(job, plan, bool(req.logprobs), extras_of(req, prompt), thinking)
 
@@ -128,22 +133,15 @@ def render_prompt(engine: Engine, settings: ServerSettings, messages: list[dict[
     return prompt
 
 
-def message_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
-    """Messages as plain dicts with text content (content parts joined; anything but text refused)."""
+def message_dicts(messages: list[ChatMessage], settings: ServerSettings | None = None,
+                  media: list[Media] | None = None) -> list[dict[str, Any]]:
+    """Messages as plain dicts with text content (content parts joined). Image and audio parts become
+    media markers, their bytes appended to `media`; without `media` they are refused."""
     out = []
     for i, m in enumerate(messages):
         content = m.content
         if isinstance(content, list):
-            other = next((p.type for p in content if p.type != "text"), None)
-            if other is not None:
-                raise APIError(400, f"messages[{i}]: content parts of type {other!r} are not supported "
-                               "(this server takes text only)", param=f"messages[{i}].content",
-                               code="invalid_value")
-            textless = next((j for j, p in enumerate(content) if p.text is None), None)
-            if textless is not None:
-                raise APIError(400, f"messages[{i}].content[{textless}]: a text part needs its \"text\"",
-                               param=f"messages[{i}].content[{textless}]", code="invalid_value")
-            content = "".join(p.text for p in content)
+            content = content_text(content, i, settings, media)
         d: dict[str, Any] = {"role": m.role, "content": content or ""}
         if m.name:
             d["name"] = m.name

@@ -18,6 +18,8 @@ from ..job_rules import GenerationFields, Lenient
 class ContentPart(Lenient):
     type: str = "text"
     text: str | None = None
+    image_url: dict[str, Any] | str | None = None  # {"url": "data:image/png;base64,..."} (server/openai/media.py)
+    input_audio: dict[str, Any] | None = None  # {"data": BASE64, "format": "wav"}
 
 
 class FunctionCall(Lenient):

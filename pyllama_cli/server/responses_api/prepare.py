@@ -70,7 +70,7 @@ def input_messages(value: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
     for i, item in enumerate(value):
         kind = item.get("type", "message")
         if kind == "message":
-            out.append({"role": item.get("role", "user"), "content": _text(item.get("content"), i)})
+            out.append({"role": item.get("role", "user"), "content": _content(item.get("content"), i)})
         elif kind == "function_call":
             call = {"id": item.get("call_id"), "type": "function",
                     "function": {"name": item.get("name", ""), "arguments": item.get("arguments", "{}")}}
@@ -87,6 +87,25 @@ def input_messages(value: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
                            "messages, function_call and function_call_output)", param=f"input[{i}].type",
                            code="invalid_value")
     return out
+
+
+def _content(content: Any, index: int) -> Any:
+    """A message's content: its text, or OpenAI chat parts when it holds an input_image (whose image_url
+    is a data: URL, checked by server/openai/media.py)."""
+    if not isinstance(content, list) or not any(isinstance(p, dict) and p.get("type") == "input_image"
+                                                 for p in content):
+        return _text(content, index)
+    parts = []
+    for j, part in enumerate(content):
+        if isinstance(part, dict) and part.get("type") == "input_image":
+            url = part.get("image_url")
+            if not isinstance(url, str):
+                raise APIError(400, f"input[{index}].content[{j}]: an input_image needs its image_url (a data: URL; "
+                               "file_id is not supported)", param=f"input[{index}].content[{j}]", code="invalid_value")
+            parts.append({"type": "image_url", "image_url": {"url": url}})
+        else:
+            parts.append({"type": "text", "text": _text([part], index)})
+    return parts
 
 
 def _text(content: Any, index: int) -> str:

@@ -56,6 +56,7 @@ _KEYS: dict[tuple[str, ...], tuple[str, type]] = {
     ("m", "model", "LLAMA_ARG_MODEL"): ("model", Path),
     ("load-on-startup",): ("load_on_startup", bool),
     ("lora", "LLAMA_ARG_LORA"): ("adapters", preset_loras),
+    ("mm", "mmproj", "LLAMA_ARG_MMPROJ"): ("mmproj", Path),  # the model's projector (docs/multimodal.md)
     # KV cache types and llama.cpp's newer samplers
     ("ctk", "cache-type-k", "LLAMA_ARG_CACHE_TYPE_K"): ("cache_type_k", str),
     ("ctv", "cache-type-v", "LLAMA_ARG_CACHE_TYPE_V"): ("cache_type_v", str),

@@ -112,7 +112,8 @@ def router_models(found: list[Found], load: LoadSettings, settings: ServerSettin
 def _server_settings(model_id: str, settings: ServerSettings, values: dict[str, Any]) -> ServerSettings:
     sampling = replace(settings.sampling, **{k: v for k, v in values.items() if k in _SAMPLING_FIELDS})
     return replace(settings, alias=model_id, sampling=sampling, n_predict=values.get("n_predict", settings.n_predict),
-                   chat_template=values.get("chat_template", settings.chat_template))
+                   chat_template=values.get("chat_template", settings.chat_template),
+                   projector=replace(settings.projector, path=values.get("mmproj")))  # each model its own
 
 
 def _preset_models(presets: Presets, ids: set[str]) -> list[Found]:
@@ -163,7 +164,8 @@ def serve_router(socks: list[socket.socket], models: list[PoolModel], preload: t
         # A model with a classification head is a reranker: it answers POST /v1/rerank, as `serve --rerank` does.
         rank = has_classification_head(model.path)
         return run.make_engine(model.path, model.load, rank, model.parallel, model.kv_unified, settings.speculative,
-                               RANK if rank else -1, prompt_cache=settings.prompt_cache, **callbacks)
+                               RANK if rank else -1, prompt_cache=settings.prompt_cache,
+                               projector=model.config.settings.projector, **callbacks)
 
     pool = EnginePool(models, make_engine, max_loaded=options.models_max, idle_seconds=options.idle_seconds,
                       report=say)

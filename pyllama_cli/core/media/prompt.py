@@ -1,0 +1,150 @@
+"""A prompt with media: its text and images as libmtmd's chunks, and their evaluation into a context.
+
+The text marks where each medium goes with libmtmd's marker (`<__media__>`); `with_markers` puts the
+markers first when the text has none, as llama-mtmd-cli does. `MediaPrompt.tokens` is the prompt as
+the generator sees it: the text chunks' token ids, and for each media position a negative id made
+from the medium's content, so the prefix of a later prompt with the same image still matches and one
+with another image does not. `evaluate` decodes the chunks from a chunk boundary on.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ...errors import InputError, PyllamaError
+from .check import Media
+from .projector import Projector, media_id
+from .settings import MEDIA_MARKER
+
+
+def with_markers(text: str, n_media: int) -> str:
+    """`text` with one media marker per medium: as written, or all put first when it has none."""
+    found = text.count(MEDIA_MARKER)
+    if found == 0:
+        return MEDIA_MARKER * n_media + text
+    if found != n_media:
+        raise InputError(f"the prompt has {found} media markers ({MEDIA_MARKER}) for {n_media} media",
+                         hint=f"write {MEDIA_MARKER} once where each image goes, or not at all to put them first")
+    return text
+
+
+def placeholder(data: bytes) -> int:
+    """The negative token id that stands for one position of a medium in `MediaPrompt.tokens`."""
+    return -2 - int(media_id(data)[:7], 16)
+
+
+@dataclass
+class _Chunk:
+    handle: Any
+    start: int  # its first position
+    n_pos: int
+    media: bool
+
+
+class MediaPrompt:
+    """A text with media markers and the media, tokenized by libmtmd; close() frees the chunks."""
+
+    def __init__(self, projector: Projector, text: str, media: Sequence[Media], *, add_special: bool = True):
+        self.projector = projector
+        self.lib = lib = projector.lib
+        self.n_media_tokens = 0
+        self.tokens: list[int] = []
+        self.chunks: list[_Chunk] = []
+        self._chunks = lib.mtmd_input_chunks_init()
+        bitmaps: list[Any] = []
+        try:
+            for medium in media:
+                bitmaps.append(projector.bitmap(medium))
+            self._tokenize(text, bitmaps, add_special)
+        except BaseException:
+            self.close()
+            raise
+        finally:  # the chunks hold what they need of the images
+            for bitmap in bitmaps:
+                lib.mtmd_bitmap_free(bitmap)
+        ids = iter([placeholder(m.data) for m in media])
+        for chunk in self.chunks:
+            if chunk.media:
+                self.tokens.extend([next(ids)] * chunk.n_pos)
+                self.n_media_tokens += chunk.n_pos
+            else:
+                self.tokens.extend(self._text_tokens(chunk.handle))
+
+    def _tokenize(self, text: str, bitmaps: list[Any], add_special: bool) -> None:
+        lib = self.lib
+        raw = text.encode("utf-8", errors="surrogateescape")
+        source = lib.mtmd_input_text(text=raw, text_len=len(raw), add_special=add_special, parse_special=True)
+        array = (lib.mtmd_bitmap_p_ctypes * max(len(bitmaps), 1))(*bitmaps)
+        status = lib.mtmd_tokenize(self.projector.handle, self._chunks, ctypes.byref(source), array, len(bitmaps))
+        if status == 1:
+            raise InputError("the prompt's media markers do not match the media given",
+                             hint=f"write {MEDIA_MARKER} once where each image goes")
+        if status != 0:
+            raise InputError("the projector could not prepare the image", hint="try another image")
+        position = 0
+        for i in range(lib.mtmd_input_chunks_size(self._chunks)):
+            handle = lib.mtmd_input_chunks_get(self._chunks, i)
+            n_pos = int(lib.mtmd_input_chunk_get_n_pos(handle))
+            media = lib.mtmd_input_chunk_get_type(handle) != lib.MTMD_INPUT_CHUNK_TYPE_TEXT
+            self.chunks.append(_Chunk(handle, position, n_pos, media))
+            position += n_pos
+
+    def _text_tokens(self, handle: Any) -> list[int]:
+        n = ctypes.c_size_t(0)
+        pointer = self.lib.mtmd_input_chunk_get_tokens_text(handle, ctypes.byref(n))
+        return [int(pointer[i]) for i in range(n.value)]
+
+    def chunk_start(self, position: int) -> int:
+        """The start of the chunk that holds `position` (evaluation restarts at a chunk's start)."""
+        for chunk in self.chunks:
+            if chunk.start <= position < chunk.start + chunk.n_pos:
+                return chunk.start
+        return position
+
+    def evaluate(self, lctx: Any, start: int, n_batch: int, seq_id: int = 0) -> None:
+        """Decode the chunks from position `start` (a chunk's start) on into sequence `seq_id`, with the
+        logits of the last position.
+
+        Raises:
+            PyllamaError: libmtmd could not encode an image or decode a chunk.
+        """
+        lib = self.lib
+        new_n_past = lib.llama_cpp.llama_pos(0)
+        todo = [c for c in self.chunks if c.start >= start]
+        for k, chunk in enumerate(todo):
+            status = lib.mtmd_helper_eval_chunk_single(self.projector.handle, lctx, chunk.handle, chunk.start, seq_id,
+                                                       n_batch, k == len(todo) - 1, ctypes.byref(new_n_past))
+            if status != 0:
+                raise PyllamaError(f"libmtmd could not evaluate the prompt's {'media' if chunk.media else 'text'} "
+                                   f"at position {chunk.start} (status {status})", hint="see the log with -v")
+
+    @property
+    def ends_with_text(self) -> bool:
+        return bool(self.chunks) and not self.chunks[-1].media
+
+    def close(self) -> None:
+        if self._chunks:
+            self.lib.mtmd_input_chunks_free(self._chunks)
+            self._chunks = None
+
+    def __del__(self) -> None:  # a server job cancelled before it ran still frees its chunks
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - at interpreter exit the bindings may be gone already
+            pass
+
+
+def prefill_slot(media: MediaPrompt, ctx: Any, seq_id: int, reuse: int) -> int:
+    """Evaluate a server slot's prompt with media into sequence `seq_id` (its first `reuse` positions are
+    cached already), all but the last token, which the scheduler's batch evaluates with the other slots'
+    tokens to get its logits. Returns how many positions the sequence now holds."""
+    last = len(media.tokens) - 1
+    start = media.chunk_start(min(reuse, last))
+    ctx.remove_tokens(seq_id, start, -1)
+    media.evaluate(ctx.handle, start, ctx.n_batch, seq_id)
+    ctx.remove_tokens(seq_id, last, -1)
+    media.close()  # its chunks are in the KV cache now
+    return last

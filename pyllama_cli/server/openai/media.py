@@ -1,0 +1,151 @@
+"""Images in chat requests: OpenAI's `image_url` and `input_audio` parts turned into checked media.
+
+A part's place in the message becomes libmtmd's media marker in the text, and its bytes a
+core/media `Media`. `data:` URLs are read; `file:` URLs only inside --media-path; an `http(s)` URL
+is refused unless its host is one of --media-domains (fetching it is not implemented yet, so even then
+it is refused with a hint), and any other scheme is refused, so the server never fetches an address
+on a client's behalf.
+Every problem is a 400 in the API's shape, naming the part.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Any
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+from ...core.media.check import Media, sniff
+from ...core.media.settings import MEDIA_MARKER
+from ...errors import InputError
+from ..errors import APIError
+from ..settings import ServerSettings
+
+MEDIA_PART_TYPES = ("image_url", "input_audio")
+NO_PROJECTOR = ("this model cannot see images or hear audio: the server has no multimodal projector "
+                "(start it with --mmproj)")
+
+
+def part_media(part: Any, where: str, settings: ServerSettings) -> Media:
+    """The checked bytes of one media part (`where` names it in errors: messages[0].content[1])."""
+    if part.type == "image_url":
+        url = (part.image_url or {}).get("url") if isinstance(part.image_url, dict) else part.image_url
+        data = _url_bytes(url, f"{where}.image_url.url", settings)
+    else:
+        audio = part.input_audio if isinstance(part.input_audio, dict) else {}
+        data = _base64(audio.get("data"), f"{where}.input_audio.data")
+    try:
+        return sniff(data, where)
+    except InputError as exc:
+        raise APIError(400, exc.message, param=where, code="invalid_value") from None
+
+
+def _url_bytes(url: Any, param: str, settings: ServerSettings) -> bytes:
+    if not isinstance(url, str) or not url:
+        raise APIError(400, f"{param} is missing: an image part needs a data: URL", param=param, code="invalid_value")
+    if url.startswith("data:"):
+        header, comma, payload = url.partition(",")
+        if not comma or not header.endswith(";base64"):
+            raise APIError(400, f"{param}: a data: URL must be base64 (data:image/png;base64,...)", param=param,
+                           code="invalid_value")
+        return _base64(payload, param)
+    parts = urlsplit(url)
+    if parts.scheme in ("http", "https"):
+        host = (parts.hostname or "").lower()
+        if host not in settings.media.domains:
+            raise APIError(400, f"{param}: remote media URLs are refused ({host or 'no host'} is not in "
+                           "--media-domains); send the image inline as a data: URL", param=param,
+                           code="invalid_value")
+        raise APIError(400, f"{param}: fetching remote media is not supported yet; send a data: URL", param=param,
+                       code="unsupported_value")
+    if parts.scheme == "file":
+        return _file_bytes(parts.path, param, settings)
+    what = f"{parts.scheme}: URLs are refused" if parts.scheme else "is not a URL"
+    raise APIError(400, f"{param}: {what}; send the image inline as a data: URL", param=param, code="invalid_value")
+
+
+def media_from_base64(payload: Any, where: str) -> Media:
+    """llama-server's multimodal_data entry: base64 bytes of an image or audio clip, checked."""
+    try:
+        return sniff(_base64(payload, where), where)
+    except InputError as exc:
+        raise APIError(400, exc.message, param=where, code="invalid_value") from None
+
+
+def _file_bytes(url_path: str, param: str, settings: ServerSettings) -> bytes:
+    """A file: URL's bytes, only from inside --media-path (links and .. resolved first, so none leads out)."""
+    folder = settings.media.path
+    if folder is None:
+        raise APIError(400, f"{param}: file: URLs are refused (the server has no --media-path); send the image "
+                       "inline as a data: URL", param=param, code="invalid_value")
+    path = Path(unquote(url_path)).resolve()
+    if not path.is_relative_to(folder) or not path.is_file():
+        raise APIError(400, f"{param}: no such file in --media-path", param=param, code="invalid_value")
+    limit = max(settings.media.max_image_bytes, settings.media.max_audio_bytes)
+    with open(path, "rb") as file:
+        data = file.read(limit + 1)
+    if len(data) > limit:
+        raise APIError(400, f"{param}: the file is larger than {limit} bytes", param=param, code="invalid_value")
+    return data
+
+
+def _base64(payload: Any, param: str) -> bytes:
+    if not isinstance(payload, str) or not payload:
+        raise APIError(400, f"{param} is empty", param=param, code="invalid_value")
+    try:
+        return base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        raise APIError(400, f"{param} is not valid base64", param=param, code="invalid_value") from None
+
+
+def content_text(parts: list[Any], i: int, settings: ServerSettings | None, media: list[Media] | None) -> str:
+    """A message's parts as one text: media parts become markers (their bytes appended to `media`);
+    without `media` (routes that render text only) they are refused."""
+    texts = []
+    for j, part in enumerate(parts):
+        where = f"messages[{i}].content[{j}]"
+        if part.type in MEDIA_PART_TYPES and media is not None and settings is not None:
+            media.append(part_media(part, where, settings))
+            texts.append(MEDIA_MARKER)
+        elif part.type != "text":
+            why = NO_PROJECTOR if part.type in MEDIA_PART_TYPES else "this server takes text and images"
+            raise APIError(400, f"messages[{i}]: content parts of type {part.type!r} are not supported: {why}",
+                           param=f"messages[{i}].content", code="invalid_value")
+        elif part.text is None:
+            raise APIError(400, f"{where}: a text part needs its \"text\"", param=where, code="invalid_value")
+        else:
+            texts.append(part.text)
+    return "".join(texts)
+
+
+def check_media_bytes(media: list[Media], settings: ServerSettings, param: str = "messages") -> None:
+    """A request's images and audio within --media-max-image-size and --media-max-audio-size."""
+    limits = (settings.media.max_image_bytes, settings.media.max_audio_bytes)
+    for kind, limit, flag in zip(("image", "audio"), limits, ("--media-max-image-size", "--media-max-audio-size")):
+        total = sum(len(m.data) for m in media if m.kind == kind)
+        if total > limit:
+            raise APIError(400, f"the request's {kind} data is {total} bytes, more than the {limit} this server "
+                           f"takes ({flag})", param=param, code="invalid_value")
+
+
+def media_prompt_of(engine: Any, prompt: str, media: list[Media], settings: ServerSettings,
+                    param: str = "messages") -> Any:
+    """The rendered prompt and its media as libmtmd's chunks (core/media's MediaPrompt).
+
+    Raises:
+        APIError: 400 when the model has no projector, or the projector refuses the media.
+    """
+    from ...core.media.prompt import MediaPrompt
+
+    if engine.projector is None:
+        raise APIError(400, NO_PROJECTOR, param=param, code="invalid_value")
+    check_media_bytes(media, settings, param)
+    try:
+        prepared = MediaPrompt(engine.projector, prompt, media)
+    except InputError as exc:
+        raise APIError(400, exc.message, param=param, code="invalid_value") from None
+    if not prepared.ends_with_text:
+        prepared.close()
+        raise APIError(400, "the prompt must not end with an image", param=param, code="invalid_value")
+    return prepared
