@@ -11,7 +11,7 @@ export function saveChats() {
 
 function storedMessage(m) {
   const out = {role: m.role, content: m.content};
-  for (const k of ["reasoning", "stats", "error", "stream"]) if (m[k]) out[k] = m[k];
+  for (const k of ["images", "reasoning", "stats", "error", "stream"]) if (m[k]) out[k] = m[k];
   return out;
 }
 

@@ -7,16 +7,18 @@ import {$, state, el, setStatus, chatTitle} from "./util.js";
 import {api, errorText, loadProps, renderMarkdown, readEvents} from "./api.js";
 import {saveChats, drawList, systemPrompt} from "./chats.js";
 import {drawMessages, reasoningNode, showHTML} from "./view.js";
+import {apiContent, takeAttachments} from "./attach.js";
 
 const RENDER_EVERY_MS = 400;  // how often a streaming answer is re-rendered as Markdown
 
 export function send(event) {
   if (event) event.preventDefault();
   const text = $("input").value;
-  if (!text.trim() || state.running) return;
+  if ((!text.trim() && !state.attachments.length) || state.running) return;
   const chat = state.current;
-  if (!chat.messages.length && chat.title === "New chat") chat.title = chatTitle(text);
-  chat.messages.push({role: "user", content: text});
+  if (!chat.messages.length && chat.title === "New chat") chat.title = text.trim() ? chatTitle(text) : "Image";
+  const images = takeAttachments();
+  chat.messages.push({role: "user", content: text, ...(images.length ? {images} : {})});
   $("input").value = "";
   drawList();
   drawMessages();
@@ -44,7 +46,7 @@ function requestBody(chat) {
   const s = state.settings;
   const system = systemPrompt(chat);
   const history = chat.messages.filter((m) => !m.error && (m.content || m.role === "user"))
-    .map((m) => ({role: m.role, content: m.content}));
+    .map((m) => ({role: m.role, content: apiContent(m)}));
   const body = {model: $("model").value || undefined, stream: true, stream_options: {include_usage: true},
     messages: [...(system ? [{role: "system", content: system}] : []), ...history]};
   if (s.temperature !== "") body.temperature = Number(s.temperature);

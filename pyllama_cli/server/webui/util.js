@@ -4,7 +4,8 @@ export const STORE = {settings: "pyllama.settings", chats: "pyllama.conversation
   key: "pyllama.apiKey", theme: "pyllama.theme", model: "pyllama.model"};
 
 export const $ = (id) => document.getElementById(id);
-export const state = {chats: [], current: null, models: [], nCtx: null, running: null, settings: {}};
+export const state = {chats: [], current: null, models: [], nCtx: null, running: null, settings: {},
+  vision: false, attachments: [], visionOf: {}};
 
 export function load(key, fallback) {
   try {

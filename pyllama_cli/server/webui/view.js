@@ -3,6 +3,7 @@
 import {$, state, el, button, copy} from "./util.js";
 import {rendered, renderMarkdown} from "./api.js";
 import {regenerate, answer} from "./stream.js";
+import {thumbnail} from "./attach.js";
 
 export function drawMessages() {
   const box = $("messages");
@@ -17,6 +18,11 @@ function messageNode(chat, m, index) {
   const node = el("article", "message " + m.role);
   node.dataset.index = index;
   if (m.role === "user") {
+    if (m.images) {
+      const images = el("div", "images");
+      images.append(...m.images.map(thumbnail));
+      node.append(images);
+    }
     node.append(el("div", "body plain", m.content),
       actions(button("Edit", () => editMessage(chat, index, node), "quiet small edit"),
         button("Copy", (e) => copy(m.content, e.target), "quiet small copy")));
@@ -89,8 +95,9 @@ function editMessage(chat, index, node) {
   box.rows = Math.min(12, box.value.split("\n").length + 1);
   const resend = () => {
     if (!box.value.trim()) return;
+    const images = chat.messages[index].images;  // an edit changes the text; the images stay
     chat.messages = chat.messages.slice(0, index);
-    chat.messages.push({role: "user", content: box.value});
+    chat.messages.push({role: "user", content: box.value, ...(images ? {images} : {})});
     drawMessages();
     answer(chat);
   };
