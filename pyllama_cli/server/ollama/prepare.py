@@ -20,10 +20,13 @@ from typing import Any
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
+from ...core.media.settings import MEDIA_MARKER
 from ...core.serving.engine import Engine
 from ...core.text.reasoning import EFFORT_BUDGETS
 from ...errors import InputError
+from .. import job_rules as rules
 from ..errors import APIError, to_api_error
+from ..openai.media import NO_PROJECTOR, media_from_base64, media_prompt_of
 from ..openai.prepare import PreparedChat, chat_request, plan_reasoning, prepare_chat, prepare_completion, render_prompt
 from ..openai.schemas import CompletionRequest
 from ..settings import ServerSettings
@@ -50,7 +53,7 @@ def prepare_ollama_chat(engine: Engine, settings: ServerSettings, req: ChatReque
     if not req.messages:
         raise APIError(400, "messages: at least one message is required")
     fields = _option_fields(req.options, req.format)
-    fields["messages"] = [_message(m, i) for i, m in enumerate(req.messages)]
+    fields["messages"] = [_message(m, i, engine.projector is not None) for i, m in enumerate(req.messages)]
     if req.tools:
         fields["tools"] = req.tools
     choice = req.tool_choice if req.tool_choice is not None else (req.options or {}).get("tool_choice")
@@ -65,10 +68,10 @@ def prepare_ollama_chat(engine: Engine, settings: ServerSettings, req: ChatReque
 
 def prepare_generate(engine: Engine, settings: ServerSettings, req: GenerateRequest) -> PreparedChat:
     """The job of a /api/generate request with a prompt (an empty one loads or unloads: routes.py)."""
-    if req.images:
-        raise APIError(400, "images: this server takes text only")
     if req.template:
         log.info("ollama /api/generate: `template` is ignored (the model's chat template is used)")
+    if req.images:
+        return _generate_with_images(engine, settings, req)
     text, opens_prompt = _generate_text(engine, settings, req)
     try:
         ids = list(req.context or ())
@@ -82,20 +85,59 @@ def prepare_generate(engine: Engine, settings: ServerSettings, req: GenerateRequ
         raise APIError(400, exc.message) from None
     if not ids:
         raise APIError(400, "prompt: the prompt has no tokens")
+    job, _ = _completion_job(engine, settings, req, ids)
+    return _with_thinking(engine, settings, req, job, text, opens_prompt)
+
+
+def _completion_job(engine: Engine, settings: ServerSettings, req: GenerateRequest,
+                    prompt: Any) -> tuple[Any, CompletionRequest]:
     fields = _option_fields(req.options, req.format)
-    fields["prompt"] = ids
+    fields["prompt"] = prompt
     with _option_names():
         try:
             completion = CompletionRequest.model_validate(fields)
         except ValidationError as exc:
             raise to_api_error(RequestValidationError(exc.errors())) from None
         [job] = prepare_completion(engine, settings, completion)
-    job = _with_mirostat(job, req.options)
+    return _with_mirostat(job, req.options), completion
+
+
+def _with_thinking(engine: Engine, settings: ServerSettings, req: GenerateRequest, job: Any, text: str,
+                   opens_prompt: bool) -> PreparedChat:
     thinking, budget = (None, None)
     if opens_prompt:
         thinking, budget = plan_reasoning(engine, settings, text, _think_budget(req.think), job.sampling.grammar)
         job = replace(job, think_budget=budget)
     return PreparedChat(job, None, False, thinking=thinking)
+
+
+def _generate_with_images(engine: Engine, settings: ServerSettings, req: GenerateRequest) -> PreparedChat:
+    """A prompt with `images`, placed as ollama places them: before the prompt's text in the user's turn
+    (or at the start of a raw prompt, unless it marks their places with libmtmd's media marker)."""
+    from ...core.media.prompt import with_markers
+
+    if engine.projector is None:
+        raise APIError(400, f"images: {NO_PROJECTOR}")
+    if req.suffix or req.context:
+        raise APIError(400, "images: not with " + ("suffix" if req.suffix else "context") + " (send them in a new prompt)")
+    media = [media_from_base64(image, f"images[{k}]") for k, image in enumerate(req.images or ())]
+    if req.raw:
+        try:
+            text, opens_prompt = with_markers(req.prompt, len(media)), False
+        except InputError as exc:
+            raise APIError(400, exc.message) from None
+    else:
+        text, opens_prompt = _generate_text(engine, settings, req, MEDIA_MARKER * len(media))
+    # the sampling, stops and limits of the text alone; the prompt and its budget are the media prompt's
+    job, completion = _completion_job(engine, settings, req, text)
+    prompt = media_prompt_of(engine, text, media, settings, param="images")
+    try:
+        budget = rules.budget(rules.requested_tokens(completion), len(prompt.tokens), engine, settings, "prompt")
+        job = replace(job, prompt=tuple(prompt.tokens), media=prompt, max_tokens=budget)
+    except APIError:
+        prompt.close()
+        raise
+    return _with_thinking(engine, settings, req, job, text, opens_prompt)
 
 
 @contextmanager
@@ -112,12 +154,14 @@ def _option_names() -> Iterator[None]:
         raise
 
 
-def _generate_text(engine: Engine, settings: ServerSettings, req: GenerateRequest) -> tuple[str, bool]:
-    """The prompt's text, and whether it went through the chat template (then thinking is cut out)."""
+def _generate_text(engine: Engine, settings: ServerSettings, req: GenerateRequest,
+                   markers: str = "") -> tuple[str, bool]:
+    """The prompt's text, and whether it went through the chat template (then thinking is cut out);
+    `markers` (the images' places) go before the prompt in the user's turn."""
     if req.raw or req.suffix:
         return req.prompt, False
     messages = ([{"role": "system", "content": req.system}] if req.system else []) + \
-        [{"role": "user", "content": req.prompt}]
+        [{"role": "user", "content": markers + req.prompt}]
     kwargs = {"enable_thinking": bool(req.think)} if req.think is not None else None
     return render_prompt(engine, settings, messages, None, template_kwargs=kwargs), True
 
@@ -182,10 +226,10 @@ def _think_budget(think: Any) -> int | None:
     return None
 
 
-def _message(message: Message, index: int) -> dict[str, Any]:
-    if message.images:
-        raise APIError(400, f"messages[{index}].images: this server takes text only")
+def _message(message: Message, index: int, vision: bool) -> dict[str, Any]:
     out: dict[str, Any] = {"role": message.role, "content": message.content or ""}
+    if message.images:
+        out["content"] = [*_image_parts(message.images, index, vision), {"type": "text", "text": out["content"]}]
     if message.thinking:
         out["reasoning_content"] = message.thinking
     if message.tool_calls:
@@ -198,3 +242,13 @@ def _message(message: Message, index: int) -> dict[str, Any]:
         if message.tool_call_id:
             out["tool_call_id"] = message.tool_call_id
     return out
+
+
+def _image_parts(images: list[str], index: int, vision: bool) -> list[dict[str, Any]]:
+    """ollama's base64 `images` as OpenAI image_url parts, before the message's text as ollama puts them;
+    each is checked here so that an error names it as the client sent it."""
+    if not vision:
+        raise APIError(400, f"messages[{index}].images: {NO_PROJECTOR}")
+    for k, image in enumerate(images):
+        media_from_base64(image, f"messages[{index}].images[{k}]")
+    return [{"type": "image_url", "image_url": {"url": "data:image/*;base64," + image}} for image in images]
