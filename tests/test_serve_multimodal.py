@@ -284,3 +284,28 @@ def test_router_preset_gives_a_model_its_projector(tiny_model: Path, mmproj: Pat
         assert "this model cannot see images" in caught.value.body["message"]
     finally:
         srv.stop()
+
+
+def test_token_counts_and_apply_template_take_images(vision: Server, text_only: Server,
+                                                     images: dict[str, Path],  # noqa: F811
+                                                     expected: dict[str, tuple[str, int]]) -> None:
+    """count_tokens, /v1/chat/completions/input_tokens and /apply-template read image parts as the
+    generating routes do: the image's 16 tokens counted, its marker in the rendered prompt."""
+    data = images["jpeg"].read_bytes()
+    source = {"type": "base64", "media_type": "image/jpeg", "data": base64.b64encode(data).decode()}
+    client = anthropic.Anthropic(base_url=vision.url, api_key="unused", max_retries=0, timeout=60)
+    counted = client.messages.count_tokens(model="any", messages=[
+        {"role": "user", "content": [{"type": "image", "source": source}, {"type": "text", "text": QUESTION}]}])
+    assert counted.input_tokens == expected["jpeg"][1] == 41
+    messages = ask(data_url(data, "image/jpeg"))
+    counted = httpx.post(f"{vision.url}/v1/chat/completions/input_tokens", json={"messages": messages}, timeout=30)
+    assert counted.json() == {"input_tokens": 41, "object": "response.input_tokens"}
+    rendered = httpx.post(f"{vision.url}/apply-template", json={"messages": messages}, timeout=30).json()
+    assert rendered == {"prompt": f"<|im_start|>user\n<__media__>{QUESTION}<|im_end|>\n<|im_start|>assistant\n"}
+
+    hostile = httpx.post(f"{vision.url}/apply-template", json={"messages": ask(data_url(b"not an image"))})
+    assert hostile.status_code == 400
+    assert hostile.json()["error"]["message"].startswith("messages[0].content[0] is not an image")
+    refused = httpx.post(f"{text_only.url}/v1/messages/count_tokens", timeout=30, json={"model": "any", "messages": [
+        {"role": "user", "content": [{"type": "image", "source": source}, {"type": "text", "text": QUESTION}]}]})
+    assert refused.status_code == 400 and "cannot see images" in refused.json()["error"]["message"]

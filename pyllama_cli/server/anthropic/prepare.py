@@ -12,6 +12,7 @@ from typing import Any
 
 from ...core.serving.engine import Engine
 from ..errors import APIError
+from ..openai.media import media_list, prompt_token_count
 from ..openai.prepare import PreparedChat, chat_request, message_dicts, plan_request_tools, prepare_chat, render_prompt
 from ..settings import ServerSettings
 from .schemas import ContentBlock, CountTokensRequest, MessageParam, MessagesRequest
@@ -28,8 +29,9 @@ def count_prompt_tokens(engine: Engine, settings: ServerSettings, req: CountToke
     """The tokens of the prompt /v1/messages would render for the same messages and tools."""
     chat = chat_request(_chat_fields(req))
     plan = plan_request_tools(chat.tools, chat.tool_choice, chat.parallel_tool_calls is not False, False)
-    prompt = render_prompt(engine, settings, message_dicts(chat.messages), plan)
-    return len(engine.tokenize(prompt, add_special=True, parse_special=True))
+    media = media_list(engine)
+    prompt = render_prompt(engine, settings, message_dicts(chat.messages, settings, media), plan)
+    return prompt_token_count(engine, prompt, media or [], settings)
 
 
 def _think_budget(req: CountTokensRequest) -> int | None:

@@ -12,6 +12,7 @@ from ...errors import InputError
 from .. import spine
 from ..errors import OPENAPI_ERRORS, APIError
 from ..model_set import ModelSet
+from ..openai.media import media_list, prompt_token_count
 from ..openai.prepare import message_dicts, plan_request_tools, render_prompt
 from .schemas import (
     ApplyTemplateRequest,
@@ -48,12 +49,13 @@ def add_token_routes(app: FastAPI, models: ModelSet) -> None:
 
     @app.post("/apply-template", response_model=ApplyTemplateResponse, responses=OPENAPI_ERRORS, tags=["Server"])
     async def apply_template(body: ApplyTemplateRequest, request: Request) -> Any:
-        """The prompt the chat template makes of `messages` (and `tools`), as /v1/chat/completions would."""
+        """The prompt the chat template makes of `messages` (and `tools`), as /v1/chat/completions would;
+        each image or audio part is its media marker there."""
         served = await models.named(request)
         spine.ready(served.engine)
         plan = plan_request_tools(body.tools, body.tool_choice)
-        prompt = await run_in_threadpool(render_prompt, served.engine, served.settings, message_dicts(body.messages),
-                                         plan)
+        messages = message_dicts(body.messages, served.settings, media_list(served.engine))
+        prompt = await run_in_threadpool(render_prompt, served.engine, served.settings, messages, plan)
         return {"prompt": prompt}
 
     @app.post("/chat/completions/input_tokens", tags=["llama-server"])
@@ -62,9 +64,11 @@ def add_token_routes(app: FastAPI, models: ModelSet) -> None:
         """How many tokens the prompt of `messages` takes."""
         model = await models.named(request)
         engine = spine.generating(model.engine)
-        messages = message_dicts(body.messages)
+        media = media_list(engine)
+        messages = message_dicts(body.messages, model.settings, media)
         prompt = await run_in_threadpool(render_prompt, model.engine, model.settings, messages, None)
-        return {"input_tokens": len(engine.tokenize(prompt)), "object": "response.input_tokens"}
+        n = await run_in_threadpool(prompt_token_count, engine, prompt, media or [], model.settings)
+        return {"input_tokens": n, "object": "response.input_tokens"}
 
 
 def piece_text(data: bytes) -> str | list[int]:

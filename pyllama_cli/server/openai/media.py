@@ -149,3 +149,22 @@ def media_prompt_of(engine: Any, prompt: str, media: list[Media], settings: Serv
         prepared.close()
         raise APIError(400, "the prompt must not end with an image", param=param, code="invalid_value")
     return prepared
+
+
+def prompt_token_count(engine: Any, prompt: str, media: list[Media], settings: ServerSettings,
+                       param: str = "messages") -> int:
+    """The tokens of a rendered prompt with its media (each image as many as its projector makes), as
+    the generating routes would count them; the media are tokenized, not encoded."""
+    if not media:
+        return len(engine.tokenize(prompt, add_special=True, parse_special=True))
+    prepared = media_prompt_of(engine, prompt, media, settings, param)
+    try:
+        return len(prepared.tokens)
+    finally:
+        prepared.close()
+
+
+def media_list(engine: Any) -> list[Media] | None:
+    """Where a route collects a request's media: a list when the model has a projector, None (media parts
+    refused with NO_PROJECTOR) when it has none."""
+    return [] if engine.projector is not None else None
