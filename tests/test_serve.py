@@ -592,7 +592,8 @@ def test_prompt_longer_than_the_context_is_400_with_both_numbers(server: Server)
     with pytest.raises(openai.BadRequestError) as caught:
         server.client().completions.create(model="tiny", prompt=prompt, max_tokens=1)
     error = caught.value.body
-    assert error["message"] == f"the prompt has {N_CTX + 101} tokens but the context holds {N_CTX}"
+    assert error["message"] == (f"the request ({N_CTX + 101} tokens) exceeds the available context size ({N_CTX} "
+                                "tokens): shorten the prompt, or restart the server with a larger -c")
     assert (error["code"], error["n_prompt_tokens"], error["n_ctx"]) == ("context_length_exceeded", N_CTX + 101, N_CTX)
 
 

@@ -21,34 +21,11 @@ from ..options.sampling import SamplingOptions, sampling_options
 from ..options.speculative import SpeculativeOptions, speculative_options
 from ..server.settings import ServerLimits
 from ..options.serve import (
-    DEFAULT_HOST,
-    DEFAULT_MODELS_MAX,
-    DEFAULT_PORT,
-    SERVER_PANEL,
-    AliasOpt,
-    AllowedHostsOpt,
-    ApiKeyOpt,
-    CorsOriginOpt,
-    LogFormatOpt,
-    QuietOpt,
-    ServeVerboseOpt,
-    VerboseNativeOpt,
-    DocsOpt,
-    HostOpt,
-    KvUnifiedOpt,
-    MaxBodySizeOpt,
-    ModelsCacheOpt,
-    ModelsDirOpt,
-    ModelsMaxOpt,
-    ModelsPresetOpt,
-    NoWebuiOpt,
-    ParallelOpt,
-    PortOpt,
-    SleepIdleOpt,
-    SlotSavePathOpt,
-    ReasoningBudgetOpt,
-    ReasoningFormatOpt,
-    parse_size,
+    DEFAULT_HOST, DEFAULT_MODELS_MAX, DEFAULT_PORT, SERVER_PANEL, AliasOpt, AllowedHostsOpt, ApiKeyOpt,
+    CorsOriginOpt, LogFormatOpt, QuietOpt, ServeVerboseOpt, VerboseNativeOpt, DocsOpt, HostOpt, KvUnifiedOpt,
+    MaxBodySizeOpt, MetricsOpt, ModelsAutoloadOpt, TagsOpt, ModelsCacheOpt, ModelsDirOpt, ModelsMaxOpt,
+    ModelsPresetOpt, NoWebuiOpt, ParallelOpt, PortOpt, SleepIdleOpt, SlotSavePathOpt, ReasoningBudgetOpt,
+    ReasoningFormatOpt, parse_size,
 )
 from ..core.text.reasoning import FORMAT_DEEPSEEK, UNLIMITED
 
@@ -92,6 +69,9 @@ def serve(
     parallel: ParallelOpt = 1,
     kv_unified: KvUnifiedOpt = False,
     no_webui: NoWebuiOpt = False,
+    metrics: MetricsOpt = True,
+    tags: TagsOpt = None,
+    models_autoload: ModelsAutoloadOpt = True,
     models_dir: ModelsDirOpt = None,
     models_cache: ModelsCacheOpt = False,
     models_max: ModelsMaxOpt = DEFAULT_MODELS_MAX,
@@ -138,8 +118,8 @@ def serve(
         reasoning_format=reasoning_format, reasoning_budget=reasoning_budget, docs=docs,
         allowed_hosts=hosts_allowed(host, allowed_hosts or []),
         access_log=None if quiet else log_format, verbose=load.verbose, **embeddings.fields,
-        prompt_cache=replace(prompt_cache, template=chat_template),
-    )
+        prompt_cache=replace(prompt_cache, template=chat_template), metrics=metrics, tags=_names(tags),
+        aliases=_names(alias), models_autoload=models_autoload)
     load = replace(load, verbose=verbose_native)  # -v is the server's detail; llama.cpp's log is its own switch
     if router:
         _serve_router(ctx, model, load, settings, host, port, embeddings=embeddings, alias=alias,
@@ -151,7 +131,8 @@ def serve(
     if past := trained_context_warning(resolved.path, per_request, f"a context of {per_request} tokens per request"):
         warn(past)
     _add_rpc_servers(load)
-    settings = replace(settings, alias=alias or resolved.path.stem)  # default: the file's name without .gguf
+    # The id is the first alias in order (llama-server keeps them in a sorted set); default: the file's stem.
+    settings = replace(settings, alias=settings.aliases[0] if settings.aliases else resolved.path.stem)
     socks = server.listen_for(host, port, settings)
     server.serve(socks, resolved.path, load, settings, embeddings=embeddings, parallel=parallel, kv_unified=kv_unified)
 
@@ -181,6 +162,11 @@ def _serve_router(ctx: typer.Context, model: ModelRequests, load: LoadSettings, 
     _add_rpc_servers(load)
     socks = server.listen_for(host, port, settings)
     serve_router(socks, models, preload, settings, options, settings.verbose)
+
+
+def _names(text: str | None) -> tuple[str, ...]:
+    """--alias and --tags: comma-separated names, sorted and without repeats (as llama-server keeps them)."""
+    return tuple(sorted({name.strip() for name in (text or "").split(",") if name.strip()}))
 
 
 def _add_rpc_servers(load: LoadSettings) -> None:

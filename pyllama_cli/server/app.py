@@ -22,7 +22,7 @@ from starlette.concurrency import run_in_threadpool
 from .. import __version__
 from . import spine
 from .anthropic import routes as anthropic
-from .errors import OPENAPI_ERRORS, install_error_handlers
+from .errors import OPENAPI_ERRORS, APIError, install_error_handlers
 from .http.access_log import AccessLogMiddleware
 from .http.auth import ApiKeyMiddleware
 from .http.leases import LeaseMiddleware
@@ -113,8 +113,12 @@ def _add_server_routes(app: FastAPI, models: ModelSet) -> None:
 
     @app.get("/metrics", response_class=PlainTextResponse, tags=["Server"])
     async def metrics() -> Any:
-        """Prometheus text: requests, tokens, speeds, queue depth, errors."""
-        return PlainTextResponse(app.state.metrics.render(models), media_type=CONTENT_TYPE)
+        """Prometheus text: requests, tokens, speeds, queue depth, errors; pyllama_* and llama-server's
+        llamacpp:* series (501 when started with --no-metrics)."""
+        if not app.state.settings.metrics:
+            raise APIError(501, "This server does not support metrics endpoint. Start it with `--metrics`")
+        return PlainTextResponse(app.state.metrics.render(models), media_type=CONTENT_TYPE,
+                                 headers={"Process-Start-Time-Unix": str(app.state.metrics.started)})
 
     @app.post("/models/load", responses=OPENAPI_ERRORS, tags=["Server"])
     async def load_model(body: ModelLoadRequest) -> Any:

@@ -119,7 +119,9 @@ class OneModel(ModelSet):
         engine = self.model.engine
         status = {READY: "loaded", FAILED: "failed", BROKEN: "failed", CLOSED: "unloaded"}.get(engine.state, "loading")
         idle = 0.0 if self._requests else time.monotonic() - self._last_used
+        settings = self.model.settings
         return [model_card(self.model.id, engine.path, file_size(engine.path), status=status, engine=engine,
+                           aliases=settings.aliases, tags=settings.tags,
                            idle_s=idle, error=engine.error if status == "failed" else None)]
 
     async def load(self, model_id: str) -> None:

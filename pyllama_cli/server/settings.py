@@ -61,3 +61,7 @@ class ServerSettings:
     verbose: bool = False  # -v: each request's prompt tokens by part, uvicorn's own log
     pooling: int = -1  # --pooling as llama.cpp's pooling type (-1: the model's own); 4 (rank) with --rerank
     embd_normalize: int = 2  # --embd-normalize
+    aliases: tuple[str, ...] = ()  # every --alias name (a,b,c); `alias`, the id, is the first in order
+    tags: tuple[str, ...] = ()  # --tags: informational, listed in /v1/models
+    models_autoload: bool = True  # router mode: load a model on its first request (--no-models-autoload)
+    metrics: bool = True  # serve /metrics (--no-metrics: 501, as llama-server without --metrics)

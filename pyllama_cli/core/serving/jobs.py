@@ -185,8 +185,12 @@ class EngineStats:
     embedding_inputs: int = 0
     draft_tokens: int = 0  # tokens speculative decoding drafted
     draft_tokens_accepted: int = 0  # of those, the ones the model agreed with
+    draft_steps: int = 0  # steps that verified a draft
     queue_depth: int = 0  # jobs waiting for the worker
     processing: int = 0  # jobs being worked on
+    n_decode: int = 0  # llama_decode calls (the model's; not the draft model's)
+    n_busy_slots: int = 0  # slots in those calls, summed (over n_decode: the average batch's slots)
+    n_tokens_max: int = 0  # the longest sequence seen, prompt and generated tokens
 
     def add_generation(self, gen: GenerationStats) -> None:
         """Count a finished (or cancelled) generation's tokens and times into the totals."""
@@ -197,6 +201,8 @@ class EngineStats:
         self.generation_seconds += gen.generation_ms / 1000
         self.draft_tokens += gen.n_drafted
         self.draft_tokens_accepted += gen.n_draft_accepted
+        self.draft_steps += gen.n_draft_steps
+        self.n_tokens_max = max(self.n_tokens_max, gen.n_prompt + gen.n_generated)
 
 
 @dataclass(frozen=True)

@@ -400,6 +400,8 @@ class ParallelEngine(Engine):
                 self._unpad(*self._pad)
         if self._timing_padding:
             self._padding.record(self._pad is not None, time.perf_counter() - started)
+        self._stats.n_decode += 1
+        self._stats.n_busy_slots += sum(slot.in_batch for slot in self.slots)
         for slot in self.slots:
             if slot.state == PREFILL and slot.in_batch and slot.job.progress:
                 self._post(slot.stream, Event(progress=(slot.stats.n_prompt, slot.stats.n_cached, len(slot.cached))))

@@ -1,0 +1,144 @@
+"""Behaviours llama-server's own test suite showed pyllama lacked (benchmarks/llama_server_suite.py):
+llama-server's /metrics series and header, --no-metrics, its generation-rate arithmetic, timings on
+prompt-progress chunks, --alias a,b,c with --tags, and ignore_eos as end-of-generation biases."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.fixtures.make_gguf import EOS_ID, IM_END_ID
+from tests.test_serve import Server, spawn_serve
+
+LONG_PROMPT = "the quick brown fox jumps over the lazy dog " * 8  # several batches of -b 32
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    log = tmp_path_factory.mktemp("parity") / "stderr.log"
+    srv = spawn_serve(log, ["-m", str(tiny_model), "-c", "512", "-b", "32", "-np", "1", "--alias", "tiny-b,tiny-a",
+                            "--tags", "small, chat,small"])
+    yield srv
+    srv.stop()
+
+
+def _complete(server: Server, body: dict) -> dict:
+    response = httpx.post(f"{server.url}/completion", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def _llamacpp_series(text: str) -> dict[str, tuple[str, float]]:
+    """llama-server's unlabelled series: name -> (type, value); every one must have HELP and TYPE lines."""
+    types = dict(re.findall(r"^# TYPE (llamacpp:\S+) (\S+)$", text, re.MULTILINE))
+    helps = set(re.findall(r"^# HELP (llamacpp:\S+) \S", text, re.MULTILINE))
+    values = dict(re.findall(r"^(llamacpp:[^{\s]+) (\S+)$", text, re.MULTILINE))
+    assert set(values) == set(types) == helps
+    return {name: (types[name], float(value)) for name, value in values.items()}
+
+
+def _scrape(server: Server) -> tuple[httpx.Response, dict[str, tuple[str, float]]]:
+    response = httpx.get(f"{server.url}/metrics", timeout=30)
+    assert response.status_code == 200
+    return response, _llamacpp_series(response.text)
+
+
+def test_metrics_carry_llama_servers_series_beside_pyllamas(server: Server) -> None:
+    before = _scrape(server)[1]
+    answers = [_complete(server, {"prompt": "one two three four five six", "n_predict": 3, "ignore_eos": True})
+               for _ in range(2)]
+    response, after = _scrape(server)
+    started = int(response.headers["Process-Start-Time-Unix"])
+    assert time.time() - 600 < started <= time.time()
+    assert "pyllama_generated_tokens_total" in response.text  # pyllama's own names stay
+
+    counters = ["prompt_tokens_total", "prompt_tokens_cached_total", "prompt_seconds_total", "tokens_predicted_total",
+                "tokens_predicted_seconds_total", "n_decode_total", "n_tokens_max",
+                "spec_decode_num_draft_tokens_total", "spec_decode_num_accepted_tokens_total",
+                "spec_decode_num_drafts_total"]
+    gauges = ["prompt_tokens_seconds", "predicted_tokens_seconds", "requests_processing", "requests_deferred",
+              "n_busy_slots_per_decode"]
+    assert {name: kind for name, (kind, _) in after.items()} == {
+        **{f"llamacpp:{n}": "counter" for n in counters}, **{f"llamacpp:{n}": "gauge" for n in gauges}}
+
+    def grew(name: str) -> float:
+        return after[f"llamacpp:{name}"][1] - before[f"llamacpp:{name}"][1]
+
+    timings = [answer["timings"] for answer in answers]
+    assert answers[1]["timings"]["cache_n"] > 0  # the second prompt was reused
+    assert grew("prompt_tokens_total") == sum(t["prompt_n"] for t in timings)
+    assert grew("prompt_tokens_cached_total") == sum(t["cache_n"] for t in timings)
+    assert grew("tokens_predicted_total") == 6
+    # one decode per prompt batch, then one per generated token after the first
+    assert grew("n_decode_total") == 2 + 2 * 2
+    assert after["llamacpp:n_busy_slots_per_decode"][1] == 1.0  # one slot
+    assert after["llamacpp:requests_processing"][1] == 0
+    assert after["llamacpp:spec_decode_num_drafts_total"][1] == 0
+    assert after["llamacpp:n_tokens_max"][1] >= answers[0]["tokens_evaluated"] + 3
+    # the throughput gauges cover the time since the last scrape: nothing ran since this one
+    assert _scrape(server)[1]["llamacpp:predicted_tokens_seconds"][1] == 0.0
+
+
+def test_no_metrics_answers_501_as_llama_server_without_metrics(tiny_model: Path, tmp_path: Path) -> None:
+    srv = spawn_serve(tmp_path / "stderr.log", ["-m", str(tiny_model), "-c", "256", "--no-metrics"])
+    try:
+        response = httpx.get(f"{srv.url}/metrics", timeout=30)
+    finally:
+        srv.stop()
+    assert response.status_code == 501
+    assert response.json()["error"]["type"] == "not_supported_error"
+    assert "--metrics" in response.json()["error"]["message"]
+
+
+def test_the_generation_rate_leaves_out_the_first_token(server: Server) -> None:
+    # The first token comes from the prompt's last batch: no decode step of its own.
+    one = _complete(server, {"prompt": "hello", "n_predict": 1})["timings"]
+    assert (one["predicted_n"], one["predicted_per_second"], one["predicted_per_token_ms"]) == (1, 0.0, 0.0)
+    eight = _complete(server, {"prompt": "hello there", "n_predict": 8, "ignore_eos": True})["timings"]
+    assert eight["predicted_n"] == 8
+    assert eight["predicted_per_second"] == pytest.approx(1000 * 7 / eight["predicted_ms"])
+    assert eight["predicted_per_token_ms"] == pytest.approx(eight["predicted_ms"] / 7)
+
+
+def test_progress_chunks_carry_the_prompts_timings_with_timings_per_token(server: Server) -> None:
+    body = {"prompt": LONG_PROMPT + "x", "n_predict": 2, "stream": True, "return_progress": True,
+            "timings_per_token": True}
+    with httpx.stream("POST", f"{server.url}/completion", json=body, timeout=60) as response:
+        chunks = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")]
+    progress = [chunk for chunk in chunks if "prompt_progress" in chunk]
+    assert len(progress) > 2
+    first = progress[0]["timings"]
+    assert (first["prompt_n"], first["prompt_ms"], first["predicted_n"], first["predicted_ms"]) == (0, 0.0, 0, 0.0)
+    for chunk in progress:
+        p = chunk["prompt_progress"]
+        assert chunk["timings"]["prompt_n"] == p["processed"] - p["cache"]
+    times = [chunk["timings"]["prompt_ms"] for chunk in progress]
+    assert times == sorted(times) and times[-1] > 0
+    # without timings_per_token, progress chunks stay as they were
+    body["timings_per_token"] = False
+    with httpx.stream("POST", f"{server.url}/completion", json=body, timeout=60) as response:
+        chunks = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")]
+    assert not any("timings" in chunk for chunk in chunks if "prompt_progress" in chunk)
+
+
+def test_several_aliases_and_tags_are_listed_and_the_id_is_the_first_alias(server: Server) -> None:
+    card = httpx.get(f"{server.url}/v1/models", timeout=30).json()["data"][0]
+    assert (card["id"], card["aliases"], card["tags"]) == ("tiny-a", ["tiny-a", "tiny-b"], ["chat", "small"])
+    answer = httpx.post(f"{server.url}/v1/completions", json={"model": "tiny-b", "prompt": "hi", "max_tokens": 1},
+                        timeout=60).json()
+    assert answer["model"] == "tiny-a"
+
+
+def test_ignore_eos_biases_the_end_of_generation_tokens_away(server: Server) -> None:
+    settings = _complete(server, {"prompt": "hi", "n_predict": 2, "ignore_eos": True,
+                                  "logit_bias": [[300, 1.5]]})["generation_settings"]
+    assert settings["logit_bias"] == [{"bias": 1.5, "token": 300}, {"bias": None, "token": EOS_ID},
+                                      {"bias": None, "token": IM_END_ID}]
+    plain = _complete(server, {"prompt": "hi", "n_predict": 2})["generation_settings"]
+    assert plain["logit_bias"] == []
