@@ -74,7 +74,14 @@ SETUPS: dict[str, Setup] = {
     "unit/test_lora.py": Setup(flags=(*_STORIES15M, "--lora", "{lora}")),
     "unit/test_infill.py": Setup(flags=("--alias", "tinyllama-infill", "-c", "2048", "-b", "1024", "-np", "1", "-n",
                                         "64", "--temp", "0", "--seed", "42")),
-    "unit/test_router.py": Setup(router=True),
+    "unit/test_router.py": Setup(router=True, flags=(), per_test={
+        "test_router_props": ("--models-max", "2", "--no-models-autoload"),
+        "test_router_models_max_evicts_lru": ("--models-max", "2"),
+        "test_router_queue_coalesces": ("--models-max", "2"),
+        "test_router_queue": ("--models-max", "1"),
+        "test_router_download_model": ("--models-max", "1"),
+        "test_router_no_models_autoload": ("--no-models-autoload",),
+        "test_router_api_key_required": ("--api-key", "sk-router-secret")}),
 }
 
 

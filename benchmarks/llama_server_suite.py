@@ -49,6 +49,8 @@ REF_SRC = Path("~/.cache/pyllama-ref/src").expanduser()
 PRESET = list(TINYLLAMA2)
 # The suite's `router` preset: the model its router tests name, and the flags it gives the router.
 ROUTER_MODEL = "ggml-org/tinygemma3-GGUF:Q8_0"
+# The others test_router.py's eviction and queue tests name (each the tiny llama here).
+ROUTER_MODELS = (ROUTER_MODEL, "ggml-org/test-model-stories260K:F32", "ggml-org/test-model-stories260K-infill:F32")
 ROUTER_FLAGS = ["-b", "16", "-n", "16", "--seed", "42"]
 
 
@@ -162,7 +164,8 @@ def serve_and_run(name: str, cmd: list[str], port: int, tests: Path, work: Path,
 def router_commands(model: Path, work: Path, llama_cpp_bin: Path | None) -> dict[str, list[str]]:
     """Each server's router command line (without --port), serving `model` as ROUTER_MODEL."""
     preset = work / "router.ini"
-    preset.write_text(f"version = 1\n[{ROUTER_MODEL}]\nmodel = {model}\nc = 1024\nnp = 1\n")
+    preset.write_text("version = 1\n" + "".join(f"[{name}]\nmodel = {model}\nc = 1024\nnp = 1\n"
+                                                for name in ROUTER_MODELS))
     folder = work / "router-models"  # pyllama's router wants a folder with a model in it as well
     folder.mkdir(exist_ok=True)
     if not (folder / "other.gguf").exists():
@@ -184,16 +187,17 @@ def collect(tests: Path, work: Path, select: str | None, files: tuple[str, ...])
 
 
 def run_routers(commands: dict[str, list[str]], tests: Path, work: Path, select: str | None,
-                files: tuple[str, ...]) -> dict[str, dict[str, str]]:
-    """Each test of FILES against a fresh router of each server."""
+                files: tuple[str, ...], setup: Setup | None = None) -> dict[str, dict[str, str]]:
+    """Each test of FILES against a fresh router of each server (with the flags setup.per_test gives it)."""
     test_ids = collect(tests, work, select, files)
     results: dict[str, dict[str, str]] = {}
     for name, cmd in commands.items():
         results[name] = {}
         for number, test_id in enumerate(test_ids):
             port = common.free_port()
-            results[name].update(serve_and_run(f"{name}-router-{number}", [*cmd, "--port", str(port)], port,
-                                               tests, work, None, (test_id,)))
+            extra = flags_for(setup, test_id) if setup else ()
+            results[name].update(serve_and_run(f"{name}-router-{number}", [*cmd, *extra, "--port", str(port)],
+                                               port, tests, work, None, (test_id,)))
     return results
 
 
@@ -244,7 +248,7 @@ def run_files(files: tuple[str, ...], tests: Path, work: Path, select: str | Non
         setup = setup_of(file)
         if setup.router:
             for name, got in run_routers(router_commands(suite_model(), work, llama_cpp_bin), tests, work, select,
-                                         (file,)).items():
+                                         (file,), setup).items():
                 results.setdefault(name, {}).update(got)
         elif setup.fresh:
             for number, test_id in enumerate(collect(tests, work, select, (file,))):

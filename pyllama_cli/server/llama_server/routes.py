@@ -63,7 +63,10 @@ def add_routes(app: FastAPI, models: ModelSet) -> None:
 
     @app.get("/props", tags=["llama-server"])
     async def props(request: Request) -> Any:
-        """Server properties: slots, per-slot context, default sampling, model path, chat template."""
+        """Server properties: slots, per-slot context, default sampling, model path, chat template (router
+        mode without ?model=: the router's own, role "router")."""
+        if models.router and "model" not in request.query_params:
+            return {**models.props(), "build_info": _build_info()}  # type: ignore[attr-defined]
         model = await models.named(request)
         engine, settings = spine.generating(model.engine), model.settings
         template = await run_in_threadpool(engine.chat_template_text, settings.chat_template)
@@ -71,9 +74,17 @@ def add_routes(app: FastAPI, models: ModelSet) -> None:
                 "total_slots": len(engine.slot_states()), "model_alias": model.id, "model_path": str(engine.path),
                 "modalities": {"vision": False, "audio": False}, "chat_template": template or "",
                 "bos_token": _piece(engine, engine.model.bos), "eos_token": _piece(engine, engine.model.eos),
-                "build_info": f"pyllama {__version__}"}
+                "build_info": _build_info()}
 
     add_token_routes(app, models)
+
+
+def _build_info() -> str:
+    """llama-server's b<build>-<commit> form: llama-cpp-python does not say llama.cpp's build number (0,
+    as llama-bench's build_number here), only the commit; pyllama's version follows."""
+    from ...core.model.library import llama_cpp_commit
+
+    return f"b0-{llama_cpp_commit()} (pyllama {__version__})"
 
 
 async def _json_body(request: Request) -> Any:

@@ -28,7 +28,7 @@ def add_token_routes(app: FastAPI, models: ModelSet) -> None:
     @app.post("/tokenize", response_model=TokenizeResponse, responses=OPENAPI_ERRORS, tags=["Server"])
     async def tokenize(body: TokenizeRequest, request: Request) -> Any:
         """Token ids of `content` (with `with_pieces`, each id with its text)."""
-        engine = spine.ready((await models.named(request)).engine)
+        engine = spine.ready((await models.named(request, body.model)).engine)
         # What llama.cpp's tokenizer gives, as llama-server reports it: a BOS the text writes stays
         # after the one add_special adds.
         ids = await run_in_threadpool(engine.tokenize, body.content, add_special=body.add_special,
@@ -40,7 +40,7 @@ def add_token_routes(app: FastAPI, models: ModelSet) -> None:
     @app.post("/detokenize", response_model=DetokenizeResponse, responses=OPENAPI_ERRORS, tags=["Server"])
     async def detokenize(body: DetokenizeRequest, request: Request) -> Any:
         """The text of a list of token ids."""
-        engine = spine.ready((await models.named(request)).engine)
+        engine = spine.ready((await models.named(request, body.model)).engine)
         try:
             return {"content": engine.detokenize(body.tokens)}
         except InputError as exc:
@@ -49,7 +49,7 @@ def add_token_routes(app: FastAPI, models: ModelSet) -> None:
     @app.post("/apply-template", response_model=ApplyTemplateResponse, responses=OPENAPI_ERRORS, tags=["Server"])
     async def apply_template(body: ApplyTemplateRequest, request: Request) -> Any:
         """The prompt the chat template makes of `messages` (and `tools`), as /v1/chat/completions would."""
-        served = await models.named(request)
+        served = await models.named(request, body.model)
         spine.ready(served.engine)
         plan = plan_request_tools(body.tools, body.tool_choice)
         prompt = await run_in_threadpool(render_prompt, served.engine, served.settings, message_dicts(body.messages),
@@ -60,7 +60,7 @@ def add_token_routes(app: FastAPI, models: ModelSet) -> None:
     @app.post("/v1/chat/completions/input_tokens", include_in_schema=False)
     async def input_tokens(body: TokenCountRequest, request: Request) -> Any:
         """How many tokens the prompt of `messages` takes."""
-        model = await models.named(request)
+        model = await models.named(request, body.model)
         engine = spine.generating(model.engine)
         messages = message_dicts(body.messages)
         prompt = await run_in_threadpool(render_prompt, model.engine, model.settings, messages, None)

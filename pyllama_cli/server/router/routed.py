@@ -55,6 +55,10 @@ class Router(ModelSet):
     async def get(self, requested: str | None, keep_alive: float | None = None) -> ServedModel:
         model = self._find(requested)
         note_model(model.id)
+        if not model.config.settings.models_autoload and model.state != LOADED:
+            raise APIError(400, f"the model {model.id!r} is not loaded, and this server loads models only when "
+                           "asked (--no-models-autoload): load it with POST /models/load", param="model",
+                           code="model_not_loaded")
         try:
             await self.pool.acquire(model.id, keep_alive)
         except Exception as exc:  # noqa: BLE001 - whatever stopped the load, the client gets it as a 500
@@ -63,6 +67,13 @@ class Router(ModelSet):
             self.pool.release(model)  # not inside a request: nothing to hold it for
         assert model.engine is not None
         return ServedModel(model.engine, model.config.settings)
+
+    def props(self) -> dict[str, Any]:
+        """GET /props without a model: the router's own, as llama-server's router answers it."""
+        settings = next(iter(self.pool.models.values())).config.settings if self.pool.models else None
+        return {"role": "router", "max_instances": self.pool.max_loaded,
+                "models_autoload": settings.models_autoload if settings else True,
+                "model_alias": "", "model_path": "", "default_generation_settings": {"params": {}, "n_ctx": 0}}
 
     def served(self) -> Iterator[ServedModel]:
         for model in self.pool.loaded():
