@@ -144,3 +144,29 @@ def test_ignore_eos_biases_the_end_of_generation_tokens_away(server: Server) -> 
                                       {"bias": None, "token": IM_END_ID}]
     plain = _complete(server, {"prompt": "hi", "n_predict": 2})["generation_settings"]
     assert plain["logit_bias"] == []
+
+
+def test_anthropic_messages_may_be_empty(server: Server) -> None:
+    response = httpx.post(f"{server.url}/v1/messages", json={"model": "x", "max_tokens": 2, "messages": []},
+                          timeout=60)
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert (body["type"], body["role"], body["usage"]["output_tokens"]) == ("message", "assistant", 2)
+    # an empty user turn stands in for the missing ones
+    counted = httpx.post(f"{server.url}/v1/messages/count_tokens",
+                         json={"model": "x", "messages": [{"role": "user", "content": ""}]}, timeout=60).json()
+    assert body["usage"]["input_tokens"] + body["usage"]["cache_read_input_tokens"] == counted["input_tokens"]
+
+
+def test_an_image_inside_a_tool_result_is_refused_not_dropped(server: Server) -> None:
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
+    messages = [{"role": "user", "content": "look"},
+                {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "shot", "input": {}}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                                              "content": [{"type": "text", "text": "here"}, image]}]}]
+    response = httpx.post(f"{server.url}/v1/messages", json={"model": "x", "max_tokens": 2, "messages": messages},
+                          timeout=60)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["message"] == ("messages[2].content[0].content[1]: a tool result cannot hold a block of type "
+                                "'image' here (this server takes text)")

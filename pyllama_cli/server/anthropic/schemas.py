@@ -61,7 +61,8 @@ class ThinkingConfig(_Lenient):
 
 class CountTokensRequest(_Lenient):
     model: str | None = Field(default=None, description="Any name: a one-model server answers to all.")
-    messages: list[MessageParam] = Field(min_length=1)
+    # none at all is answered, as llama-server does: the prompt is the template's opening of the answer
+    messages: list[MessageParam] = Field(default_factory=list)
     system: str | list[TextBlock] | None = None
     tools: list[ToolDefinition] | None = None
     tool_choice: ToolChoice | None = None
