@@ -170,3 +170,25 @@ def test_an_image_inside_a_tool_result_is_refused_not_dropped(server: Server) ->
     error = response.json()["error"]
     assert error["message"] == ("messages[2].content[0].content[1]: a tool result cannot hold a block of type "
                                 "'image' here (this server takes text)")
+
+
+def _responses_events(server: Server, **fields: object) -> list[dict]:
+    body = {"input": LONG_PROMPT, "max_output_tokens": 4, "stream": True, **fields}
+    with httpx.stream("POST", f"{server.url}/v1/responses", json=body, timeout=60) as response:
+        return [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: ")]
+
+
+def test_responses_stream_progress_and_timings_when_asked(server: Server) -> None:
+    events = _responses_events(server, return_progress=True, timings_per_token=True)
+    progress = [e for e in events if "prompt_progress" in e]
+    assert len(progress) > 2 and {e["type"] for e in progress} == {"response.in_progress"}
+    last = progress[-1]["prompt_progress"]
+    assert last["processed"] == last["total"] > last["cache"] >= 0
+    deltas = [e for e in events if e["type"] == "response.output_text.delta"]
+    assert deltas and all({"prompt_per_second", "predicted_per_second", "predicted_n"} <= set(e["timings"])
+                          for e in deltas)
+    final = events[-1]
+    assert final["type"] in ("response.completed", "response.incomplete")
+    assert final["timings"]["predicted_n"] == final["response"]["usage"]["output_tokens"]
+    plain = _responses_events(server)
+    assert not any("prompt_progress" in e or "timings" in e for e in plain)
