@@ -192,3 +192,38 @@ def test_responses_stream_progress_and_timings_when_asked(server: Server) -> Non
     assert final["timings"]["predicted_n"] == final["response"]["usage"]["output_tokens"]
     plain = _responses_events(server)
     assert not any("prompt_progress" in e or "timings" in e for e in plain)
+
+
+@pytest.fixture(scope="module")
+def vertex(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, int]]:
+    """A server in Vertex AI's mode: AIP_HTTP_PORT overrides --port, and /ping answers as /health."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    srv = spawn_serve(tmp_path_factory.mktemp("vertex") / "stderr.log", ["-m", str(tiny_model), "-c", "512",
+                      "-np", "2"], env={"AIP_MODE": "PREDICTION", "AIP_HTTP_PORT": str(port),
+                                        "AIP_HEALTH_ROUTE": "ping"})
+    yield srv, port
+    srv.stop()
+
+
+def test_vertex_predict_runs_each_instance_by_its_request_format(vertex: tuple[Server, int]) -> None:
+    srv, port = vertex
+    assert srv.url == f"http://127.0.0.1:{port}"
+    assert httpx.get(f"{srv.url}/ping", timeout=30).json() == {"status": "ok"}
+    chat = {"@requestFormat": "chatCompletions", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}],
+            "stream": True}
+    instances = [chat, {"@requestFormat": "/tokenize", "content": "hello"}, {"@requestFormat": "nowhere"}, 7]
+    response = httpx.post(f"{srv.url}/predict", json={"instances": instances}, timeout=60)
+    assert response.status_code == 200
+    first, tokens, unknown, bad = response.json()["predictions"]
+    assert (first["object"], first["choices"][0]["message"]["role"], first["usage"]["completion_tokens"]) == (
+        "chat.completion", "assistant", 2)
+    assert tokens == httpx.post(f"{srv.url}/tokenize", json={"content": "hello"}, timeout=30).json()
+    assert unknown == {"error": {"code": 400, "message": "no route for @requestFormat 'nowhere'",
+                                 "type": "invalid_request_error"}}
+    assert bad["error"]["message"] == "each instance must be a JSON object"
+    missing = httpx.post(f"{srv.url}/predict", json={"inputs": []}, timeout=30)
+    assert (missing.status_code, missing.json()["error"]["param"]) == (400, "instances")

@@ -29,6 +29,7 @@ from .http.leases import LeaseMiddleware
 from .http.middleware import BodyLimitMiddleware, CorsMiddleware
 from .job_rules import Lenient
 from .llama_server import routes as llama_server
+from .llama_server import vertex
 from .lora import routes as lora
 from .metrics import CONTENT_TYPE, Metrics, MetricsMiddleware
 from .model_set import ModelSet
@@ -86,6 +87,7 @@ def create_app(models: ModelSet, settings: ServerSettings) -> FastAPI:
         family.add_routes(app, models)
     if settings.webui:
         webui.add_routes(app, models)
+    vertex.add_routes(app)  # AIP_MODE=PREDICTION only: Vertex AI's /predict over the routes above
     app.state.metrics = Metrics(route.path for route in app.routes)
     # Added innermost first: metrics see every answer, CORS headers go on errors too.
     app.add_middleware(LeaseMiddleware)  # a model is held until its answer is sent (router mode)
