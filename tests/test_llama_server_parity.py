@@ -227,3 +227,28 @@ def test_vertex_predict_runs_each_instance_by_its_request_format(vertex: tuple[S
     assert bad["error"]["message"] == "each instance must be a JSON object"
     missing = httpx.post(f"{srv.url}/predict", json={"inputs": []}, timeout=30)
     assert (missing.status_code, missing.json()["error"]["param"]) == (400, "instances")
+
+
+def test_a_lone_model_with_sleep_idle_seconds_keeps_its_alias_and_sleeps_without_waking(
+        tiny_model: Path, tmp_path: Path) -> None:
+    srv = spawn_serve(tmp_path / "stderr.log", ["-m", str(tiny_model), "-c", "256", "--alias", "sleepy",
+                                                "--sleep-idle-seconds", "1"])
+    try:
+        def props() -> dict:
+            return httpx.get(f"{srv.url}/props", timeout=30).json()
+
+        deadline = time.monotonic() + 20
+        while not props()["is_sleeping"]:  # loaded at startup, asleep a second after
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        asleep = props()
+        assert (asleep["is_sleeping"], asleep["model_alias"]) == (True, "sleepy")  # asking did not wake it
+        assert [card["id"] for card in httpx.get(f"{srv.url}/v1/models", timeout=30).json()["data"]] == ["sleepy"]
+        tokens = httpx.post(f"{srv.url}/tokenize", json={"content": "hi"}, timeout=60)
+        assert tokens.status_code == 200
+        awake = props()
+        assert awake["is_sleeping"] is False
+        assert {k: v for k, v in awake.items() if k != "is_sleeping"} == {
+            k: v for k, v in asleep.items() if k != "is_sleeping"}
+    finally:
+        srv.stop()

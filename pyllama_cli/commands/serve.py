@@ -144,15 +144,17 @@ def _serve_router(ctx: typer.Context, model: ModelRequests, load: LoadSettings, 
     from ..server.router.presets import load_presets
     from ..server.router.start import RouterOptions, find_models, router_models, serve_router
 
-    if embeddings or alias:
-        flag = "--embeddings" if embeddings else "--alias"
-        raise UsageError(f"{flag} serves one model, and this server has several (router mode)",
-                         hint="give one model, or set aliases with `alias = NAME` in --models-preset")
+    if embeddings:
+        raise UsageError("--embeddings serves one model, and this server has several (router mode)",
+                         hint="give one model without --sleep-idle-seconds")
     if load.rpc and models_max != 1:  # two models decoding on one RPC server at once hang in ggml's RPC client
         raise UsageError("--rpc in router mode runs one model at a time", hint="add --models-max 1")
     if len(model.hf_repos) > 1 and model.hf_file:
         raise UsageError("-hff picks a file of one -hf repo, and there are several", hint="use -hf user/repo:QUANT")
     found = find_models(model, models_dir, models_cache or not (model.count or models_dir), tqdm_class=download_tqdm())
+    if alias and len(found) != 1:  # one model that sleeps when idle (--sleep-idle-seconds) may have its alias
+        raise UsageError("--alias serves one model, and this server has several (router mode)",
+                         hint="give one model, or set aliases with `alias = NAME` in --models-preset")
     given = frozenset(name for name in ctx.params
                       if (source := ctx.get_parameter_source(name)) is not None
                       and source.name in ("COMMANDLINE", "ENVIRONMENT"))

@@ -8,7 +8,7 @@ A model that failed to load answers its requests with a 500 that says why; the o
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,11 +44,15 @@ class Router(ModelSet):
             for name in (*model.config.aliases, model.id):
                 self._names[name] = model.id
         self._tasks: set[asyncio.Task[Any]] = set()
+        # GET /props' body of a loaded model (set by that route); kept per model for while it sleeps
+        self.describe: Callable[[ServedModel], dict[str, Any]] | None = None
+        self._described: dict[str, dict[str, Any]] = {}
 
     def start(self) -> None:
         self.pool.start()
         for model_id in self.preload:  # load-on-startup in the presets; a failure is reported, not raised
             task = asyncio.get_running_loop().create_task(self.pool.load(model_id))
+            task.add_done_callback(lambda done: done.cancelled() or done.exception() or self._remember(done.result()))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
@@ -66,10 +70,29 @@ class Router(ModelSet):
         if not hold(lambda: self.pool.release(model)):
             self.pool.release(model)  # not inside a request: nothing to hold it for
         assert model.engine is not None
+        self._remember(model)
         return ServedModel(model.engine, model.config.settings)
 
-    def props(self) -> dict[str, Any]:
-        """GET /props without a model: the router's own, as llama-server's router answers it."""
+    def _remember(self, model: PoolModel) -> None:
+        """Keep the model's /props body, shown while it sleeps (llama-server's cached props)."""
+        if self.describe is not None and model.id not in self._described and model.engine is not None:
+            try:
+                self._described[model.id] = self.describe(ServedModel(model.engine, model.config.settings))
+            except Exception:  # noqa: BLE001 - a model that cannot describe itself is woken to answer instead
+                pass
+
+    def described(self, requested: str | None) -> dict[str, Any] | None:
+        """The /props body of the model `requested` names, with is_sleeping (unloaded), without using the
+        model: asking must neither wake it nor keep it awake. None until it was first loaded."""
+        model = self._find(requested)
+        body = self._described.get(model.id)
+        return {**body, "is_sleeping": model.state != LOADED} if body is not None else None
+
+    def props(self) -> dict[str, Any] | None:
+        """GET /props without a model: the router's own, as llama-server's router answers it (None for a
+        lone model that sleeps when idle: it answers as that model)."""
+        if len(self.pool.models) == 1:
+            return None
         settings = next(iter(self.pool.models.values())).config.settings if self.pool.models else None
         return {"role": "router", "max_instances": self.pool.max_loaded,
                 "models_autoload": settings.models_autoload if settings else True,
