@@ -45,6 +45,8 @@ def _with(*extra: str, base: tuple[str, ...] = TINYLLAMA2, drop: tuple[str, ...]
     return tuple(out)
 
 
+_BERT_BGE_SMALL = ("--alias", "bert-bge-small", "-c", "512", "-b", "128", "-ub", "128", "-np", "2", "--seed", "42",
+                   "--embeddings")
 _STORIES15M = ("--alias", "stories15m-moe", "-c", "2048", "-b", "1024", "-np", "1", "-n", "64", "--temp", "0",
                "--seed", "42")
 
@@ -60,15 +62,15 @@ SETUPS: dict[str, Setup] = {
     "unit/test_metrics.py": Setup(fresh=True, flags=_with("--metrics"),
                                   per_test={"test_metrics_disabled": TINYLLAMA2,
                                             "test_metrics_prompt_processed_and_cached": _with("--metrics", "-np", "1"),
-                                            "test_metrics_slots_idle": _with("--metrics", "--slots")}),
+                                            "test_metrics_slots_idle": _with("--metrics", "--slots"),
+                                            "test_metrics_embedding": (*_BERT_BGE_SMALL, "--metrics")}),
     "unit/test_sleep.py": Setup(fresh=True, flags=_with("--sleep-idle-seconds", "1"),
                                 per_test={"test_server_sleep_read_only": _with("--sleep-idle-seconds", "1", "--metrics"),
                                           "test_server_sleep_metrics": _with("--sleep-idle-seconds", "1", "--metrics")}),
     "unit/test_slot_save.py": Setup(flags=_with("--temp", "0", "--slot-save-path", "{work}")),
     "unit/test_speculative.py": Setup(flags=(*_STORIES15M, "--model-draft", "{model}", "--spec-type", "draft-simple",
                                              "--spec-draft-n-min", "4", "--spec-draft-n-max", "8", "-fa", "off")),
-    "unit/test_embedding.py": Setup(flags=("--alias", "bert-bge-small", "-c", "512", "-b", "128", "-ub", "128", "-np",
-                                           "2", "--seed", "42", "--embeddings", "--pooling", "last")),
+    "unit/test_embedding.py": Setup(flags=(*_BERT_BGE_SMALL, "--pooling", "last")),
     "unit/test_rerank.py": Setup(fixture="reranker", flags=("--alias", "jina-reranker", "-c", "512", "-b", "512",
                                                             "-np", "1", "--seed", "42", "--rerank")),
     "unit/test_lora.py": Setup(flags=(*_STORIES15M, "--lora", "{lora}")),

@@ -8,12 +8,13 @@ import json
 import re
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.fixtures.make_gguf import EOS_ID, IM_END_ID
+from tests.fixtures.make_gguf import EOS_ID, IM_END_ID, TINY, write_llama_gguf
 from tests.test_serve import Server, spawn_serve
 
 LONG_PROMPT = "the quick brown fox jumps over the lazy dog " * 8  # several batches of -b 32
@@ -252,3 +253,25 @@ def test_a_lone_model_with_sleep_idle_seconds_keeps_its_alias_and_sleeps_without
             k: v for k, v in asleep.items() if k != "is_sleeping"}
     finally:
         srv.stop()
+
+
+def test_embeddings_count_their_prompt_and_decodes_in_metrics(models_dir: Path, tmp_path: Path) -> None:
+    model = write_llama_gguf(models_dir / "tiny-embed.gguf", replace(TINY, embedding_only=True))
+    embedding_server = spawn_serve(tmp_path / "stderr.log", ["-m", str(model), "-c", "512", "--embeddings"])
+    try:
+        _embed_and_check(embedding_server)
+    finally:
+        embedding_server.stop()
+
+
+def _embed_and_check(embedding_server: Server) -> None:
+    before = _scrape(embedding_server)[1]
+    texts = ["hello world", "goodbye world"]
+    response = httpx.post(f"{embedding_server.url}/v1/embeddings", json={"input": texts}, timeout=60)
+    assert response.status_code == 200
+    after = _scrape(embedding_server)[1]
+    n_tokens = response.json()["usage"]["prompt_tokens"]
+    assert n_tokens > 0
+    assert after["llamacpp:prompt_tokens_total"][1] - before["llamacpp:prompt_tokens_total"][1] == n_tokens
+    assert after["llamacpp:n_decode_total"][1] > before["llamacpp:n_decode_total"][1]
+    assert after["llamacpp:tokens_predicted_total"][1] == before["llamacpp:tokens_predicted_total"][1] == 0

@@ -95,7 +95,8 @@ def _join(*labels: str) -> str:
 
 # Series read from each engine's stats: (name, type, help, how to read it).
 _ENGINE_SERIES: list[tuple[str, str, str, Callable[[EngineStats], float]]] = [
-    ("prompt_tokens_total", "counter", "Prompt tokens of finished generations.", lambda s: s.prompt_tokens),
+    ("prompt_tokens_total", "counter", "Prompt tokens of finished generations and embeddings.",
+     lambda s: s.prompt_tokens),
     ("prompt_tokens_evaluated_total", "counter", "Prompt tokens evaluated (not reused from cache).",
      lambda s: s.prompt_tokens_evaluated),
     ("generated_tokens_total", "counter", "Tokens generated.", lambda s: s.generated_tokens),
