@@ -275,3 +275,25 @@ def _embed_and_check(embedding_server: Server) -> None:
     assert after["llamacpp:prompt_tokens_total"][1] - before["llamacpp:prompt_tokens_total"][1] == n_tokens
     assert after["llamacpp:n_decode_total"][1] > before["llamacpp:n_decode_total"][1]
     assert after["llamacpp:tokens_predicted_total"][1] == before["llamacpp:tokens_predicted_total"][1] == 0
+
+
+EURO_GRAMMAR = 'root ::= "€€€"'  # € is three byte tokens in the tiny vocabulary: 4 tokens cut the second
+
+
+@pytest.mark.parametrize("path, body, read", [
+    ("/completion", {"prompt": "x", "n_predict": 4}, lambda b: b["content"]),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 4}, lambda b: b["choices"][0]["text"]),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 4},
+     lambda b: b["choices"][0]["message"]["content"]),
+])
+def test_a_character_cut_by_the_budget_is_dropped_not_replaced(server: Server, path: str, body: dict, read) -> None:
+    answer = httpx.post(f"{server.url}{path}", json={**body, "grammar": EURO_GRAMMAR}, timeout=60).json()
+    assert read(answer) == "€"
+
+
+def test_a_streamed_character_cut_by_the_budget_is_dropped_too(server: Server) -> None:
+    body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 4, "grammar": EURO_GRAMMAR, "stream": True}
+    with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body, timeout=60) as response:
+        chunks = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")]
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert text == "€"
