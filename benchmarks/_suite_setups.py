@@ -51,6 +51,8 @@ _STORIES15M = ("--alias", "stories15m-moe", "-c", "2048", "-b", "1024", "-np", "
                "--seed", "42")
 
 SETUPS: dict[str, Setup] = {
+    "unit/test_basic.py": Setup(per_test={"test_server_model_aliases_and_tags": _with(
+        "--alias", "tinyllama-2,fim,code", "--tags", "chat,fim,small")}),
     "unit/test_security.py": Setup(flags=_with("--api-key", "llama.cpp")),
     "unit/test_compat_anthropic.py": Setup(flags=_with("--alias", "tinyllama-2-anthropic", "-np", "1", "-c", "8192",
                                                        "-b", "2048")),
@@ -88,7 +90,8 @@ SETUPS: dict[str, Setup] = {
 
 
 def setup_of(file: str) -> Setup:
-    return SETUPS.get(file, Setup())
+    """The setup of a suite file (or of one of its tests, by node id)."""
+    return SETUPS.get(file.split("::")[0], Setup())
 
 
 # llama-server switches pyllama has no flag for, because pyllama has the behaviour always on (/slots) or

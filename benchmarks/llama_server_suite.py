@@ -2,25 +2,27 @@
 
 The suite ships in the llama-cpp-python source package (vendor/llama.cpp/tools/server/tests). In its
 external mode (DEBUG_EXTERNAL=1 PORT=N) it runs against a server already listening, so this script
-starts each server on the same tiny synthetic llama, with the flags the suite's `tinyllama2` preset
-gives llama-server (alias tinyllama-2, -c 512, -b 32, 2 slots, -n 64, seed 42, temp 0.8), runs
-FILES against it, and prints the tests each passes and how the two sets differ.
+starts each server on the same tiny synthetic llama with the flags each file's ServerPreset gives
+llama-server (_suite_setups.py: the `tinyllama2` preset by default, an embedding server, the tiny
+reranker, a LoRA adapter, a draft model, --metrics, --sleep-idle-seconds, a router over the model names
+test_router.py asks for, Vertex AI's AIP_MODE...), runs the files against it, and prints the tests each
+passes, a per-file table for both servers and the tests only llama-server passes.
+
+Files whose tests each need a fresh server (counters from zero, a model that sleeps, a router that
+loads) get one per test; tests that set flags of their own (per_test) get theirs.
 
 pyllama is started with `--cors-origin '*'`: llama-server reflects any origin by default, and the
-suite's CORS tests expect that; pyllama reflects only loopback origins unless told otherwise.
+suite's CORS tests expect that; pyllama reflects only loopback origins unless told otherwise. It gets
+`--no-metrics` wherever llama-server runs without --metrics (pyllama serves /metrics by default).
 
-    python benchmarks/llama_server_suite.py [--llama-cpp-bin DIR] [--src DIR] [-k EXPR] [--files F,F]
+    python benchmarks/llama_server_suite.py [--llama-cpp-bin DIR] [--src DIR] [-k EXPR] [--files F,F|all]
 
---files picks other suite files (unit/test_stream.py, the replay buffer's, for one). Files whose
-preset serves another model kind (embeddings, a reranker, a LoRA adapter: FILE_SETUPS) get that
-kind's fixture and flags, one server per setup:
+The whole suite, both servers (slow: about a server start per test for the fresh files):
 
-    python benchmarks/llama_server_suite.py --files unit/test_embedding.py,unit/test_rerank.py,unit/test_lora.py \
-        --llama-cpp-bin ~/.cache/pyllama-ref/bin
- --router runs
-them against each server in router mode instead: the suite's router tests ask for the model by its
-Hugging Face name, so a presets file serves the tiny llama under that name, and each test gets a
-fresh server (the tests that watch a model load need it unloaded at their start).
+    python benchmarks/llama_server_suite.py --files all --llama-cpp-bin ~/.cache/pyllama-ref/bin
+
+--router runs the given files against each server in router mode instead (one fresh router per test),
+the model named by its Hugging Face name in a presets file:
 
     python benchmarks/llama_server_suite.py --router --files unit/test_stream.py --llama-cpp-bin DIR
 
@@ -250,10 +252,15 @@ def run_files(files: tuple[str, ...], tests: Path, work: Path, select: str | Non
             for name, got in run_routers(router_commands(suite_model(), work, llama_cpp_bin), tests, work, select,
                                          (file,), setup).items():
                 results.setdefault(name, {}).update(got)
-        elif setup.fresh:
-            for number, test_id in enumerate(collect(tests, work, select, (file,))):
+        elif setup.fresh or setup.per_test:  # a server per test; or per test with flags of its own
+            ids = collect(tests, work, select, (file,))
+            own = ids if setup.fresh else [t for t in ids if flags_for(setup, t) is not setup.flags]
+            for number, test_id in enumerate(own):
                 _run_each(setup, flags_for(setup, test_id), work, llama_cpp_bin, results, f"{Path(file).stem}-{number}",
                           tests, None, (test_id,))
+            rest = [t for t in ids if t not in own]
+            if rest:
+                groups.setdefault((setup.fixture, setup.flags), []).extend(rest)
         else:
             groups.setdefault((setup.fixture, setup.flags), []).append(file)
     for number, ((_, flags), group) in enumerate(groups.items()):
