@@ -238,15 +238,21 @@ def test_a_lone_model_with_sleep_idle_seconds_keeps_its_alias_and_sleeps_without
         def props() -> dict:
             return httpx.get(f"{srv.url}/props", timeout=30).json()
 
+        _complete(srv, {"prompt": "hi", "n_predict": 3, "ignore_eos": True})
         deadline = time.monotonic() + 20
         while not props()["is_sleeping"]:  # loaded at startup, asleep a second after
             assert time.monotonic() < deadline
             time.sleep(0.1)
+        # llama-server's counters outlive the unloaded model; the gauges cover the time since the last scrape
+        first, second = _scrape(srv)[1], _scrape(srv)[1]
+        assert (first["llamacpp:tokens_predicted_total"][1], second["llamacpp:tokens_predicted_total"][1]) == (3, 3)
+        assert first["llamacpp:predicted_tokens_seconds"][1] > 0 == second["llamacpp:predicted_tokens_seconds"][1]
         asleep = props()
         assert (asleep["is_sleeping"], asleep["model_alias"]) == (True, "sleepy")  # asking did not wake it
         assert [card["id"] for card in httpx.get(f"{srv.url}/v1/models", timeout=30).json()["data"]] == ["sleepy"]
         tokens = httpx.post(f"{srv.url}/tokenize", json={"content": "hi"}, timeout=60)
         assert tokens.status_code == 200
+        assert _scrape(srv)[1]["llamacpp:tokens_predicted_total"][1] == 3  # the woken model adds to them
         awake = props()
         assert awake["is_sleeping"] is False
         assert {k: v for k, v in awake.items() if k != "is_sleeping"} == {
@@ -297,3 +303,11 @@ def test_a_streamed_character_cut_by_the_budget_is_dropped_too(server: Server) -
         chunks = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")]
     text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
     assert text == "€"
+
+
+def test_responses_input_tokens_counts_the_prompt_a_response_would_have(server: Server) -> None:
+    body = {"input": "how many tokens is this", "instructions": "be brief"}
+    counted = httpx.post(f"{server.url}/v1/responses/input_tokens", json=body, timeout=60).json()
+    answered = httpx.post(f"{server.url}/v1/responses", json={**body, "max_output_tokens": 1, "store": False},
+                          timeout=60).json()
+    assert counted == {"object": "response.input_tokens", "input_tokens": answered["usage"]["input_tokens"]}

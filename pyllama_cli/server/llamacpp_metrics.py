@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any
-
 from ..core.serving.jobs import EngineStats
 
 # (name, help, how to read it from an engine's stats).
@@ -39,14 +37,14 @@ class LlamaCppSeries:
         self._lock = threading.Lock()
         self._last: dict[str, EngineStats] = {}
 
-    def render(self, engines: list[tuple[str, Any, EngineStats]]) -> list[str]:
-        """`engines`: (labels, engine, stats) as metrics.py reads them; labels is "" with one model."""
+    def render(self, models: list[tuple[str, EngineStats]]) -> list[str]:
+        """`models`: (labels, totals) of each model; labels is "" with one model."""
         with self._lock:
-            last = {label: self._last.get(label, EngineStats()) for label, _, _ in engines}
-            self._last.update({label: stats for label, _, stats in engines})
+            last = {label: self._last.get(label, EngineStats()) for label, _ in models}
+            self._last.update(dict(models))
         lines: list[str] = []
         for name, help_text, read in _COUNTERS:
-            _series(lines, name, "counter", help_text, [(label, read(stats)) for label, _, stats in engines])
+            _series(lines, name, "counter", help_text, [(label, read(stats)) for label, stats in models])
         gauges: list[tuple[str, str, Callable[[EngineStats, EngineStats], float]]] = [
             ("prompt_tokens_seconds", "Average prompt throughput in tokens/s",
              lambda s, p: _rate(s.prompt_tokens_evaluated - p.prompt_tokens_evaluated,
@@ -59,7 +57,7 @@ class LlamaCppSeries:
              lambda s, _: round(s.n_busy_slots / max(s.n_decode, 1), 6)),
         ]
         for name, help_text, read2 in gauges:
-            _series(lines, name, "gauge", help_text, [(label, read2(stats, last[label])) for label, _, stats in engines])
+            _series(lines, name, "gauge", help_text, [(label, read2(stats, last[label])) for label, stats in models])
         return lines
 
 

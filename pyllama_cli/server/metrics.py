@@ -66,7 +66,8 @@ class Metrics:
         _prompt_cache_series(lines, engines)
         for name, kind, help_text, samples in models.model_series():
             _metric(lines, name, kind, help_text, samples)
-        lines += self._llamacpp.render(engines)
+        lines += self._llamacpp.render([(label_pair("model", label) if label is not None else "", stats)
+                                        for label, stats in models.lifetime_stats()])
         return "\n".join(lines) + "\n"
 
 

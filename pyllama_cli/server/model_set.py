@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.serving.engine import BROKEN, CLOSED, FAILED, READY, Engine
+from ..core.serving.jobs import EngineStats
 from .cards import model_card
 from .errors import APIError
 from .http.access_log import note_model
@@ -73,6 +74,10 @@ class ModelSet(ABC):
     def engines(self) -> list[tuple[str | None, Engine]]:
         """The loaded engines for /metrics, each with its model label (None: no label, one model)."""
         return [(None, served.engine) for served in self.served()]
+
+    def lifetime_stats(self) -> list[tuple[str | None, EngineStats]]:
+        """Each model's totals since the server started (llamacpp:* series), with its label as engines()."""
+        return [(label, engine.stats()) for label, engine in self.engines()]
 
     def model_series(self) -> list[tuple[str, str, str, list[tuple[str, float]]]]:
         """Extra /metrics series about the models themselves: (name, type, help, samples)."""

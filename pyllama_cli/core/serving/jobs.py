@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -191,6 +191,12 @@ class EngineStats:
     n_decode: int = 0  # llama_decode calls (the model's; not the draft model's)
     n_busy_slots: int = 0  # slots in those calls, summed (over n_decode: the average batch's slots)
     n_tokens_max: int = 0  # the longest sequence seen, prompt and generated tokens
+
+    def plus(self, other: EngineStats) -> EngineStats:
+        """Both engines' totals together (a model's engines across unloads): counts add up, the longest
+        sequence is the longer one."""
+        summed = {f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)}
+        return EngineStats(**{**summed, "n_tokens_max": max(self.n_tokens_max, other.n_tokens_max)})
 
     def add_generation(self, gen: GenerationStats) -> None:
         """Count a finished (or cancelled) generation's tokens and times into the totals."""

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...core.serving.engine import Engine
+from ...core.serving.jobs import EngineStats
 from ...core.serving.pool import FAILED, LOADED, EnginePool, PoolModel
 from ..cards import model_card
 from ..errors import APIError
@@ -125,6 +126,17 @@ class Router(ModelSet):
 
     def engines(self) -> list[tuple[str | None, Engine]]:
         return [(m.id, m.engine) for m in self.pool.loaded() if m.engine is not None]
+
+    def lifetime_stats(self) -> list[tuple[str | None, EngineStats]]:
+        """Each model's totals since the server started, its unloaded engines' included (llamacpp:*
+        series count on across sleeps, as llama-server's do); a lone model's carry no label."""
+        out = []
+        for m in self.pool.models.values():
+            stats = [s for s in (m.retired, m.engine.stats() if m.engine is not None else None) if s is not None]
+            if stats:
+                out.append((None if len(self.pool.models) == 1 else m.id, stats[0] if len(stats) == 1
+                            else stats[0].plus(stats[1])))
+        return out
 
     def model_series(self) -> list[tuple[str, str, str, list[tuple[str, float]]]]:
         models = self.pool.models.values()
