@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -12,6 +13,16 @@ from ..core.serving.cache.settings import CacheSettings
 from ..core.text.reasoning import FORMAT_DEEPSEEK, UNLIMITED
 
 DEFAULT_MAX_BODY_SIZE = 8 * 1024 * 1024
+
+
+def vertex_mode() -> bool:
+    """Vertex AI's custom-container mode (AIP_MODE=PREDICTION; llama_server/vertex.py has its routes)."""
+    return os.environ.get("AIP_MODE", "") == "PREDICTION"
+
+
+def listen_port(port: int) -> int:
+    """The port to listen on: AIP_HTTP_PORT in Vertex AI's mode (it overrides --port, as in llama-server)."""
+    return int(os.environ.get("AIP_HTTP_PORT") or 8080) if vertex_mode() else port
 
 
 @dataclass(frozen=True)

@@ -18,18 +18,10 @@ from fastapi import FastAPI, Request
 from fastapi.routing import APIRoute
 
 from ..errors import APIError
+from ..settings import vertex_mode
 
 MAX_INSTANCES = 128  # llama-server's bound on one request's instances
 _HOP_HEADERS = {b"content-length", b"transfer-encoding", b"connection", b"content-type"}
-
-
-def enabled() -> bool:
-    return os.environ.get("AIP_MODE", "") == "PREDICTION"
-
-
-def port_for(port: int) -> int:
-    """The port to listen on: AIP_HTTP_PORT in Vertex mode (it overrides --port, as in llama-server)."""
-    return int(os.environ.get("AIP_HTTP_PORT") or 8080) if enabled() else port
 
 
 def _route(name: str, default: str) -> str:
@@ -46,7 +38,7 @@ def format_name(path: str) -> str:
 
 def add_routes(app: FastAPI) -> None:
     """The predict route (and the health alias) when AIP_MODE=PREDICTION; nothing otherwise."""
-    if not enabled():
+    if not vertex_mode():
         return
     health = _route("AIP_HEALTH_ROUTE", "")
     if health:
