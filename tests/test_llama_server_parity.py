@@ -311,3 +311,17 @@ def test_responses_input_tokens_counts_the_prompt_a_response_would_have(server: 
     answered = httpx.post(f"{server.url}/v1/responses", json={**body, "max_output_tokens": 1, "store": False},
                           timeout=60).json()
     assert counted == {"object": "response.input_tokens", "input_tokens": answered["usage"]["input_tokens"]}
+
+
+def test_each_request_drafts_afresh_and_reports_its_drafts(tiny_model: Path, tmp_path: Path) -> None:
+    srv = spawn_serve(tmp_path / "stderr.log", ["-m", str(tiny_model), "-c", "512", "--model-draft", str(tiny_model),
+                                                "--spec-type", "draft-simple", "--spec-draft-n-min", "4",
+                                                "--spec-draft-n-max", "8"])
+    try:
+        body = {"prompt": "I believe the meaning of life is", "temperature": 0.2, "top_k": 5, "seed": 4242,
+                "n_predict": 24, "ignore_eos": True}
+        first, second = (_complete(srv, body)["timings"] for _ in range(2))
+    finally:
+        srv.stop()
+    assert first["draft_n"] >= 4  # one draft at least, of at least --spec-draft-n-min tokens
+    assert (second["draft_n"], second["draft_n_accepted"]) == (first["draft_n"], first["draft_n_accepted"])

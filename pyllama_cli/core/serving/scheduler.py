@@ -318,6 +318,8 @@ class ParallelEngine(Engine):
         slot.turn = Turn(self.model, max_tokens=job.max_tokens, stop=job.stop, n_ctx=self.n_ctx_slot,
                          ignore_eos=settings.ignore_eos, grammar=bool(settings.grammar), stats=slot.stats)
         slot.budget = ThinkBudget(job.think_budget, self._piece_text) if job.think_budget is not None else None
+        if slot.drafter is not None:  # each request drafts afresh: an earlier one's bad luck must not stop it
+            slot.drafter.new_request()
         slot.batch_index = -1
         if job.progress:
             self._post(stream, Event(progress=(len(prompt), reuse, reuse)))
