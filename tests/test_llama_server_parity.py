@@ -325,3 +325,11 @@ def test_each_request_drafts_afresh_and_reports_its_drafts(tiny_model: Path, tmp
         srv.stop()
     assert first["draft_n"] >= 4  # one draft at least, of at least --spec-draft-n-min tokens
     assert (second["draft_n"], second["draft_n_accepted"]) == (first["draft_n"], first["draft_n_accepted"])
+
+
+@pytest.mark.parametrize("method", ["GET", "POST"])
+def test_the_cors_proxy_route_is_refused(server: Server, method: str) -> None:
+    response = httpx.request(method, f"{server.url}/cors-proxy", params={"url": f"{server.url}/v1/models"},
+                             timeout=30)
+    assert response.status_code == 403
+    assert response.json()["error"]["type"] == "permission_error"

@@ -122,6 +122,11 @@ def _add_server_routes(app: FastAPI, models: ModelSet) -> None:
         return PlainTextResponse(app.state.metrics.render(models), media_type=CONTENT_TYPE,
                                  headers={"Process-Start-Time-Unix": str(app.state.metrics.started)})
 
+    @app.api_route("/cors-proxy", methods=["GET", "POST"], include_in_schema=False)
+    async def cors_proxy() -> Any:
+        """llama-server's web-page proxy (--ui-mcp-proxy), refused as llama-server refuses it when off."""
+        raise APIError(403, "this server has no CORS proxy: it fetches no URL for its clients")
+
     @app.post("/models/load", responses=OPENAPI_ERRORS, tags=["Server"])
     async def load_model(body: ModelLoadRequest) -> Any:
         """Load a model now (router mode; waits until it is loaded)."""
