@@ -814,8 +814,9 @@ def test_openai_routes_answer_without_v1_too(server: Server) -> None:
 def test_props_tells_slots_context_defaults_and_template(server: Server, tiny_model: Path) -> None:
     props = httpx.get(f"{server.url}/props").json()
     assert set(props) == {"default_generation_settings", "total_slots", "model_alias", "model_path", "modalities",
-                          "chat_template", "bos_token", "eos_token", "build_info"}
+                          "chat_template", "bos_token", "eos_token", "build_info", "is_sleeping"}
     assert (props["model_alias"], props["bos_token"], props["eos_token"]) == ("tiny", "<s>", "</s>")
+    assert props["is_sleeping"] is False and re.fullmatch(r"b0-\S+ \(pyllama \S+\)", props["build_info"])
     assert (props["total_slots"], props["model_path"]) == (1, str(tiny_model))
     assert props["default_generation_settings"]["n_ctx"] == N_CTX
     params = props["default_generation_settings"]["params"]
