@@ -157,6 +157,8 @@ def test_anthropic_messages_may_be_empty(server: Server) -> None:
     counted = httpx.post(f"{server.url}/v1/messages/count_tokens",
                          json={"model": "x", "messages": [{"role": "user", "content": ""}]}, timeout=60).json()
     assert body["usage"]["input_tokens"] + body["usage"]["cache_read_input_tokens"] == counted["input_tokens"]
+    missing = httpx.post(f"{server.url}/v1/messages", json={"model": "x", "max_tokens": 2}, timeout=60)
+    assert (missing.status_code, missing.json()["error"]["type"]) == (400, "invalid_request_error")
 
 
 def test_an_image_inside_a_tool_result_is_refused_not_dropped(server: Server) -> None:
