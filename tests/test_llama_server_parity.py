@@ -335,3 +335,11 @@ def test_the_cors_proxy_route_is_refused(server: Server, method: str) -> None:
                              timeout=30)
     assert response.status_code == 403
     assert response.json()["error"]["type"] == "permission_error"
+
+
+def test_an_alias_still_names_only_one_model_in_router_mode(tiny_model: Path) -> None:
+    from tests.helpers import run_cli
+
+    result = run_cli("serve", "-m", str(tiny_model), "-m", str(tiny_model), "--alias", "x", "--port", "0")
+    assert (result.exit_code, result.stderr.splitlines()[0]) == (
+        1, "Error: --alias serves one model, and this server has several (router mode)")
