@@ -78,6 +78,7 @@ SETUPS: dict[str, Setup] = {
     "unit/test_lora.py": Setup(flags=(*_STORIES15M, "--lora", "{lora}")),
     "unit/test_infill.py": Setup(flags=("--alias", "tinyllama-infill", "-c", "2048", "-b", "1024", "-np", "1", "-n",
                                         "64", "--temp", "0", "--seed", "42")),
+    "unit/test_proxy.py": Setup(per_test={"test_mcp_proxy": _with("--ui-mcp-proxy")}),  # not test_mcp_no_proxy
     "unit/test_router.py": Setup(router=True, flags=(), per_test={
         "test_router_props": ("--models-max", "2", "--no-models-autoload"),
         "test_router_models_max_evicts_lru": ("--models-max", "2"),

@@ -310,16 +310,16 @@ _pyllama_spec() {
             subs=""
             opts="--host= --port= -a= --alias= --api-key= --cors-origin= --allowed-hosts= --docs \
                 --slot-save-path= --max-body-size= --chat-template= -np= --parallel= --kv-unified --no-webui \
-                --metrics --no-metrics --tags= --models-autoload --no-models-autoload --models-dir= \
-                --models-cache --models-max= --sleep-idle-seconds= --models-preset= --reasoning-format= \
-                --reasoning-budget= --log-format= -q --quiet --verbose-native --embeddings --pooling= \
-                --embd-normalize= --rerank --reranking -cram= --cache-ram= --cache-idle-slots \
-                --no-cache-idle-slots --cache-disk= --cache-disk-max= --cache-disk-min-tokens= \
-                --shutdown-grace= --max-header-size= --max-headers= --max-url-length= --header-timeout= \
-                --body-timeout= --max-connections= --keep-alive-timeout= --max-grammar-size= \
-                --max-grammar-seconds= --stream-buffer-size= --stream-sessions= --stream-grace= --spec-type= \
-                -md= --model-draft= --spec-draft-model= -hfd= --hf-repo-draft= --spec-draft-hf= \
-                --spec-draft-n-max= --spec-draft-n-min= --draft-p-min= --spec-draft-p-min= \
+                --metrics --no-metrics --tags= --models-autoload --no-models-autoload --ui-mcp-proxy \
+                --no-ui-mcp-proxy --models-dir= --models-cache --models-max= --sleep-idle-seconds= \
+                --models-preset= --reasoning-format= --reasoning-budget= --log-format= -q --quiet \
+                --verbose-native --embeddings --pooling= --embd-normalize= --rerank --reranking -cram= \
+                --cache-ram= --cache-idle-slots --no-cache-idle-slots --cache-disk= --cache-disk-max= \
+                --cache-disk-min-tokens= --shutdown-grace= --max-header-size= --max-headers= \
+                --max-url-length= --header-timeout= --body-timeout= --max-connections= --keep-alive-timeout= \
+                --max-grammar-size= --max-grammar-seconds= --stream-buffer-size= --stream-sessions= \
+                --stream-grace= --spec-type= -md= --model-draft= --spec-draft-model= -hfd= --hf-repo-draft= \
+                --spec-draft-hf= --spec-draft-n-max= --spec-draft-n-min= --draft-p-min= --spec-draft-p-min= \
                 --spec-ngram-simple-size-n= --spec-ngram-simple-size-m= --spec-ngram-simple-min-hits= \
                 --spec-ngram-map-k-size-n= --spec-ngram-map-k-size-m= --spec-ngram-map-k-min-hits= -n= \
                 --n-predict= --temp= --top-k= --top-p= --min-p= --typical= --repeat-penalty= \

@@ -343,3 +343,36 @@ def test_an_alias_still_names_only_one_model_in_router_mode(tiny_model: Path) ->
     result = run_cli("serve", "-m", str(tiny_model), "-m", str(tiny_model), "--alias", "x", "--port", "0")
     assert (result.exit_code, result.stderr.splitlines()[0]) == (
         1, "Error: --alias serves one model, and this server has several (router mode)")
+
+
+def test_the_cors_proxy_fetches_for_the_page_only_when_asked(tiny_model: Path, tmp_path: Path) -> None:
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    seen: list[tuple[str, str | None, bytes]] = []
+
+    class Target(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            seen.append((self.path, self.headers.get("X-Probe"), self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    target = ThreadingHTTPServer(("127.0.0.1", 0), Target)
+    threading.Thread(target=target.serve_forever, daemon=True).start()
+    srv = spawn_serve(tmp_path / "stderr.log", ["-m", str(tiny_model), "-c", "256", "--ui-mcp-proxy"])
+    try:
+        listed = httpx.get(f"{srv.url}/cors-proxy", params={"url": f"{srv.url}/v1/models"}, timeout=30)
+        assert (listed.status_code, listed.json()["data"][0]["id"]) == (200, "tiny")
+        posted = httpx.post(f"{srv.url}/cors-proxy", params={"url": f"http://127.0.0.1:{target.server_port}/mcp"},
+                            content=b'{"x": 1}', headers={"X-Llama-Server-Proxy-Header-X-Probe": "yes"}, timeout=30)
+        assert (posted.status_code, posted.content) == (204, b"")
+        assert seen == [("/mcp", "yes", b'{"x": 1}')]
+        bad = httpx.get(f"{srv.url}/cors-proxy", params={"url": "file:///etc/passwd"}, timeout=30)
+        assert (bad.status_code, bad.json()["error"]["param"]) == (400, "url")
+    finally:
+        srv.stop()
+        target.shutdown()
+        target.server_close()

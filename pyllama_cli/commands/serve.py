@@ -23,7 +23,7 @@ from ..server.settings import ServerLimits
 from ..options.serve import (
     DEFAULT_HOST, DEFAULT_MODELS_MAX, DEFAULT_PORT, SERVER_PANEL, AliasOpt, AllowedHostsOpt, ApiKeyOpt,
     CorsOriginOpt, LogFormatOpt, QuietOpt, ServeVerboseOpt, VerboseNativeOpt, DocsOpt, HostOpt, KvUnifiedOpt,
-    MaxBodySizeOpt, MetricsOpt, ModelsAutoloadOpt, TagsOpt, ModelsCacheOpt, ModelsDirOpt, ModelsMaxOpt,
+    MaxBodySizeOpt, MetricsOpt, ModelsAutoloadOpt, TagsOpt, UiMcpProxyOpt, ModelsCacheOpt, ModelsDirOpt, ModelsMaxOpt,
     ModelsPresetOpt, NoWebuiOpt, ParallelOpt, PortOpt, SleepIdleOpt, SlotSavePathOpt, ReasoningBudgetOpt,
     ReasoningFormatOpt, parse_size,
 )
@@ -72,6 +72,7 @@ def serve(
     metrics: MetricsOpt = True,
     tags: TagsOpt = None,
     models_autoload: ModelsAutoloadOpt = True,
+    ui_mcp_proxy: UiMcpProxyOpt = False,
     models_dir: ModelsDirOpt = None,
     models_cache: ModelsCacheOpt = False,
     models_max: ModelsMaxOpt = DEFAULT_MODELS_MAX,
@@ -119,7 +120,7 @@ def serve(
         allowed_hosts=hosts_allowed(host, allowed_hosts or []),
         access_log=None if quiet else log_format, verbose=load.verbose, **embeddings.fields,
         prompt_cache=replace(prompt_cache, template=chat_template), metrics=metrics, tags=_names(tags),
-        aliases=_names(alias), models_autoload=models_autoload)
+        aliases=_names(alias), models_autoload=models_autoload, cors_proxy=ui_mcp_proxy)
     load = replace(load, verbose=verbose_native)  # -v is the server's detail; llama.cpp's log is its own switch
     if router:
         _serve_router(ctx, model, load, settings, host, port, embeddings=embeddings, alias=alias,

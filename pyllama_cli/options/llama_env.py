@@ -44,7 +44,7 @@ LLAMA_ARG_ENV = {
     "--n-gpu-layers-draft": "LLAMA_ARG_N_GPU_LAYERS_DRAFT", "--cont-batching": "LLAMA_ARG_CONT_BATCHING",
     "--cache-reuse": "LLAMA_ARG_CACHE_REUSE", "--embeddings": "LLAMA_ARG_EMBEDDINGS",
     "--kv-unified": "LLAMA_ARG_KV_UNIFIED", "--pooling": "LLAMA_ARG_POOLING", "--rerank": "LLAMA_ARG_RERANKING",
-    "--fit": "LLAMA_ARG_FIT", "--fit-target": "LLAMA_ARG_FIT_TARGET", "--fit-ctx": "LLAMA_ARG_FIT_CTX",
+    "--ui-mcp-proxy": "LLAMA_ARG_UI_MCP_PROXY", "--fit": "LLAMA_ARG_FIT", "--fit-target": "LLAMA_ARG_FIT_TARGET", "--fit-ctx": "LLAMA_ARG_FIT_CTX",
 }
 
 

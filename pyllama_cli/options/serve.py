@@ -72,6 +72,10 @@ ReasoningBudgetOpt = Annotated[int, typer.Option(
 MetricsOpt = Annotated[bool, typer.Option(
     "--metrics/--no-metrics", help="Serve /metrics (Prometheus text: pyllama_* series and llama-server's "
     "llamacpp:* ones); off, it answers 501 as llama-server does without --metrics.", rich_help_panel=SERVER_PANEL)]
+UiMcpProxyOpt = Annotated[bool, typer.Option(
+    "--ui-mcp-proxy/--no-ui-mcp-proxy", help="Experimental, as llama-server's: GET/POST /cors-proxy?url=URL "
+    "fetches URL (for a web page's MCP servers). Anyone who can reach the server can then make it fetch any "
+    "http(s) URL, the machine's own services included: keep it on loopback.", rich_help_panel=SERVER_PANEL)]
 TagsOpt = Annotated[str | None, typer.Option(
     "--tags", help="Tags of the model, comma-separated (informational: shown in /v1/models and /props, not "
     "used to route).", rich_help_panel=SERVER_PANEL, show_default=False)]
@@ -103,8 +107,9 @@ __all__ = ["DEFAULT_MODELS_MAX"]
 
 # llama-server's LLAMA_ARG_* environment variables for the server flags that have one.
 # (-m and -hf get theirs in options/load.py, where they are declared.)
-HostOpt, PortOpt, AliasOpt, ParallelOpt, KvUnifiedOpt, EmbeddingsOpt, MetricsOpt = (with_env(alias) for alias in (
-    HostOpt, PortOpt, AliasOpt, ParallelOpt, KvUnifiedOpt, EmbeddingsOpt, MetricsOpt))
+HostOpt, PortOpt, AliasOpt, ParallelOpt, KvUnifiedOpt, EmbeddingsOpt, MetricsOpt, UiMcpProxyOpt = (
+    with_env(alias) for alias in (HostOpt, PortOpt, AliasOpt, ParallelOpt, KvUnifiedOpt, EmbeddingsOpt, MetricsOpt,
+                                  UiMcpProxyOpt))
 
 LogFormatOpt = Annotated[str, typer.Option(
     "--log-format", callback=lambda value: _one_of(value, ("text", "json")), help="The access log's form: one "

@@ -29,6 +29,7 @@ from .http.leases import LeaseMiddleware
 from .http.middleware import BodyLimitMiddleware, CorsMiddleware
 from .job_rules import Lenient
 from .llama_server import routes as llama_server
+from .llama_server import cors_proxy as cors_proxy_route
 from .llama_server import vertex
 from .lora import routes as lora
 from .metrics import CONTENT_TYPE, Metrics, MetricsMiddleware
@@ -123,9 +124,11 @@ def _add_server_routes(app: FastAPI, models: ModelSet) -> None:
                                  headers={"Process-Start-Time-Unix": str(app.state.metrics.started)})
 
     @app.api_route("/cors-proxy", methods=["GET", "POST"], include_in_schema=False)
-    async def cors_proxy() -> Any:
-        """llama-server's web-page proxy (--ui-mcp-proxy), refused as llama-server refuses it when off."""
-        raise APIError(403, "this server has no CORS proxy: it fetches no URL for its clients")
+    async def cors_proxy(request: Request) -> Any:
+        """llama-server's web-page proxy: fetches ?url= with --ui-mcp-proxy, 403 without (its default)."""
+        if not app.state.settings.cors_proxy:
+            cors_proxy_route.refused()
+        return await cors_proxy_route.proxy(request)
 
     @app.post("/models/load", responses=OPENAPI_ERRORS, tags=["Server"])
     async def load_model(body: ModelLoadRequest) -> Any:

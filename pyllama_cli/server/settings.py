@@ -75,4 +75,5 @@ class ServerSettings:
     aliases: tuple[str, ...] = ()  # every --alias name (a,b,c); `alias`, the id, is the first in order
     tags: tuple[str, ...] = ()  # --tags: informational, listed in /v1/models
     models_autoload: bool = True  # router mode: load a model on its first request (--no-models-autoload)
+    cors_proxy: bool = False  # --ui-mcp-proxy: /cors-proxy?url= fetches URLs for the web page (llama-server's)
     metrics: bool = True  # serve /metrics (--no-metrics: 501, as llama-server without --metrics)
