@@ -56,6 +56,8 @@ SETUPS: dict[str, Setup] = {
     "unit/test_security.py": Setup(flags=_with("--api-key", "llama.cpp")),
     "unit/test_compat_anthropic.py": Setup(flags=_with("--alias", "tinyllama-2-anthropic", "-np", "1", "-c", "8192",
                                                        "-b", "2048")),
+    "unit/test_tool_call.py": Setup(flags=_with("--alias", "tinyllama-2-tool-call", "-np", "1", "-c", "8192", "-b",
+                                                "2048")),
     "unit/test_compat_gcp.py": Setup(fresh=True, env={"AIP_MODE": "PREDICTION"}),
     "unit/test_ctx_shift.py": Setup(flags=_with("-c", "512", "-np", "2", "-n", "128"),
                                     per_test={"test_ctx_shift_enabled": _with("-n", "128", "--context-shift")}),
