@@ -53,7 +53,11 @@ _STORIES15M = ("--alias", "stories15m-moe", "-c", "2048", "-b", "1024", "-np", "
 SETUPS: dict[str, Setup] = {
     "unit/test_basic.py": Setup(per_test={"test_server_model_aliases_and_tags": _with(
         "--alias", "tinyllama-2,fim,code", "--tags", "chat,fim,small")}),
-    "unit/test_security.py": Setup(flags=_with("--api-key", "llama.cpp")),
+    "unit/test_security.py": Setup(flags=_with("--api-key", "sk-this-is-the-secret-key")),
+    "unit/test_template.py": Setup(flags=_with("-np", "1")),
+    # llama-server's built-in tools (read/write files, run shell commands) on loopback, as the file asks;
+    # pyllama has no --tools, so its server does not start and the file's tests count as failed
+    "unit/test_tools_builtin.py": Setup(flags=_with("--tools", "all")),
     "unit/test_compat_anthropic.py": Setup(flags=_with("--alias", "tinyllama-2-anthropic", "-np", "1", "-c", "8192",
                                                        "-b", "2048")),
     "unit/test_tool_call.py": Setup(flags=_with("--alias", "tinyllama-2-tool-call", "-np", "1", "-c", "8192", "-b",
