@@ -2,25 +2,27 @@
 
 The suite ships in the llama-cpp-python source package (vendor/llama.cpp/tools/server/tests). In its
 external mode (DEBUG_EXTERNAL=1 PORT=N) it runs against a server already listening, so this script
-starts each server on the same tiny synthetic llama, with the flags the suite's `tinyllama2` preset
-gives llama-server (alias tinyllama-2, -c 512, -b 32, 2 slots, -n 64, seed 42, temp 0.8), runs
-FILES against it, and prints the tests each passes and how the two sets differ.
+starts each server on the same tiny synthetic llama with the flags each file's ServerPreset gives
+llama-server (_suite_setups.py: the `tinyllama2` preset by default, an embedding server, the tiny
+reranker, a LoRA adapter, a draft model, --metrics, --sleep-idle-seconds, a router over the model names
+test_router.py asks for, Vertex AI's AIP_MODE...), runs the files against it, and prints the tests each
+passes, a per-file table for both servers and the tests only llama-server passes.
+
+Files whose tests each need a fresh server (counters from zero, a model that sleeps, a router that
+loads) get one per test; tests that set flags of their own (per_test) get theirs.
 
 pyllama is started with `--cors-origin '*'`: llama-server reflects any origin by default, and the
-suite's CORS tests expect that; pyllama reflects only loopback origins unless told otherwise.
+suite's CORS tests expect that; pyllama reflects only loopback origins unless told otherwise. It gets
+`--no-metrics` wherever llama-server runs without --metrics (pyllama serves /metrics by default).
 
-    python benchmarks/llama_server_suite.py [--llama-cpp-bin DIR] [--src DIR] [-k EXPR] [--files F,F]
+    python benchmarks/llama_server_suite.py [--llama-cpp-bin DIR] [--src DIR] [-k EXPR] [--files F,F|all]
 
---files picks other suite files (unit/test_stream.py, the replay buffer's, for one). Files whose
-preset serves another model kind (embeddings, a reranker, a LoRA adapter: FILE_SETUPS) get that
-kind's fixture and flags, one server per setup:
+The whole suite, both servers (slow: about a server start per test for the fresh files):
 
-    python benchmarks/llama_server_suite.py --files unit/test_embedding.py,unit/test_rerank.py,unit/test_lora.py \
-        --llama-cpp-bin ~/.cache/pyllama-ref/bin
- --router runs
-them against each server in router mode instead: the suite's router tests ask for the model by its
-Hugging Face name, so a presets file serves the tiny llama under that name, and each test gets a
-fresh server (the tests that watch a model load need it unloaded at their start).
+    python benchmarks/llama_server_suite.py --files all --llama-cpp-bin ~/.cache/pyllama-ref/bin
+
+--router runs the given files against each server in router mode instead (one fresh router per test),
+the model named by its Hugging Face name in a presets file:
 
     python benchmarks/llama_server_suite.py --router --files unit/test_stream.py --llama-cpp-bin DIR
 
@@ -40,29 +42,18 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import _common as common
+from _suite_setups import CI_FILES, TINYLLAMA2, Setup, flags_for, pyllama_flags, setup_of
 
 VERSION = "0.3.36"
-FILES = ("unit/test_chat_completion.py", "unit/test_completion.py", "unit/test_tokenize.py",
-         "unit/test_basic.py", "unit/test_security.py")
+FILES = CI_FILES
+ALL = "all"  # --files all: every test file of the suite
 REF_SRC = Path("~/.cache/pyllama-ref/src").expanduser()
-# The flags of the suite's `tinyllama2` preset, which both servers get.
-PRESET = ["--alias", "tinyllama-2", "-c", "512", "-b", "32", "-np", "2", "-n", "64", "--seed", "42",
-          "--temp", "0.8"]
+PRESET = list(TINYLLAMA2)
 # The suite's `router` preset: the model its router tests name, and the flags it gives the router.
 ROUTER_MODEL = "ggml-org/tinygemma3-GGUF:Q8_0"
+# The others test_router.py's eviction and queue tests name (each the tiny llama here).
+ROUTER_MODELS = (ROUTER_MODEL, "ggml-org/test-model-stories260K:F32", "ggml-org/test-model-stories260K-infill:F32")
 ROUTER_FLAGS = ["-b", "16", "-n", "16", "--seed", "42"]
-# Files whose preset is another model kind: (fixture, the flags of the file's ServerPreset). The
-# fixture stands in for the suite's download: an embedding server on the tiny llama (bert_bge_small's
-# flags, last-token pooling as most of its tests ask), the tiny reranker (jina_reranker_tiny's), and
-# the tiny llama with a LoRA adapter (stories15m_moe's; its tests match that model's text).
-FILE_SETUPS = {
-    "unit/test_embedding.py": ("tiny", ["--alias", "bert-bge-small", "-c", "512", "-b", "128", "-ub", "128",
-                                        "-np", "2", "--seed", "42", "--embeddings", "--pooling", "last"]),
-    "unit/test_rerank.py": ("reranker", ["--alias", "jina-reranker", "-c", "512", "-b", "512", "-np", "1",
-                                         "--seed", "42", "--rerank"]),
-    "unit/test_lora.py": ("tiny", ["--alias", "stories15m-moe", "-c", "2048", "-b", "1024", "-np", "1",
-                                   "-n", "64", "--temp", "0", "--seed", "42", "--lora", "{lora}"]),
-}
 
 
 def suite_dir(src: Path | None) -> Path:
@@ -99,21 +90,25 @@ def _written(name: str, write) -> Path:
     return path
 
 
-def setup_of(file: str) -> tuple[Path, list[str]]:
-    """The model and flags (besides --port) both servers get for a suite file."""
-    from tests.fixtures.make_adapters import write_lora_gguf
+def fixture_model(setup: Setup) -> Path:
     from tests.fixtures.make_reranker import write_reranker_gguf
 
-    if file not in FILE_SETUPS:
-        return suite_model(), PRESET
-    fixture, flags = FILE_SETUPS[file]
-    model = _written("suite-reranker.gguf", write_reranker_gguf) if fixture == "reranker" else suite_model()
-    lora = _written("suite-lora.gguf", write_lora_gguf)
-    return model, [flag.replace("{lora}", str(lora)) for flag in flags]
+    return _written("suite-reranker.gguf", write_reranker_gguf) if setup.fixture == "reranker" else suite_model()
 
 
-def start(cmd: list[str], port: int, log: Path) -> subprocess.Popen:
-    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT)
+def concrete(flags: tuple[str, ...], model: Path, work: Path) -> list[str]:
+    """Flags with their placeholders filled: {lora} (the tiny adapter), {model}, {work} (a folder)."""
+    from tests.fixtures.make_adapters import write_lora_gguf
+
+    lora = _written("suite-lora.gguf", write_lora_gguf) if any("{lora}" in f for f in flags) else None
+    return [f.replace("{lora}", str(lora)).replace("{model}", str(model)).replace("{work}", str(work))
+            for f in flags]
+
+
+def start(cmd: list[str], port: int, log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    # AIP_HTTP_PORT: the port a Vertex AI container listens on (test_compat_gcp's mode)
+    env = {**os.environ, **env, "AIP_HTTP_PORT": str(port)} if env else None
+    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env)
     common.wait_healthy(f"http://127.0.0.1:{port}", proc, timeout=120, name=cmd[0], see=f"; see {log}")
     return proc
 
@@ -155,8 +150,13 @@ def outcomes(report: Path) -> dict[str, str]:
 
 
 def serve_and_run(name: str, cmd: list[str], port: int, tests: Path, work: Path,
-                  select: str | None, files: tuple[str, ...] = FILES) -> dict[str, str]:
-    proc = start(cmd, port, work / f"{name}-server.log")
+                  select: str | None, files: tuple[str, ...] = FILES,
+                  env: dict[str, str] | None = None) -> dict[str, str]:
+    try:
+        proc = start(cmd, port, work / f"{name}-server.log", env)
+    except SystemExit as exc:  # a server that does not start fails the file's tests, the run goes on
+        print(f"{name}: {exc}", file=sys.stderr)
+        return {}
     try:
         return run_suite(tests, port, work, name, select, files)
     finally:
@@ -166,7 +166,8 @@ def serve_and_run(name: str, cmd: list[str], port: int, tests: Path, work: Path,
 def router_commands(model: Path, work: Path, llama_cpp_bin: Path | None) -> dict[str, list[str]]:
     """Each server's router command line (without --port), serving `model` as ROUTER_MODEL."""
     preset = work / "router.ini"
-    preset.write_text(f"version = 1\n[{ROUTER_MODEL}]\nmodel = {model}\nc = 1024\nnp = 1\n")
+    preset.write_text("version = 1\n" + "".join(f"[{name}]\nmodel = {model}\nc = 1024\nnp = 1\n"
+                                                for name in ROUTER_MODELS))
     folder = work / "router-models"  # pyllama's router wants a folder with a model in it as well
     folder.mkdir(exist_ok=True)
     if not (folder / "other.gguf").exists():
@@ -179,20 +180,26 @@ def router_commands(model: Path, work: Path, llama_cpp_bin: Path | None) -> dict
     return commands
 
 
-def run_routers(commands: dict[str, list[str]], tests: Path, work: Path, select: str | None,
-                files: tuple[str, ...]) -> dict[str, dict[str, str]]:
-    """Each test of FILES against a fresh router of each server."""
-    collect = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *files]
-    listed = subprocess.run(collect + (["-k", select] if select else []), cwd=tests, env=suite_env(work, 0),
+def collect(tests: Path, work: Path, select: str | None, files: tuple[str, ...]) -> list[str]:
+    """The ids of FILES' tests (that `select` picks)."""
+    cmd = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *files]
+    listed = subprocess.run(cmd + (["-k", select] if select else []), cwd=tests, env=suite_env(work, 0),
                             capture_output=True, text=True).stdout
-    test_ids = [line for line in listed.splitlines() if "::" in line]
+    return [line for line in listed.splitlines() if "::" in line]
+
+
+def run_routers(commands: dict[str, list[str]], tests: Path, work: Path, select: str | None,
+                files: tuple[str, ...], setup: Setup | None = None) -> dict[str, dict[str, str]]:
+    """Each test of FILES against a fresh router of each server (with the flags setup.per_test gives it)."""
+    test_ids = collect(tests, work, select, files)
     results: dict[str, dict[str, str]] = {}
     for name, cmd in commands.items():
         results[name] = {}
         for number, test_id in enumerate(test_ids):
             port = common.free_port()
-            results[name].update(serve_and_run(f"{name}-router-{number}", [*cmd, "--port", str(port)], port,
-                                               tests, work, None, (test_id,)))
+            extra = flags_for(setup, test_id) if setup else ()
+            results[name].update(serve_and_run(f"{name}-router-{number}", [*cmd, *extra, "--port", str(port)],
+                                               port, tests, work, None, (test_id,)))
     return results
 
 
@@ -202,11 +209,12 @@ def main() -> None:
     p.add_argument("--src", type=Path, help="a folder holding the extracted llama-cpp-python source package")
     p.add_argument("-k", dest="select", help="only the tests pytest's -k expression selects")
     p.add_argument("--work", type=Path, help="keep reports and logs in this folder")
-    p.add_argument("--files", default=",".join(FILES), help="the suite files to run, comma-separated")
+    p.add_argument("--files", default=",".join(FILES), help="the suite files to run, comma-separated, or 'all'")
     p.add_argument("--router", action="store_true", help="run them in router mode, one fresh server per test")
     args = p.parse_args()
-    files = tuple(f.strip() for f in args.files.split(",") if f.strip())
     tests = suite_dir(args.src)
+    files = (tuple(f"unit/{p.name}" for p in sorted((tests / "unit").glob("test_*.py"))) if args.files == ALL
+             else tuple(f.strip() for f in args.files.split(",") if f.strip()))
     work = args.work or Path(tempfile.mkdtemp(prefix="pyllama-suite-"))
     work.mkdir(parents=True, exist_ok=True)
     if args.router:
@@ -219,27 +227,56 @@ def main() -> None:
     report(run_files(files, tests, work, args.select, args.llama_cpp_bin))
 
 
+def server_commands(setup: Setup, flags: tuple[str, ...], work: Path,
+                    llama_cpp_bin: Path | None) -> dict[str, list[str]]:
+    """Each server's command line (without --port) for a setup and its flags."""
+    model = fixture_model(setup)
+    filled = concrete(flags, suite_model(), work)
+    commands = {"pyllama": [*common.pyllama_cmd(), "serve", "-m", str(model), *pyllama_flags(tuple(filled)),
+                            "--cors-origin", "*"]}
+    if llama_cpp_bin:
+        commands["llama-server"] = [str(common.llama_cpp_bin(llama_cpp_bin) / "llama-server"), "-m", str(model),
+                                    *filled]
+    return commands
+
+
 def run_files(files: tuple[str, ...], tests: Path, work: Path, select: str | None,
               llama_cpp_bin: Path | None) -> dict[str, dict[str, str]]:
-    """FILES against both servers, one server per setup (FILE_SETUPS) with the files that share it."""
-    groups: dict[tuple[Path, tuple[str, ...]], list[str]] = {}
-    for file in files:
-        model, flags = setup_of(file)
-        groups.setdefault((model, tuple(flags)), []).append(file)
+    """FILES against both servers: one server per setup (_suite_setups.SETUPS) with the files that share
+    it, one per test for `fresh` setups, and a router per test for the router's file."""
     results: dict[str, dict[str, str]] = {"pyllama": {}}
-    for number, ((model, flags), group) in enumerate(groups.items()):
-        port = common.free_port()
-        print(f"{', '.join(group)}: -m {model.name} {' '.join(flags)}", file=sys.stderr)
-        results["pyllama"].update(serve_and_run(
-            f"pyllama-{number}", [*common.pyllama_cmd(), "serve", "-m", str(model), *flags, "--port", str(port),
-                                  "--cors-origin", "*"], port, tests, work, select, tuple(group)))
-        if llama_cpp_bin:
-            port = common.free_port()
-            server = common.llama_cpp_bin(llama_cpp_bin) / "llama-server"
-            results.setdefault("llama-server", {}).update(serve_and_run(
-                f"llama-server-{number}", [str(server), "-m", str(model), *flags, "--port", str(port)], port,
-                tests, work, select, tuple(group)))
+    groups: dict[tuple[str, tuple[str, ...]], list[str]] = {}
+    for file in files:
+        setup = setup_of(file)
+        if setup.router:
+            for name, got in run_routers(router_commands(suite_model(), work, llama_cpp_bin), tests, work, select,
+                                         (file,), setup).items():
+                results.setdefault(name, {}).update(got)
+        elif setup.fresh or setup.per_test:  # a server per test; or per test with flags of its own
+            ids = collect(tests, work, select, (file,))
+            own = ids if setup.fresh else [t for t in ids if flags_for(setup, t) is not setup.flags]
+            for number, test_id in enumerate(own):
+                _run_each(setup, flags_for(setup, test_id), work, llama_cpp_bin, results, f"{Path(file).stem}-{number}",
+                          tests, None, (test_id,))
+            rest = [t for t in ids if t not in own]
+            if rest:
+                groups.setdefault((setup.fixture, setup.flags), []).extend(rest)
+        else:
+            groups.setdefault((setup.fixture, setup.flags), []).append(file)
+    for number, ((_, flags), group) in enumerate(groups.items()):
+        print(f"{', '.join(group)}: {' '.join(flags)}", file=sys.stderr)
+        _run_each(setup_of(group[0]), flags, work, llama_cpp_bin, results, f"group-{number}", tests, select,
+                  tuple(group))
     return results
+
+
+def _run_each(setup: Setup, flags: tuple[str, ...], work: Path, llama_cpp_bin: Path | None,
+              results: dict[str, dict[str, str]], tag: str, tests: Path, select: str | None,
+              files: tuple[str, ...]) -> None:
+    for name, cmd in server_commands(setup, flags, work, llama_cpp_bin).items():
+        port = common.free_port()
+        results.setdefault(name, {}).update(serve_and_run(f"{name}-{tag}", [*cmd, "--port", str(port)], port, tests,
+                                                          work, select, files, setup.env))
 
 
 def report(results: dict[str, dict[str, str]]) -> None:
@@ -248,6 +285,7 @@ def report(results: dict[str, dict[str, str]]) -> None:
         print(f"{name}: {len(passed[name])} of {len(got)} passed")
         for test in sorted(passed[name]):
             print(f"  pass  {test}")
+    print_table(results, passed)
     if "llama-server" in passed:
         ref, ours = passed["llama-server"], passed["pyllama"]
         print(f"passed by llama-server, not by pyllama: {len(ref - ours)}")
@@ -260,6 +298,21 @@ def report(results: dict[str, dict[str, str]]) -> None:
         print(f"failed (or skipped) on both: {len(both)}")
         for test in sorted(both):
             print(f"  x  {test}")
+
+
+def print_table(results: dict[str, dict[str, str]], passed: dict[str, set[str]]) -> None:
+    """Per file: the tests run, and how many each server passed (and llama-server alone)."""
+    names = list(results)
+    files = sorted({test.split("::")[0] for got in results.values() for test in got})
+    header = ["file", "tests", *names] + (["llama-server only"] if "llama-server" in names else [])
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for file in files:
+        ids = {t for got in results.values() for t in got if t.split("::")[0] == file}
+        row = [file, str(len(ids)), *(str(len(passed[n] & ids)) for n in names)]
+        if "llama-server" in names:
+            row.append(str(len((passed["llama-server"] - passed["pyllama"]) & ids)))
+        print("| " + " | ".join(row) + " |")
 
 
 if __name__ == "__main__":

@@ -313,34 +313,35 @@ _pyllama_spec() {
             subs=""
             opts="--host= --port= -a= --alias= --api-key= --cors-origin= --allowed-hosts= --docs \
                 --slot-save-path= --max-body-size= --chat-template= -np= --parallel= --kv-unified --no-webui \
-                --models-dir= --models-cache --models-max= --sleep-idle-seconds= --models-preset= \
-                --reasoning-format= --reasoning-budget= --log-format= -q --quiet --verbose-native \
-                --media-domains= --media-path= --media-max-image-size= --media-max-audio-size= -mm= \
-                --mmproj= --mmproj-auto --no-mmproj --mmproj-offload --no-mmproj-offload --image-min-tokens= \
-                --image-max-tokens= --embeddings --pooling= --embd-normalize= --rerank --reranking -cram= \
-                --cache-ram= --cache-idle-slots --no-cache-idle-slots --cache-disk= --cache-disk-max= \
-                --cache-disk-min-tokens= --cache-reuse= -ctxcp= --ctx-checkpoints= --swa-checkpoints= \
-                --shutdown-grace= --max-header-size= --max-headers= --max-url-length= --header-timeout= \
-                --body-timeout= --max-connections= --keep-alive-timeout= --max-grammar-size= \
-                --max-grammar-seconds= --stream-buffer-size= --stream-sessions= --stream-grace= --spec-type= \
-                -md= --model-draft= --spec-draft-model= -hfd= --hf-repo-draft= --spec-draft-hf= \
-                --spec-draft-n-max= --spec-draft-n-min= --draft-p-min= --spec-draft-p-min= \
-                --spec-ngram-simple-size-n= --spec-ngram-simple-size-m= --spec-ngram-simple-min-hits= \
-                --spec-ngram-map-k-size-n= --spec-ngram-map-k-size-m= --spec-ngram-map-k-min-hits= -n= \
-                --n-predict= --temp= --top-k= --top-p= --min-p= --typical= --repeat-penalty= \
-                --repeat-last-n= --presence-penalty= --frequency-penalty= --mirostat= --mirostat-lr= \
-                --mirostat-ent= --ignore-eos -r= --reverse-prompt= --logit-bias= --grammar= --grammar-file= \
-                -j= --json-schema= -jf= --json-schema-file= --samplers= --sampler-seq= --sampling-seq= \
-                --top-n-sigma= --top-nsigma= --xtc-probability= --xtc-threshold= --dry-multiplier= \
-                --dry-base= --dry-allowed-length= --dry-penalty-last-n= --dry-sequence-breaker= \
-                --dynatemp-range= --dynatemp-exp= --adaptive-target= --adaptive-decay= -m= --model= -hf= \
-                --hf-repo= -hff= --hf-file= -hft= --hf-token= --offline -c= --ctx-size= -t= --threads= -ngl= \
-                --gpu-layers= --n-gpu-layers= -fa= --flash-attn= -b= --batch-size= -ub= --ubatch-size= \
-                --mlock --no-mmap -s= --seed= -v --verbose --log-file= --rpc= -dev= --device= -ts= \
-                --tensor-split= --list-devices -tb= --threads-batch= -C= --cpu-mask= -Cr= --cpu-range= \
-                --cpu-strict= --prio= --poll= -Cb= --cpu-mask-batch= -Crb= --cpu-range-batch= \
-                --cpu-strict-batch= --prio-batch= --poll-batch= --lora= --lora-scaled= \
-                --lora-init-without-apply --control-vector= --control-vector-scaled= \
+                --metrics --no-metrics --tags= --models-autoload --no-models-autoload --ui-mcp-proxy \
+                --no-ui-mcp-proxy --models-dir= --models-cache --models-max= --sleep-idle-seconds= \
+                --models-preset= --reasoning-format= --reasoning-budget= --log-format= -q --quiet \
+                --verbose-native --media-domains= --media-path= --media-max-image-size= \
+                --media-max-audio-size= -mm= --mmproj= --mmproj-auto --no-mmproj --mmproj-offload \
+                --no-mmproj-offload --image-min-tokens= --image-max-tokens= --embeddings --pooling= \
+                --embd-normalize= --rerank --reranking -cram= --cache-ram= --cache-idle-slots \
+                --no-cache-idle-slots --cache-disk= --cache-disk-max= --cache-disk-min-tokens= \
+                --cache-reuse= -ctxcp= --ctx-checkpoints= --swa-checkpoints= --shutdown-grace= \
+                --max-header-size= --max-headers= --max-url-length= --header-timeout= --body-timeout= \
+                --max-connections= --keep-alive-timeout= --max-grammar-size= --max-grammar-seconds= \
+                --stream-buffer-size= --stream-sessions= --stream-grace= --spec-type= -md= --model-draft= \
+                --spec-draft-model= -hfd= --hf-repo-draft= --spec-draft-hf= --spec-draft-n-max= \
+                --spec-draft-n-min= --draft-p-min= --spec-draft-p-min= --spec-ngram-simple-size-n= \
+                --spec-ngram-simple-size-m= --spec-ngram-simple-min-hits= --spec-ngram-map-k-size-n= \
+                --spec-ngram-map-k-size-m= --spec-ngram-map-k-min-hits= -n= --n-predict= --temp= --top-k= \
+                --top-p= --min-p= --typical= --repeat-penalty= --repeat-last-n= --presence-penalty= \
+                --frequency-penalty= --mirostat= --mirostat-lr= --mirostat-ent= --ignore-eos -r= \
+                --reverse-prompt= --logit-bias= --grammar= --grammar-file= -j= --json-schema= -jf= \
+                --json-schema-file= --samplers= --sampler-seq= --sampling-seq= --top-n-sigma= --top-nsigma= \
+                --xtc-probability= --xtc-threshold= --dry-multiplier= --dry-base= --dry-allowed-length= \
+                --dry-penalty-last-n= --dry-sequence-breaker= --dynatemp-range= --dynatemp-exp= \
+                --adaptive-target= --adaptive-decay= -m= --model= -hf= --hf-repo= -hff= --hf-file= -hft= \
+                --hf-token= --offline -c= --ctx-size= -t= --threads= -ngl= --gpu-layers= --n-gpu-layers= \
+                -fa= --flash-attn= -b= --batch-size= -ub= --ubatch-size= --mlock --no-mmap -s= --seed= -v \
+                --verbose --log-file= --rpc= -dev= --device= -ts= --tensor-split= --list-devices -tb= \
+                --threads-batch= -C= --cpu-mask= -Cr= --cpu-range= --cpu-strict= --prio= --poll= -Cb= \
+                --cpu-mask-batch= -Crb= --cpu-range-batch= --cpu-strict-batch= --prio-batch= --poll-batch= \
+                --lora= --lora-scaled= --lora-init-without-apply --control-vector= --control-vector-scaled= \
                 --control-vector-layer-range= -ctk= --cache-type-k= -ctv= --cache-type-v= --swa-full -kvo \
                 --kv-offload -nkvo --no-kv-offload --rope-scaling= --rope-scale= --rope-freq-base= \
                 --rope-freq-scale= --yarn-orig-ctx= --yarn-ext-factor= --yarn-attn-factor= --yarn-beta-slow= \

@@ -592,7 +592,8 @@ def test_prompt_longer_than_the_context_is_400_with_both_numbers(server: Server)
     with pytest.raises(openai.BadRequestError) as caught:
         server.client().completions.create(model="tiny", prompt=prompt, max_tokens=1)
     error = caught.value.body
-    assert error["message"] == f"the prompt has {N_CTX + 101} tokens but the context holds {N_CTX}"
+    assert error["message"] == (f"the request ({N_CTX + 101} tokens) exceeds the available context size ({N_CTX} "
+                                "tokens): shorten the prompt, or restart the server with a larger -c")
     assert (error["code"], error["n_prompt_tokens"], error["n_ctx"]) == ("context_length_exceeded", N_CTX + 101, N_CTX)
 
 
@@ -817,8 +818,9 @@ def test_openai_routes_answer_without_v1_too(server: Server) -> None:
 def test_props_tells_slots_context_defaults_and_template(server: Server, tiny_model: Path) -> None:
     props = httpx.get(f"{server.url}/props").json()
     assert set(props) == {"default_generation_settings", "total_slots", "model_alias", "model_path", "modalities",
-                          "chat_template", "bos_token", "eos_token", "build_info"}
+                          "chat_template", "bos_token", "eos_token", "build_info", "is_sleeping"}
     assert (props["model_alias"], props["bos_token"], props["eos_token"]) == ("tiny", "<s>", "</s>")
+    assert props["is_sleeping"] is False and re.fullmatch(r"b0-\S+ \(pyllama \S+\)", props["build_info"])
     assert (props["total_slots"], props["model_path"]) == (1, str(tiny_model))
     assert props["default_generation_settings"]["n_ctx"] == N_CTX
     params = props["default_generation_settings"]["params"]

@@ -219,7 +219,7 @@ def test_image_tokens_count_against_the_context(vision: Server, images: dict[str
     response = httpx.post(f"{vision.url}/v1/chat/completions", json={"messages": messages, "max_tokens": 4},
                           timeout=60)
     assert response.status_code == 400, response.text
-    assert response.json()["error"]["message"].startswith("the prompt has 1145 tokens")
+    assert response.json()["error"]["message"].startswith("the request (1145 tokens) exceeds the available context size")
 
 
 def test_serve_hf_model_brings_its_projector(tiny_model: Path, mmproj: Path,  # noqa: F811

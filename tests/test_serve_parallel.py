@@ -120,7 +120,7 @@ def test_a_prompt_longer_than_a_slot_fails_alone(pserver: Server) -> None:
     too_long = " ".join(["hello"] * 600)
     response = httpx.post(f"{pserver.url}/v1/completions", json={"prompt": too_long, "max_tokens": 4}, timeout=30)
     assert response.status_code == 400
-    assert "but the context holds 512" in response.json()["error"]["message"]
+    assert "exceeds the available context size (512 tokens)" in response.json()["error"]["message"]
     ok = _run_concurrently(pserver.url, [{"prompt": PROMPT, "max_tokens": 5}])[0][1]
     assert ok["completion_tokens"] == 5
 

@@ -21,34 +21,11 @@ from ..options.sampling import SamplingOptions, sampling_options
 from ..options.speculative import SpeculativeOptions, speculative_options
 from ..server.settings import MediaPolicy, ServerLimits
 from ..options.serve import (
-    DEFAULT_HOST,
-    DEFAULT_MODELS_MAX,
-    DEFAULT_PORT,
-    SERVER_PANEL,
-    AliasOpt,
-    AllowedHostsOpt,
-    ApiKeyOpt,
-    CorsOriginOpt,
-    LogFormatOpt,
-    QuietOpt,
-    ServeVerboseOpt,
-    VerboseNativeOpt,
-    DocsOpt,
-    HostOpt,
-    KvUnifiedOpt,
-    MaxBodySizeOpt,
-    ModelsCacheOpt,
-    ModelsDirOpt,
-    ModelsMaxOpt,
-    ModelsPresetOpt,
-    NoWebuiOpt,
-    ParallelOpt,
-    PortOpt,
-    SleepIdleOpt,
-    SlotSavePathOpt,
-    ReasoningBudgetOpt,
-    ReasoningFormatOpt,
-    parse_size,
+    DEFAULT_HOST, DEFAULT_MODELS_MAX, DEFAULT_PORT, SERVER_PANEL, AliasOpt, AllowedHostsOpt, ApiKeyOpt,
+    CorsOriginOpt, LogFormatOpt, QuietOpt, ServeVerboseOpt, VerboseNativeOpt, DocsOpt, HostOpt, KvUnifiedOpt,
+    MaxBodySizeOpt, MetricsOpt, ModelsAutoloadOpt, TagsOpt, UiMcpProxyOpt, ModelsCacheOpt, ModelsDirOpt, ModelsMaxOpt,
+    ModelsPresetOpt, NoWebuiOpt, ParallelOpt, PortOpt, SleepIdleOpt, SlotSavePathOpt, ReasoningBudgetOpt,
+    ReasoningFormatOpt, parse_size,
 )
 from ..core.text.reasoning import FORMAT_DEEPSEEK, UNLIMITED
 
@@ -96,6 +73,10 @@ def serve(
     parallel: ParallelOpt = 1,
     kv_unified: KvUnifiedOpt = False,
     no_webui: NoWebuiOpt = False,
+    metrics: MetricsOpt = True,
+    tags: TagsOpt = None,
+    models_autoload: ModelsAutoloadOpt = True,
+    ui_mcp_proxy: UiMcpProxyOpt = False,
     models_dir: ModelsDirOpt = None,
     models_cache: ModelsCacheOpt = False,
     models_max: ModelsMaxOpt = DEFAULT_MODELS_MAX,
@@ -143,9 +124,9 @@ def serve(
         reasoning_format=reasoning_format, reasoning_budget=reasoning_budget, docs=docs,
         allowed_hosts=hosts_allowed(host, allowed_hosts or []),
         access_log=None if quiet else log_format, verbose=load.verbose, **embeddings.fields,
-        prompt_cache=replace(prompt_cache, template=chat_template), projector=media,
-        media=media_policy,
-    )
+        prompt_cache=replace(prompt_cache, template=chat_template), projector=media, media=media_policy,
+        metrics=metrics, tags=_names(tags), aliases=_names(alias), models_autoload=models_autoload,
+        cors_proxy=ui_mcp_proxy)
     load = replace(load, verbose=verbose_native)  # -v is the server's detail; llama.cpp's log is its own switch
     if router:
         _serve_router(ctx, model, load, settings, host, port, embeddings=embeddings, alias=alias,
@@ -157,7 +138,8 @@ def serve(
     if past := trained_context_warning(resolved.path, per_request, f"a context of {per_request} tokens per request"):
         warn(past)
     _add_rpc_servers(load)
-    settings = replace(settings, alias=alias or resolved.path.stem,  # default: the file's name without .gguf
+    # The id is the first alias in order (llama-server keeps them in a sorted set); default: the file's stem.
+    settings = replace(settings, alias=settings.aliases[0] if settings.aliases else resolved.path.stem,
                        projector=with_hf_projector(media, model.first(), resolved, download_tqdm()))
     socks = server.listen_for(host, port, settings)
     server.serve(socks, resolved.path, load, settings, embeddings=embeddings, parallel=parallel, kv_unified=kv_unified)
@@ -170,15 +152,17 @@ def _serve_router(ctx: typer.Context, model: ModelRequests, load: LoadSettings, 
     from ..server.router.presets import load_presets
     from ..server.router.start import RouterOptions, find_models, router_models, serve_router
 
-    if embeddings or alias:
-        flag = "--embeddings" if embeddings else "--alias"
-        raise UsageError(f"{flag} serves one model, and this server has several (router mode)",
-                         hint="give one model, or set aliases with `alias = NAME` in --models-preset")
+    if embeddings:
+        raise UsageError("--embeddings serves one model, and this server has several (router mode)",
+                         hint="give one model without --sleep-idle-seconds")
     if load.rpc and models_max != 1:  # two models decoding on one RPC server at once hang in ggml's RPC client
         raise UsageError("--rpc in router mode runs one model at a time", hint="add --models-max 1")
     if len(model.hf_repos) > 1 and model.hf_file:
         raise UsageError("-hff picks a file of one -hf repo, and there are several", hint="use -hf user/repo:QUANT")
     found = find_models(model, models_dir, models_cache or not (model.count or models_dir), tqdm_class=download_tqdm())
+    if alias and len(found) != 1:  # one model that sleeps when idle (--sleep-idle-seconds) may have its alias
+        raise UsageError("--alias serves one model, and this server has several (router mode)",
+                         hint="give one model, or set aliases with `alias = NAME` in --models-preset")
     given = frozenset(name for name in ctx.params
                       if (source := ctx.get_parameter_source(name)) is not None
                       and source.name in ("COMMANDLINE", "ENVIRONMENT"))
@@ -188,6 +172,11 @@ def _serve_router(ctx: typer.Context, model: ModelRequests, load: LoadSettings, 
     _add_rpc_servers(load)
     socks = server.listen_for(host, port, settings)
     serve_router(socks, models, preload, settings, options, settings.verbose)
+
+
+def _names(text: str | None) -> tuple[str, ...]:
+    """--alias and --tags: comma-separated names, sorted and without repeats (as llama-server keeps them)."""
+    return tuple(sorted({name.strip() for name in (text or "").split(",") if name.strip()}))
 
 
 def _add_rpc_servers(load: LoadSettings) -> None:

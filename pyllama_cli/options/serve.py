@@ -69,6 +69,16 @@ ReasoningBudgetOpt = Annotated[int, typer.Option(
     "--reasoning-budget", min=-1, help="Thinking tokens before the think block is closed and the answer "
     "follows: -1 = unlimited, 0 = none. Requests' reasoning_effort or thinking.budget_tokens override it.",
     rich_help_panel=SERVER_PANEL)]
+MetricsOpt = Annotated[bool, typer.Option(
+    "--metrics/--no-metrics", help="Serve /metrics (Prometheus text: pyllama_* series and llama-server's "
+    "llamacpp:* ones); off, it answers 501 as llama-server does without --metrics.", rich_help_panel=SERVER_PANEL)]
+UiMcpProxyOpt = Annotated[bool, typer.Option(
+    "--ui-mcp-proxy/--no-ui-mcp-proxy", help="Experimental, as llama-server's: GET/POST /cors-proxy?url=URL "
+    "fetches URL (for a web page's MCP servers). Anyone who can reach the server can then make it fetch any "
+    "http(s) URL, the machine's own services included: keep it on loopback.", rich_help_panel=SERVER_PANEL)]
+TagsOpt = Annotated[str | None, typer.Option(
+    "--tags", help="Tags of the model, comma-separated (informational: shown in /v1/models and /props, not "
+    "used to route).", rich_help_panel=SERVER_PANEL, show_default=False)]
 NoWebuiOpt = Annotated[bool, typer.Option(
     "--no-webui", help="Do not serve the chat page at / (the API is unchanged).", rich_help_panel=SERVER_PANEL)]
 
@@ -84,6 +94,9 @@ ModelsMaxOpt = Annotated[int, typer.Option(
 SleepIdleOpt = Annotated[float, typer.Option(
     "--sleep-idle-seconds", help="Unload a model idle this long (-1 = never); a request's keep_alive "
     "overrides it for its model.", rich_help_panel=ROUTER_PANEL)]
+ModelsAutoloadOpt = Annotated[bool, typer.Option(
+    "--models-autoload/--no-models-autoload", help="Load a model on its first request; off, a request for a "
+    "model not loaded gets 400 until POST /models/load loads it.", rich_help_panel=ROUTER_PANEL)]
 ModelsPresetOpt = Annotated[Path | None, typer.Option(
     "--models-preset", help="INI file of per-model settings: [MODEL_ID] or [*] sections of flag = value "
     "(c, np, chat-template, alias, temp, ...).", rich_help_panel=ROUTER_PANEL, show_default=False,
@@ -94,8 +107,9 @@ __all__ = ["DEFAULT_MODELS_MAX"]
 
 # llama-server's LLAMA_ARG_* environment variables for the server flags that have one.
 # (-m and -hf get theirs in options/load.py, where they are declared.)
-HostOpt, PortOpt, AliasOpt, ParallelOpt, KvUnifiedOpt, EmbeddingsOpt = (
-    with_env(alias) for alias in (HostOpt, PortOpt, AliasOpt, ParallelOpt, KvUnifiedOpt, EmbeddingsOpt))
+HostOpt, PortOpt, AliasOpt, ParallelOpt, KvUnifiedOpt, EmbeddingsOpt, MetricsOpt, UiMcpProxyOpt = (
+    with_env(alias) for alias in (HostOpt, PortOpt, AliasOpt, ParallelOpt, KvUnifiedOpt, EmbeddingsOpt, MetricsOpt,
+                                  UiMcpProxyOpt))
 
 LogFormatOpt = Annotated[str, typer.Option(
     "--log-format", callback=lambda value: _one_of(value, ("text", "json")), help="The access log's form: one "

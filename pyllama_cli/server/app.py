@@ -22,13 +22,15 @@ from starlette.concurrency import run_in_threadpool
 from .. import __version__
 from . import spine
 from .anthropic import routes as anthropic
-from .errors import OPENAPI_ERRORS, install_error_handlers
+from .errors import OPENAPI_ERRORS, APIError, install_error_handlers
 from .http.access_log import AccessLogMiddleware
 from .http.auth import ApiKeyMiddleware
 from .http.leases import LeaseMiddleware
 from .http.middleware import BodyLimitMiddleware, CorsMiddleware
 from .job_rules import Lenient
 from .llama_server import routes as llama_server
+from .llama_server import cors_proxy as cors_proxy_route
+from .llama_server import vertex
 from .lora import routes as lora
 from .metrics import CONTENT_TYPE, Metrics, MetricsMiddleware
 from .model_set import ModelSet
@@ -86,6 +88,7 @@ def create_app(models: ModelSet, settings: ServerSettings) -> FastAPI:
         family.add_routes(app, models)
     if settings.webui:
         webui.add_routes(app, models)
+    vertex.add_routes(app)  # AIP_MODE=PREDICTION only: Vertex AI's /predict over the routes above
     app.state.metrics = Metrics(route.path for route in app.routes)
     # Added innermost first: metrics see every answer, CORS headers go on errors too.
     app.add_middleware(LeaseMiddleware)  # a model is held until its answer is sent (router mode)
@@ -113,8 +116,19 @@ def _add_server_routes(app: FastAPI, models: ModelSet) -> None:
 
     @app.get("/metrics", response_class=PlainTextResponse, tags=["Server"])
     async def metrics() -> Any:
-        """Prometheus text: requests, tokens, speeds, queue depth, errors."""
-        return PlainTextResponse(app.state.metrics.render(models), media_type=CONTENT_TYPE)
+        """Prometheus text: requests, tokens, speeds, queue depth, errors; pyllama_* and llama-server's
+        llamacpp:* series (501 when started with --no-metrics)."""
+        if not app.state.settings.metrics:
+            raise APIError(501, "This server does not support metrics endpoint. Start it with `--metrics`")
+        return PlainTextResponse(app.state.metrics.render(models), media_type=CONTENT_TYPE,
+                                 headers={"Process-Start-Time-Unix": str(app.state.metrics.started)})
+
+    @app.api_route("/cors-proxy", methods=["GET", "POST"], include_in_schema=False)
+    async def cors_proxy(request: Request) -> Any:
+        """llama-server's web-page proxy: fetches ?url= with --ui-mcp-proxy, 403 without (its default)."""
+        if not app.state.settings.cors_proxy:
+            cors_proxy_route.refused()
+        return await cors_proxy_route.proxy(request)
 
     @app.post("/models/load", responses=OPENAPI_ERRORS, tags=["Server"])
     async def load_model(body: ModelLoadRequest) -> Any:

@@ -15,13 +15,14 @@ OWNER = "pyllama"
 
 
 def model_card(model_id: str, path: Path, size: int, *, status: str, aliases: tuple[str, ...] = (),
+               tags: tuple[str, ...] = (),
                engine: Engine | None = None, idle_s: float = 0.0, error: BaseException | None = None) -> dict[str, Any]:
     created = int(path.stat().st_mtime) if path.exists() else 0
     state: dict[str, Any] = {"value": status}
     if error is not None:
         state.update(failed=True, error=getattr(error, "message", None) or str(error))
     card: dict[str, Any] = {"id": model_id, "object": "model", "created": created, "owned_by": OWNER,
-                            "path": str(path), "size": size, "aliases": list(aliases), "status": state}
+                            "path": str(path), "size": size, "aliases": list(aliases), "tags": list(tags), "status": state}
     if engine is not None and engine.ready:
         card["meta"] = _meta(engine)
         card["runtime"] = _runtime(engine, idle_s)

@@ -135,8 +135,11 @@ def budget(requested: int | None, n_prompt: int, engine: Engine, settings: Serve
     """Tokens to generate: as asked, else the server's -n, else the rest of the context; never past it."""
     try:
         engine.check_fits(n_prompt)
-    except ContextOverflow as exc:
-        raise APIError(400, exc.message, param=param, code="context_length_exceeded",
+    except ContextOverflow:
+        # "exceeds the available context size": the words llama-server's clients look for in this error
+        raise APIError(400, f"the request ({n_prompt} tokens) exceeds the available context size ({engine.n_ctx} "
+                       "tokens): shorten the prompt, or restart the server with a larger -c", param=param,
+                       code="context_length_exceeded",
                        error_type="exceed_context_size_error",  # llama-server's type, which its clients test for
                        extra={"n_prompt_tokens": n_prompt, "n_ctx": engine.n_ctx}) from None
     room = engine.n_ctx - n_prompt
@@ -171,6 +174,9 @@ def sampling(req: GenerationFields, settings: ServerSettings, grammar: str | Non
         changes["seed"] = req.seed % SEED_MODULUS if req.seed >= 0 else -1
     changes.update(chain_fields(req))
     bias = _logit_bias(req.logit_bias, engine)
+    if changes.get("ignore_eos", settings.sampling.ignore_eos) and engine.model is not None:
+        # As llama-server does: the end-of-generation tokens are never sampled (not just not obeyed).
+        bias += tuple((token, float("-inf")) for token in engine.model.eog_tokens)
     if bias:
         changes["logit_bias"] = settings.sampling.logit_bias + bias
     if grammar and grammar != settings.sampling.grammar and engine.model is not None and _on_a_worker_thread():

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
@@ -11,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..core.serving.jobs import EngineStats
+from .llamacpp_metrics import LlamaCppSeries
 
 if TYPE_CHECKING:
     from .model_set import ModelSet
@@ -25,6 +27,8 @@ class Metrics:
         self.endpoints = frozenset(endpoints)
         self._lock = threading.Lock()
         self._requests: Counter[tuple[str, int]] = Counter()
+        self._llamacpp = LlamaCppSeries()
+        self.started = int(time.time())  # the Process-Start-Time-Unix header (llama-server's)
 
     def observe(self, path: str, status: int) -> None:
         endpoint = path if path in self.endpoints else "other"  # bounded labels, whatever clients probe
@@ -62,6 +66,8 @@ class Metrics:
         _prompt_cache_series(lines, engines)
         for name, kind, help_text, samples in models.model_series():
             _metric(lines, name, kind, help_text, samples)
+        lines += self._llamacpp.render([(label_pair("model", label) if label is not None else "", stats)
+                                        for label, stats in models.lifetime_stats()])
         return "\n".join(lines) + "\n"
 
 
@@ -90,7 +96,8 @@ def _join(*labels: str) -> str:
 
 # Series read from each engine's stats: (name, type, help, how to read it).
 _ENGINE_SERIES: list[tuple[str, str, str, Callable[[EngineStats], float]]] = [
-    ("prompt_tokens_total", "counter", "Prompt tokens of finished generations.", lambda s: s.prompt_tokens),
+    ("prompt_tokens_total", "counter", "Prompt tokens of finished generations and embeddings.",
+     lambda s: s.prompt_tokens),
     ("prompt_tokens_evaluated_total", "counter", "Prompt tokens evaluated (not reused from cache).",
      lambda s: s.prompt_tokens_evaluated),
     ("generated_tokens_total", "counter", "Tokens generated.", lambda s: s.generated_tokens),

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.serving.engine import BROKEN, CLOSED, FAILED, READY, Engine
+from ..core.serving.jobs import EngineStats
 from .cards import model_card
 from .errors import APIError
 from .http.access_log import note_model
@@ -74,6 +75,10 @@ class ModelSet(ABC):
         """The loaded engines for /metrics, each with its model label (None: no label, one model)."""
         return [(None, served.engine) for served in self.served()]
 
+    def lifetime_stats(self) -> list[tuple[str | None, EngineStats]]:
+        """Each model's totals since the server started (llamacpp:* series), with its label as engines()."""
+        return [(label, engine.stats()) for label, engine in self.engines()]
+
     def model_series(self) -> list[tuple[str, str, str, list[tuple[str, float]]]]:
         """Extra /metrics series about the models themselves: (name, type, help, samples)."""
         return []
@@ -119,7 +124,9 @@ class OneModel(ModelSet):
         engine = self.model.engine
         status = {READY: "loaded", FAILED: "failed", BROKEN: "failed", CLOSED: "unloaded"}.get(engine.state, "loading")
         idle = 0.0 if self._requests else time.monotonic() - self._last_used
+        settings = self.model.settings
         return [model_card(self.model.id, engine.path, file_size(engine.path), status=status, engine=engine,
+                           aliases=settings.aliases, tags=settings.tags,
                            idle_s=idle, error=engine.error if status == "failed" else None)]
 
     async def load(self, model_id: str) -> None:

@@ -56,7 +56,9 @@ def listen_for(hosts: str, port: int, settings: Any) -> list[socket.socket]:
     if "*" in settings.cors_origins:
         warn("--cors-origin '*': any web page a browser opens may call this server with the browser's "
              "credentials and read its answers")
-    socks = listen_all(hosts, port)
+    from .settings import listen_port
+
+    socks = listen_all(hosts, listen_port(port))  # Vertex AI mode (AIP_MODE): its AIP_HTTP_PORT
     for sock in socks:
         if not settings.api_key and not is_loopback(sock):
             warn(f"{url(sock)} is reachable from other machines and there is no --api-key: anyone who can "

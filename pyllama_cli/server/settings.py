@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,6 +14,16 @@ from ..core.serving.cache.settings import CacheSettings
 from ..core.text.reasoning import FORMAT_DEEPSEEK, UNLIMITED
 
 DEFAULT_MAX_BODY_SIZE = 8 * 1024 * 1024
+
+
+def vertex_mode() -> bool:
+    """Vertex AI's custom-container mode (AIP_MODE=PREDICTION; llama_server/vertex.py has its routes)."""
+    return os.environ.get("AIP_MODE", "") == "PREDICTION"
+
+
+def listen_port(port: int) -> int:
+    """The port to listen on: AIP_HTTP_PORT in Vertex AI's mode (it overrides --port, as in llama-server)."""
+    return int(os.environ.get("AIP_HTTP_PORT") or 8080) if vertex_mode() else port
 
 
 @dataclass(frozen=True)
@@ -74,3 +85,8 @@ class ServerSettings:
     embd_normalize: int = 2  # --embd-normalize
     projector: ProjectorSettings = field(default_factory=ProjectorSettings)  # --mmproj and its companions
     media: MediaPolicy = field(default_factory=MediaPolicy)  # what requests' media may be
+    aliases: tuple[str, ...] = ()  # every --alias name (a,b,c); `alias`, the id, is the first in order
+    tags: tuple[str, ...] = ()  # --tags: informational, listed in /v1/models
+    models_autoload: bool = True  # router mode: load a model on its first request (--no-models-autoload)
+    cors_proxy: bool = False  # --ui-mcp-proxy: /cors-proxy?url= fetches URLs for the web page (llama-server's)
+    metrics: bool = True  # serve /metrics (--no-metrics: 501, as llama-server without --metrics)

@@ -68,6 +68,13 @@ def embed_inputs(ctx: Any, inputs: Sequence[Sequence[int]], mode: int = DEFAULT_
     return vectors
 
 
+def decode_count(ctx: Any, inputs: Sequence[Sequence[int]]) -> int:
+    """How many decodes embed_inputs makes of `inputs` (for /metrics' n_decode_total)."""
+    from ..model.native import lib
+
+    return len(_groups(inputs, ctx.n_batch, int(lib.llama_n_seq_max(ctx.handle))))
+
+
 def _groups(inputs: Sequence[Sequence[int]], n_batch: int, n_seq: int) -> list[list[Sequence[int]]]:
     """The inputs in order, cut into groups of at most `n_seq` inputs and `n_batch` tokens."""
     groups: list[list[Sequence[int]]] = [[]]

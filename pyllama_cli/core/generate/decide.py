@@ -92,8 +92,11 @@ class Turn:
         return Accepted(True, text, None)
 
     def finish(self, reason: str) -> str:
-        """End the generation; return the text still held back (none after a stop string)."""
-        tail = "" if reason == STOP_STOP else self._matcher.flush(self._decoder.decode(b"", final=True))
+        """End the generation; return the text still held back (none after a stop string). Bytes of a
+        character cut short (the budget ran out inside it) are dropped, as llama-server drops them,
+        rather than shown as U+FFFD: the text ends at the last whole character."""
+        tail = "" if reason == STOP_STOP else self._matcher.flush(self._decoder.decode(b"", final=False))
+        self._decoder.reset()
         if self.generation_started:
             self.stats.generation_ms = (time.perf_counter() - self.generation_started) * 1000
         self.stats.stop_reason = reason

@@ -274,6 +274,11 @@ class Adaptive:
         """What the model made of the last draft."""
         self.limit = min(max(self.limit, drafted) * 2, 1 << 30) if accepted >= drafted else accepted + 1
 
+    def new_request(self) -> None:
+        """Draft at full length again: a limit learnt on one text says nothing of the next (and one below
+        --spec-draft-n-min would otherwise stop drafting for good, since no draft is checked to raise it)."""
+        self.limit = 1 << 30
+
     def reset(self) -> None:
         self.inner.reset()
 

@@ -20,6 +20,7 @@ class GenerationStats:
     end_token: int = -1  # the end-of-generation token that stopped it (-1: none); llama-server lists it in `tokens`
     n_drafted: int = 0  # tokens speculative decoding proposed (llama-server's draft_n)
     n_draft_accepted: int = 0  # of those, the ones the model agreed with (draft_n_accepted)
+    n_draft_steps: int = 0  # steps that verified a draft
 
     @property
     def draft_acceptance(self) -> float:

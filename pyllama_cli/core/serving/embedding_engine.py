@@ -13,7 +13,7 @@ import numpy as np
 from ...errors import InputError, Interrupted, ServerShutdown
 from ..generate.decide import STOP_INTERRUPTED
 from ..generate.stats import GenerationStats
-from ..embed.compute import embed_inputs
+from ..embed.compute import decode_count, embed_inputs
 from ..embed.pooling import embedding_context
 from .engine import CLOSED, READY, Engine
 from .jobs import EmbeddingJob, EngineStats, Event, GenerationJob, JobStream, ModelSummary
@@ -129,7 +129,12 @@ class EmbeddingEngine(Engine):
             s.jobs_done += outcome == "done"
             s.jobs_cancelled += outcome == "cancelled"
             s.jobs_failed += outcome == "failed"
-            s.embedding_inputs += len(job.inputs) if outcome == "done" else 0
+            if outcome == "done":  # an embedding's prompt costs decodes too (llama-server counts them)
+                n_tokens = sum(len(ids) for ids in job.inputs)
+                s.embedding_inputs += len(job.inputs)
+                s.prompt_tokens += n_tokens
+                s.prompt_tokens_evaluated += n_tokens
+                s.n_decode += decode_count(self.session.ctx, job.inputs)
 
     def _embed(self, job: EmbeddingJob, stream: JobStream) -> list[np.ndarray]:
         mode = self.embd_normalize if job.normalize is None else job.normalize

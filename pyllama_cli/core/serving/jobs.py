@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -190,8 +190,18 @@ class EngineStats:
     embedding_inputs: int = 0
     draft_tokens: int = 0  # tokens speculative decoding drafted
     draft_tokens_accepted: int = 0  # of those, the ones the model agreed with
+    draft_steps: int = 0  # steps that verified a draft
     queue_depth: int = 0  # jobs waiting for the worker
     processing: int = 0  # jobs being worked on
+    n_decode: int = 0  # llama_decode calls (the model's; not the draft model's)
+    n_busy_slots: int = 0  # slots in those calls, summed (over n_decode: the average batch's slots)
+    n_tokens_max: int = 0  # the longest sequence seen, prompt and generated tokens
+
+    def plus(self, other: EngineStats) -> EngineStats:
+        """Both engines' totals together (a model's engines across unloads): counts add up, the longest
+        sequence is the longer one."""
+        summed = {f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)}
+        return EngineStats(**{**summed, "n_tokens_max": max(self.n_tokens_max, other.n_tokens_max)})
 
     def add_generation(self, gen: GenerationStats) -> None:
         """Count a finished (or cancelled) generation's tokens and times into the totals."""
@@ -202,6 +212,8 @@ class EngineStats:
         self.generation_seconds += gen.generation_ms / 1000
         self.draft_tokens += gen.n_drafted
         self.draft_tokens_accepted += gen.n_draft_accepted
+        self.draft_steps += gen.n_draft_steps
+        self.n_tokens_max = max(self.n_tokens_max, gen.n_prompt + gen.n_generated)
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from ..model.settings import LoadSettings
 
 if TYPE_CHECKING:  # the engine (and numpy) load with the first model; `serve --help` reads only this module's defaults
     from .engine import Engine
+    from .jobs import EngineStats
 
 UNLOADED, LOADING, LOADED, FAILED = "unloaded", "loading", "loaded", "failed"
 DEFAULT_MODELS_MAX = 4
@@ -79,6 +80,7 @@ class PoolModel:
     error: BaseException | None = None
     leases: int = 0
     loads: int = 0  # loads started, for /metrics
+    retired: EngineStats | None = None  # the totals of its engines already unloaded (None: none yet)
     last_used: float = field(default_factory=time.monotonic)  # when its last request ended
     keep_alive: float | None = None  # the last request's keep_alive; None = the pool's idle_seconds
     _loading: asyncio.Task[None] | None = None
@@ -270,6 +272,8 @@ class EnginePool:
         engine, model.engine, model.state = model.engine, None, UNLOADED
         if engine is None or model._closing is not None:
             return
+        last = engine.stats()  # /metrics' totals outlive the engine
+        model.retired = last if model.retired is None else model.retired.plus(last)
         self._report(f"unloading model {model.id!r} ({why})")
 
         async def close() -> None:

@@ -353,7 +353,10 @@ class ParallelEngine(Engine):
         settings = slot.sampler.settings
         slot.turn = Turn(self.model, max_tokens=job.max_tokens, stop=job.stop, n_ctx=self.n_ctx_slot,
                          ignore_eos=settings.ignore_eos, grammar=bool(settings.grammar), stats=slot.stats)
-        slot.budget = ThinkBudget(job.think_budget, self._piece_text) if job.think_budget is not None else None
+        slot.budget = None if job.think_budget is None else ThinkBudget(
+            job.think_budget, lambda t: self.model.token_to_piece(t, special=False).decode("utf-8", errors="replace"))
+        if slot.drafter is not None:  # each request drafts afresh: an earlier one's bad luck must not stop it
+            slot.drafter.new_request()
         slot.batch_index = -1
         if job.progress:
             self._post(stream, Event(progress=(len(prompt), reuse, reuse)))
@@ -415,6 +418,8 @@ class ParallelEngine(Engine):
                 self._padding.unpad(self._ctx, *self._pad)
         if self._timing_padding:
             self._padding.record(self._pad is not None, time.perf_counter() - started)
+        self._stats.n_decode += 1
+        self._stats.n_busy_slots += sum(slot.in_batch for slot in self.slots)
         for slot in self.slots:
             if slot.state == PREFILL and slot.in_batch and slot.job.progress:
                 self._post(slot.stream, Event(progress=(slot.stats.n_prompt, slot.stats.n_cached, len(slot.cached))))
@@ -449,9 +454,6 @@ class ParallelEngine(Engine):
         if result.stop is not None:
             return self._finish(slot, result.stop)
         slot.last_token = result.token
-
-    def _piece_text(self, token: int) -> str:
-        return self.model.token_to_piece(token, special=False).decode("utf-8", errors="replace")
 
     # ---- ending a request
 

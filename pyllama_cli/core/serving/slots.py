@@ -68,6 +68,7 @@ class Slot:
         self.drafter.feedback(len(self.drafts), result.accepted)
         self.stats.n_drafted += len(self.drafts)
         self.stats.n_draft_accepted += result.accepted
+        self.stats.n_draft_steps += 1
         kept = position + 1 + result.kept
         ctx.remove_tokens(self.id, kept, -1)
         del self.cached[kept:]

@@ -50,6 +50,8 @@ def _chat_fields(req: CountTokensRequest) -> dict[str, Any]:
         messages.append({"role": "system", "content": system})
     for i, message in enumerate(req.messages):
         messages.extend(_turn(message, i))
+    if not req.messages:  # answered, as llama-server does: an empty user turn stands in (templates want one)
+        messages.append({"role": "user", "content": ""})
     messages = _join_user_turns(messages)
     fields: dict[str, Any] = {"messages": messages}
     if req.tools:
@@ -79,7 +81,7 @@ def _turn(message: MessageParam, index: int) -> list[dict[str, Any]]:
             calls.append({"id": block.id, "type": "function",
                           "function": {"name": block.name or "", "arguments": json.dumps(block.input or {})}})
         elif block.type == "tool_result" and message.role == "user":
-            results.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": _result_text(block)})
+            results.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": _result_text(block, where)})
         else:
             raise APIError(400, f"{where}: a {message.role} message cannot hold a block of type {block.type!r} "
                            "here (this server takes text, image, thinking, tool_use and tool_result)",
@@ -128,10 +130,15 @@ def _image_url(source: dict[str, Any], where: str) -> str:
     raise APIError(400, f"{where}.source: an image's source must be base64 data or a url", param=f"{where}.source")
 
 
-def _result_text(block: ContentBlock) -> str:
-    if isinstance(block.content, list):
-        return "".join(b.text or "" for b in block.content if b.type == "text")
-    return block.content or ""
+def _result_text(block: ContentBlock, where: str) -> str:
+    """A tool result's text; a block of another kind (an image) is refused, never dropped unseen."""
+    if not isinstance(block.content, list):
+        return block.content or ""
+    for k, inner in enumerate(block.content):
+        if inner.type != "text":
+            raise APIError(400, f"{where}.content[{k}]: a tool result cannot hold a block of type {inner.type!r} "
+                           "here (this server takes text)", param=f"{where}.content[{k}].type")
+    return "".join(b.text or "" for b in block.content)
 
 
 def _tool(tool: Any, index: int) -> dict[str, Any]:

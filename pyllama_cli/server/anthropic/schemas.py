@@ -62,7 +62,8 @@ class ThinkingConfig(_Lenient):
 
 class CountTokensRequest(_Lenient):
     model: str | None = Field(default=None, description="Any name: a one-model server answers to all.")
-    messages: list[MessageParam] = Field(min_length=1)
+    # required, but an empty list is answered, as llama-server answers it (prepare gives an empty user turn)
+    messages: list[MessageParam]
     system: str | list[TextBlock] | None = None
     tools: list[ToolDefinition] | None = None
     tool_choice: ToolChoice | None = None

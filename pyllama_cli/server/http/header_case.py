@@ -3,7 +3,7 @@
 HTTP header names are case-insensitive, but some clients read them from a plain dict: llama-server's
 own test suite looks up "Access-Control-Allow-Origin" exactly as llama-server writes it. uvicorn's
 httptools protocol lowercases every name it writes, so the protocol class gets a transport that
-puts the CORS names back in their usual case in each response head.
+puts the CORS names (and /metrics' Process-Start-Time-Unix) back in their usual case in each response head.
 """
 
 from __future__ import annotations
@@ -13,13 +13,14 @@ from typing import Any
 _HEAD_START = b"HTTP/1.1 "
 _HEAD_END = b"\r\n\r\n"
 _NAMES = [b"Access-Control-Allow-Origin", b"Access-Control-Allow-Credentials", b"Access-Control-Allow-Methods",
-          b"Access-Control-Allow-Headers", b"Access-Control-Max-Age", b"Vary"]
+          b"Access-Control-Allow-Headers", b"Access-Control-Max-Age", b"Vary", b"Process-Start-Time-Unix"]
 _CANONICAL = [(b"\r\n" + name.lower() + b":", b"\r\n" + name + b":") for name in _NAMES]
 
 
 def canonical_head(data: bytes) -> bytes:
     """`data` with the CORS header names of its response head (if it starts with one) in their usual case."""
-    if not data.startswith(_HEAD_START) or b"\r\naccess-control-" not in data:
+    if not data.startswith(_HEAD_START) or (b"\r\naccess-control-" not in data
+                                            and b"\r\nprocess-start-time-unix:" not in data):
         return data
     end = data.find(_HEAD_END)
     head, rest = (data, b"") if end < 0 else (data[:end + 2], data[end + 2:])

@@ -21,7 +21,7 @@ from ...core.serving.engine import Engine
 from ...core.media.settings import MEDIA_MARKER
 from ...core.serving.jobs import GenerationJob, JobStream, TokenProb
 from ..sse import DONE, EventStream, error_event, event
-from ..timings import timings
+from ..timings import progress_timings, timings
 
 if TYPE_CHECKING:
     from .prepare import NativeJobs
@@ -128,12 +128,18 @@ async def _stream_chunks(engine: Engine, stream: JobStream, prep: NativeJobs, mo
     result = Result(stream.job)  # type: ignore[arg-type]
     deadline, started = _deadline(prep), time.perf_counter()
     post = prep.request.post_sampling_probs
+    first_progress = 0.0
     async for ev in stream:
         if ev.progress is not None:
             total, cache, processed = ev.progress
-            yield event({"index": index, "content": "", "tokens": [], "stop": False, "prompt_progress": {
+            chunk = {"index": index, "content": "", "tokens": [], "stop": False, "prompt_progress": {
                 "total": total, "cache": cache, "processed": processed,
-                "time_ms": int((time.perf_counter() - started) * 1000)}})
+                "time_ms": int((time.perf_counter() - started) * 1000)}}
+            if prep.request.timings_per_token:  # the prompt so far: the first update has decoded nothing
+                now = time.perf_counter()
+                first_progress = first_progress or now
+                chunk["timings"] = progress_timings(processed - cache, (now - first_progress) * 1000)
+            yield event(chunk)
         if ev.text or ev.tokens:
             result.stats.n_generated += len(ev.tokens)
             chunk = {"index": index, "content": ev.text, "tokens": ev.tokens, "stop": False,
@@ -219,7 +225,8 @@ def generation_settings(job: GenerationJob, prep: NativeJobs, stream: bool) -> d
         "mirostat_eta": s.mirostat_lr, "adaptive_target": s.adaptive_target, "adaptive_decay": s.adaptive_decay,
         "stop": list(job.stop),
         "max_tokens": prep.n_predict, "n_predict": prep.n_predict, "n_keep": 0, "n_discard": 0,
-        "ignore_eos": s.ignore_eos, "stream": stream, "logit_bias": [list(pair) for pair in s.logit_bias],
+        "ignore_eos": s.ignore_eos, "stream": stream, "logit_bias": [
+            {"bias": bias if math.isfinite(bias) else None, "token": token} for token, bias in s.logit_bias],
         "n_probs": max(job.n_probs, 0), "min_keep": 0, "grammar": s.grammar or "",
         "samplers": list(s.samplers),
         "timings_per_token": prep.request.timings_per_token, "post_sampling_probs": job.post_sampling,

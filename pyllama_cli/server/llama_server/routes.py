@@ -22,7 +22,7 @@ from ...errors import InputError
 from .. import spine
 from ..cards import modalities
 from ..errors import APIError, body_error
-from ..model_set import ModelSet
+from ..model_set import ModelSet, ServedModel
 from ..settings import ServerSettings
 from .answers import native_body, native_stream
 from .prepare import prepare_infill, prepare_native
@@ -64,17 +64,40 @@ def add_routes(app: FastAPI, models: ModelSet) -> None:
 
     @app.get("/props", tags=["llama-server"])
     async def props(request: Request) -> Any:
-        """Server properties: slots, per-slot context, default sampling, model path, chat template."""
+        """Server properties: slots, per-slot context, default sampling, model path, chat template (router
+        mode without ?model=: the router's own, role "router")."""
+        name = request.query_params.get("model")
+        if models.router and name is None and (router := models.props()) is not None:  # type: ignore[attr-defined]
+            return {**router, "build_info": _build_info()}
+        if models.router and (known := models.described(name)) is not None:  # type: ignore[attr-defined]
+            return known  # neither wakes a sleeping model nor keeps an idle one awake
         model = await models.named(request)
-        engine, settings = spine.generating(model.engine), model.settings
-        template = await run_in_threadpool(engine.chat_template_text, settings.chat_template)
-        return {"default_generation_settings": {"n_ctx": engine.n_ctx, "params": default_params(settings)},
-                "total_slots": len(engine.slot_states()), "model_alias": model.id, "model_path": str(engine.path),
-                "modalities": modalities(engine), "chat_template": template or "",
-                "bos_token": _piece(engine, engine.model.bos), "eos_token": _piece(engine, engine.model.eos),
-                "build_info": f"pyllama {__version__}"}
+        spine.generating(model.engine)
+        return await run_in_threadpool(props_body, model)
+
+    if models.router:
+        models.describe = props_body  # type: ignore[attr-defined]  # what a sleeping model's /props shows
 
     add_token_routes(app, models)
+
+
+def props_body(model: ServedModel) -> dict[str, Any]:
+    """GET /props of a loaded model: slots, per-slot context, default sampling, model path, chat template."""
+    engine, settings = model.engine, model.settings
+    template = engine.chat_template_text(settings.chat_template)
+    return {"default_generation_settings": {"n_ctx": engine.n_ctx, "params": default_params(settings)},
+            "total_slots": len(engine.slot_states()), "model_alias": model.id, "model_path": str(engine.path),
+            "modalities": modalities(engine), "chat_template": template or "",
+            "bos_token": _piece(engine, engine.model.bos), "eos_token": _piece(engine, engine.model.eos),
+            "build_info": _build_info(), "is_sleeping": False}
+
+
+def _build_info() -> str:
+    """llama-server's b<build>-<commit> form: llama-cpp-python does not say llama.cpp's build number (0,
+    as llama-bench's build_number here), only the commit; pyllama's version follows."""
+    from ...core.model.library import llama_cpp_commit
+
+    return f"b0-{llama_cpp_commit()} (pyllama {__version__})"
 
 
 async def _json_body(request: Request) -> Any:

@@ -46,10 +46,12 @@ class SlotFileRequest(Lenient):
 
 
 class TokenCountRequest(Lenient):
+    model: str | None = None  # router mode: whose template and vocabulary (else ?model=)
     messages: list[ChatMessage] = Field(min_length=1)
 
 
 class TokenizeRequest(Lenient):
+    model: str | None = None  # router mode: the model whose vocabulary or template (else ?model=)
     content: str
     add_special: bool = False
     parse_special: bool = True
@@ -57,10 +59,12 @@ class TokenizeRequest(Lenient):
 
 
 class DetokenizeRequest(Lenient):
+    model: str | None = None  # router mode: the model whose vocabulary or template (else ?model=)
     tokens: list[int]
 
 
 class ApplyTemplateRequest(Lenient):
+    model: str | None = None  # router mode: the model whose vocabulary or template (else ?model=)
     messages: list[ChatMessage] = Field(min_length=1)
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None

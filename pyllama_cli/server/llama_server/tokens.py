@@ -29,7 +29,7 @@ def add_token_routes(app: FastAPI, models: ModelSet) -> None:
     @app.post("/tokenize", response_model=TokenizeResponse, responses=OPENAPI_ERRORS, tags=["Server"])
     async def tokenize(body: TokenizeRequest, request: Request) -> Any:
         """Token ids of `content` (with `with_pieces`, each id with its text)."""
-        engine = spine.ready((await models.named(request)).engine)
+        engine = spine.ready((await models.named(request, body.model)).engine)
         # What llama.cpp's tokenizer gives, as llama-server reports it: a BOS the text writes stays
         # after the one add_special adds.
         ids = await run_in_threadpool(engine.tokenize, body.content, add_special=body.add_special,
@@ -41,7 +41,7 @@ def add_token_routes(app: FastAPI, models: ModelSet) -> None:
     @app.post("/detokenize", response_model=DetokenizeResponse, responses=OPENAPI_ERRORS, tags=["Server"])
     async def detokenize(body: DetokenizeRequest, request: Request) -> Any:
         """The text of a list of token ids."""
-        engine = spine.ready((await models.named(request)).engine)
+        engine = spine.ready((await models.named(request, body.model)).engine)
         try:
             return {"content": engine.detokenize(body.tokens)}
         except InputError as exc:
@@ -51,7 +51,7 @@ def add_token_routes(app: FastAPI, models: ModelSet) -> None:
     async def apply_template(body: ApplyTemplateRequest, request: Request) -> Any:
         """The prompt the chat template makes of `messages` (and `tools`), as /v1/chat/completions would;
         each image or audio part is its media marker there."""
-        served = await models.named(request)
+        served = await models.named(request, body.model)
         spine.ready(served.engine)
         plan = plan_request_tools(body.tools, body.tool_choice)
         messages = message_dicts(body.messages, served.settings, media_list(served.engine))
@@ -62,7 +62,7 @@ def add_token_routes(app: FastAPI, models: ModelSet) -> None:
     @app.post("/v1/chat/completions/input_tokens", include_in_schema=False)
     async def input_tokens(body: TokenCountRequest, request: Request) -> Any:
         """How many tokens the prompt of `messages` takes."""
-        model = await models.named(request)
+        model = await models.named(request, body.model)
         engine = spine.generating(model.engine)
         media = media_list(engine)
         messages = message_dicts(body.messages, model.settings, media)

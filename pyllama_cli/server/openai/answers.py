@@ -266,13 +266,15 @@ def whole_parts(prep: PreparedChat, answer: r.Answer) -> Parts:
 
 
 REASONING, TEXT, CALLS, PING = "reasoning", "text", "calls", "ping"
+PROGRESS, TOKENS = "progress", "tokens"  # only with streamed_parts(..., progress=True)
 
 
 async def streamed_parts(stream: JobStream, prep: PreparedChat, answer: r.Answer,
-                         ping_s: float | None = None) -> AsyncIterator[tuple[str, Any]]:
+                         ping_s: float | None = None, progress: bool = False) -> AsyncIterator[tuple[str, Any]]:
     """A job's answer as it streams: (REASONING, text), (TEXT, text), then (CALLS, calls) if the answer is
     tool calls; (PING, None) after each `ping_s` without an event (a long prompt still being read).
-    `answer` gets the statistics."""
+    With `progress`, also (PROGRESS, (total, cache, processed)) as the prompt is read and (TOKENS, n)
+    for each event's generated tokens (whose text may be held back). `answer` gets the statistics."""
     split, held = SplitReasoning(prep), HeldForTools(prep.tools)
     async for ev in _with_pings(stream, ping_s):
         if ev is None:
@@ -280,6 +282,10 @@ async def streamed_parts(stream: JobStream, prep: PreparedChat, answer: r.Answer
             continue
         if ev.done and ev.stats is not None:
             answer.stats = ev.stats
+        if progress and ev.progress is not None:
+            yield PROGRESS, ev.progress
+        if progress and ev.tokens:
+            yield TOKENS, len(ev.tokens)
         for is_reasoning, piece in split.feed(ev.text, ev.done):
             if is_reasoning:
                 yield REASONING, piece

@@ -18,6 +18,7 @@ from ...core.generate.decide import (
 )
 from ...core.generate.stats import GenerationStats
 from ...core.serving.jobs import TokenProb
+from ..timings import summed_timings
 
 FINGERPRINT = f"pyllama-{__version__}"
 FINISH_REASONS = {STOP_EOS: "stop", STOP_STOP: "stop", STOP_GRAMMAR: "stop", STOP_INTERRUPTED: "stop",
@@ -62,28 +63,8 @@ def usage(answers: list[Answer]) -> dict[str, Any]:
 
 
 def timings(answers: list[Answer]) -> dict[str, Any]:
-    """llama-server's `timings` object, with draft_n and draft_n_accepted when speculative decoding drafted."""
-    prompt_n = sum(a.stats.n_evaluated for a in answers)
-    prompt_ms = sum(a.stats.prompt_ms for a in answers)
-    predicted_n = sum(a.stats.n_generated for a in answers)
-    predicted_ms = sum(a.stats.generation_ms for a in answers)
-    body: dict[str, Any] = {
-        "cache_n": sum(a.stats.n_cached for a in answers),
-        "prompt_n": prompt_n, "prompt_ms": prompt_ms, "prompt_per_token_ms": _per(prompt_ms, prompt_n),
-        "prompt_per_second": _per(prompt_n * 1000, prompt_ms),
-        "predicted_n": predicted_n, "predicted_ms": predicted_ms,
-        "predicted_per_token_ms": _per(predicted_ms, predicted_n),
-        "predicted_per_second": _per(predicted_n * 1000, predicted_ms),
-    }
-    drafted = sum(a.stats.n_drafted for a in answers)
-    if drafted:
-        body["draft_n"] = drafted
-        body["draft_n_accepted"] = sum(a.stats.n_draft_accepted for a in answers)
-    return body
-
-
-def _per(a: float, b: float) -> float:
-    return a / b if b else 0.0
+    """llama-server's `timings` object over the answers, with draft_n and draft_n_accepted when drafted."""
+    return summed_timings([a.stats for a in answers])
 
 
 def _text(piece: bytes) -> str:

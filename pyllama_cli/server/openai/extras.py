@@ -171,6 +171,7 @@ class StreamTimer:
         self.started = time.perf_counter()
         self.first: float | None = None
         self.n = 0
+        self.prompt_n = 0  # prompt tokens read so far (from the progress events)
 
     def progress(self, progress: tuple[int, int, int]) -> dict[str, Any]:
         total, cache, processed = progress
@@ -183,6 +184,13 @@ class StreamTimer:
         if n_tokens and self.first is None:
             self.first = time.perf_counter()
         self.n += n_tokens
+
+    def running(self) -> dict[str, Any]:
+        """The whole `timings` object so far (prompt and generation), for streams that send it entire."""
+        now = self.token()
+        return {"prompt_n": self.prompt_n, "prompt_per_token_ms": now["prompt_ms"] / self.prompt_n if self.prompt_n
+                else 0.0, "prompt_per_second": 1000 * self.prompt_n / now["prompt_ms"] if now["prompt_ms"] > 0 else 0.0,
+                **now}
 
     def token(self) -> dict[str, Any]:
         """The timings a chunk carries: the tokens generated so far, as llama-server counts them."""

@@ -24,8 +24,10 @@ from ...core.serving.engine import Engine
 from ...core.serving.jobs import JobStream
 from ..openai import bodies as r
 from ..errors import to_api_error
-from ..openai.answers import (CALLS, REASONING, TEXT, Parts, Running, collect_all, cut_call, streamed_parts,
-                              whole_parts)
+from ..openai.answers import (CALLS, PROGRESS, REASONING, TEXT, TOKENS, Parts, Running, collect_all, cut_call,
+                              streamed_parts, whole_parts)
+from ..openai.extras import StreamTimer
+from ..timings import summed_timings
 from ..openai.prepare import PreparedChat
 from ..sse import EventStream
 from .schemas import ResponsesRequest
@@ -135,12 +137,21 @@ async def _events(stream: JobStream, prep: PreparedChat, shape: ResponseShape,
     texts = {REASONING: "", TEXT: ""}
     order: list[str] = []  # the kinds of output item opened, in order; the last may still be open
     calls: list[dict[str, Any]] = []
+    timer, per_token = StreamTimer(), shape.req.timings_per_token
     try:
         yield ev("response.created", response=shape.body("in_progress", [], None))
         yield ev("response.in_progress", response=shape.body("in_progress", [], None))
-        async for kind, value in streamed_parts(stream, prep, answer):
+        async for kind, value in streamed_parts(stream, prep, answer, progress=True):
             if kind == CALLS:
                 calls = value
+                continue
+            if kind == TOKENS:
+                timer.count(value)
+                continue
+            if kind == PROGRESS:  # llama-server's: an in_progress event that carries the prompt's progress
+                timer.prompt_n = value[2] - value[1]
+                yield ev("response.in_progress", response=shape.body("in_progress", [], None),
+                         prompt_progress=timer.progress(value))
                 continue
             if not order or order[-1] != kind:
                 for chunk in [*_close(ev, shape, order, texts), *_open(ev, shape, kind, len(order))]:
@@ -149,6 +160,8 @@ async def _events(stream: JobStream, prep: PreparedChat, shape: ResponseShape,
             texts[kind] += value
             delta = "response.reasoning_text.delta" if kind == REASONING else "response.output_text.delta"
             extra = {} if kind == REASONING else {"logprobs": []}
+            if per_token:
+                extra["timings"] = timer.running()
             yield ev(delta, item_id=shape.item_ids["reasoning" if kind == REASONING else "message"],
                      output_index=len(order) - 1, content_index=0, delta=value, **extra)
         closing = _close(ev, shape, order, texts)
@@ -166,7 +179,8 @@ async def _events(stream: JobStream, prep: PreparedChat, shape: ResponseShape,
         parts = Parts(texts[REASONING], texts[TEXT], calls or None, cut)
         body = shape.body("completed", shape.output(parts), answer)
         finished(body, parts)
-        yield ev(f"response.{body['status']}", response=body)  # response.completed or response.incomplete
+        last = {"timings": summed_timings([answer.stats])} if per_token else {}
+        yield ev(f"response.{body['status']}", response=body, **last)  # response.completed or .incomplete
     except Exception as exc:  # noqa: BLE001 - the status line is gone; report in the stream, as OpenAI does
         error = to_api_error(exc)
         yield ev("error", code=error.code, message=error.message, param=error.param)

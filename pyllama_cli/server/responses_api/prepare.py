@@ -46,6 +46,7 @@ def prepare_response(engine: Engine, settings: ServerSettings, req: ResponsesReq
             "strict": fmt.strict}}
     elif fmt is not None and fmt.type == "json_object":
         fields["response_format"] = {"type": "json_object"}
+    fields.update(return_progress=req.return_progress, timings_per_token=req.timings_per_token)
     return prepare_chat(engine, settings, chat_request(fields), agent=True), conversation
 
 

@@ -1,5 +1,5 @@
-"""The routes of OpenAI's Responses API: POST /v1/responses, GET and DELETE /v1/responses/{id}, and
-POST /v1/responses/{id}/cancel.
+"""The routes of OpenAI's Responses API: POST /v1/responses, GET and DELETE /v1/responses/{id},
+POST /v1/responses/{id}/cancel and POST /v1/responses/input_tokens.
 
 Responses made with `store` (the default) are kept in the app's `ResponseStore`, so a later request
 can continue the conversation with `previous_response_id`. Those made with `background: true` run on
@@ -14,6 +14,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
+from starlette.concurrency import run_in_threadpool
 
 from ...core.serving.engine import Engine
 from .. import spine
@@ -71,6 +72,15 @@ def add_routes(app: FastAPI, models: ModelSet) -> None:
 
         return await spine.generate(models.get(body.model), request, body, partial(prepare_response, store=store),
                                     stream, whole)
+
+    @app.post("/v1/responses/input_tokens", tags=["OpenAI"])
+    @app.post("/responses/input_tokens", include_in_schema=False)
+    async def input_tokens(body: ResponsesRequest, request: Request) -> Any:
+        """How many tokens the prompt of a Responses request takes (instructions, input, tools)."""
+        model = await models.named(request, body.model)
+        engine = spine.generating(model.engine)
+        chat, _ = await run_in_threadpool(prepare_response, engine, model.settings, body, store)
+        return {"object": "response.input_tokens", "input_tokens": len(chat.job.prompt)}
 
     @app.get("/v1/responses/{response_id}", tags=["OpenAI"])
     async def get_response(response_id: str, stream: bool = False, starting_after: int = -1) -> Any:

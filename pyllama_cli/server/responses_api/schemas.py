@@ -52,6 +52,8 @@ class ResponsesRequest(_Lenient):
     text: TextConfig | None = None
     reasoning: ReasoningConfig | None = None
     stream: bool | None = False
+    return_progress: bool = False  # llama-server's: response.in_progress events as the prompt is read
+    timings_per_token: bool = False  # llama-server's: `timings` on each delta and on the last event
     store: bool | None = True
     background: bool | None = False  # run on without the client: poll, resume, cancel (background.py)
     previous_response_id: str | None = None

@@ -8,11 +8,12 @@ A model that failed to load answers its requests with a 500 that says why; the o
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from ...core.serving.engine import Engine
+from ...core.serving.jobs import EngineStats
 from ...core.serving.pool import FAILED, LOADED, EnginePool, PoolModel
 from ..cards import model_card
 from ..errors import APIError
@@ -44,17 +45,25 @@ class Router(ModelSet):
             for name in (*model.config.aliases, model.id):
                 self._names[name] = model.id
         self._tasks: set[asyncio.Task[Any]] = set()
+        # GET /props' body of a loaded model (set by that route); kept per model for while it sleeps
+        self.describe: Callable[[ServedModel], dict[str, Any]] | None = None
+        self._described: dict[str, dict[str, Any]] = {}
 
     def start(self) -> None:
         self.pool.start()
         for model_id in self.preload:  # load-on-startup in the presets; a failure is reported, not raised
             task = asyncio.get_running_loop().create_task(self.pool.load(model_id))
+            task.add_done_callback(lambda done: done.cancelled() or done.exception() or self._remember(done.result()))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
     async def get(self, requested: str | None, keep_alive: float | None = None) -> ServedModel:
         model = self._find(requested)
         note_model(model.id)
+        if not model.config.settings.models_autoload and model.state != LOADED:
+            raise APIError(400, f"the model {model.id!r} is not loaded, and this server loads models only when "
+                           "asked (--no-models-autoload): load it with POST /models/load", param="model",
+                           code="model_not_loaded")
         try:
             await self.pool.acquire(model.id, keep_alive)
         except Exception as exc:  # noqa: BLE001 - whatever stopped the load, the client gets it as a 500
@@ -62,7 +71,33 @@ class Router(ModelSet):
         if not hold(lambda: self.pool.release(model)):
             self.pool.release(model)  # not inside a request: nothing to hold it for
         assert model.engine is not None
+        self._remember(model)
         return ServedModel(model.engine, model.config.settings)
+
+    def _remember(self, model: PoolModel) -> None:
+        """Keep the model's /props body, shown while it sleeps (llama-server's cached props)."""
+        if self.describe is not None and model.id not in self._described and model.engine is not None:
+            try:
+                self._described[model.id] = self.describe(ServedModel(model.engine, model.config.settings))
+            except Exception:  # noqa: BLE001 - a model that cannot describe itself is woken to answer instead
+                pass
+
+    def described(self, requested: str | None) -> dict[str, Any] | None:
+        """The /props body of the model `requested` names, with is_sleeping (unloaded), without using the
+        model: asking must neither wake it nor keep it awake. None until it was first loaded."""
+        model = self._find(requested)
+        body = self._described.get(model.id)
+        return {**body, "is_sleeping": model.state != LOADED} if body is not None else None
+
+    def props(self) -> dict[str, Any] | None:
+        """GET /props without a model: the router's own, as llama-server's router answers it (None for a
+        lone model that sleeps when idle: it answers as that model)."""
+        if len(self.pool.models) == 1:
+            return None
+        settings = next(iter(self.pool.models.values())).config.settings if self.pool.models else None
+        return {"role": "router", "max_instances": self.pool.max_loaded,
+                "models_autoload": settings.models_autoload if settings else True,
+                "model_alias": "", "model_path": "", "default_generation_settings": {"params": {}, "n_ctx": 0}}
 
     def served(self) -> Iterator[ServedModel]:
         for model in self.pool.loaded():
@@ -91,6 +126,17 @@ class Router(ModelSet):
 
     def engines(self) -> list[tuple[str | None, Engine]]:
         return [(m.id, m.engine) for m in self.pool.loaded() if m.engine is not None]
+
+    def lifetime_stats(self) -> list[tuple[str | None, EngineStats]]:
+        """Each model's totals since the server started, its unloaded engines' included (llamacpp:*
+        series count on across sleeps, as llama-server's do); a lone model's carry no label."""
+        out = []
+        for m in self.pool.models.values():
+            stats = [s for s in (m.retired, m.engine.stats() if m.engine is not None else None) if s is not None]
+            if stats:
+                out.append((None if len(self.pool.models) == 1 else m.id, stats[0] if len(stats) == 1
+                            else stats[0].plus(stats[1])))
+        return out
 
     def model_series(self) -> list[tuple[str, str, str, list[tuple[str, float]]]]:
         models = self.pool.models.values()

@@ -88,6 +88,8 @@ def router_models(found: list[Found], load: LoadSettings, settings: ServerSettin
         UsageError: two models with one id or alias, or presets that name no model.
     """
     presets = options.presets
+    if len(found) == 1 and not presets and settings.aliases:  # one sleeping model (--sleep-idle-seconds) named by --alias
+        found = [replace(found[0], id=settings.aliases[0])]
     found = _unique(found + (_preset_models(presets, {f.id for f in found}) if presets else []))
     if presets is not None:
         presets.check_known({f.id for f in found})
@@ -104,7 +106,8 @@ def router_models(found: list[Found], load: LoadSettings, settings: ServerSettin
             model.id, model.path, model.parts, model.size,
             load=replace(load, **{k: v for k, v in values.items() if k in _LOAD_FIELDS}),
             parallel=values.get("parallel", options.parallel), kv_unified=options.kv_unified, config=config))
-        if values.get("load_on_startup"):
+        # A lone model that sleeps when idle loads at startup, as llama-server's does (it wakes on demand).
+        if values.get("load_on_startup") or (len(found) == 1 and options.idle_seconds >= 0):
             preload.append(model.id)
     return models, tuple(preload)
 
