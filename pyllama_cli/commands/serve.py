@@ -23,7 +23,7 @@ from ..server.settings import MediaPolicy, ServerLimits
 from ..options.serve import (
     DEFAULT_HOST, DEFAULT_MODELS_MAX, DEFAULT_PORT, SERVER_PANEL, AliasOpt, AllowedHostsOpt, ApiKeyOpt,
     CorsOriginOpt, LogFormatOpt, QuietOpt, ServeVerboseOpt, VerboseNativeOpt, DocsOpt, HostOpt, KvUnifiedOpt,
-    MaxBodySizeOpt, MetricsOpt, ModelsAutoloadOpt, TagsOpt, UiMcpProxyOpt, ModelsCacheOpt, ModelsDirOpt, ModelsMaxOpt,
+    MaxBodySizeOpt, MetricsOpt, ModelsAutoloadOpt, TagsOpt, ToolsOpt, UiMcpProxyOpt, ModelsCacheOpt, ModelsDirOpt, ModelsMaxOpt,
     ModelsPresetOpt, NoWebuiOpt, ParallelOpt, PortOpt, SleepIdleOpt, SlotSavePathOpt, ReasoningBudgetOpt,
     ReasoningFormatOpt, parse_size,
 )
@@ -77,6 +77,7 @@ def serve(
     tags: TagsOpt = None,
     models_autoload: ModelsAutoloadOpt = True,
     ui_mcp_proxy: UiMcpProxyOpt = False,
+    tools: ToolsOpt = None,
     models_dir: ModelsDirOpt = None,
     models_cache: ModelsCacheOpt = False,
     models_max: ModelsMaxOpt = DEFAULT_MODELS_MAX,
@@ -126,7 +127,7 @@ def serve(
         access_log=None if quiet else log_format, verbose=load.verbose, **embeddings.fields,
         prompt_cache=replace(prompt_cache, template=chat_template), projector=media, media=media_policy,
         metrics=metrics, tags=_names(tags), aliases=_names(alias), models_autoload=models_autoload,
-        cors_proxy=ui_mcp_proxy)
+        cors_proxy=ui_mcp_proxy, tools=_names(tools))
     load = replace(load, verbose=verbose_native)  # -v is the server's detail; llama.cpp's log is its own switch
     if router:
         _serve_router(ctx, model, load, settings, host, port, embeddings=embeddings, alias=alias,

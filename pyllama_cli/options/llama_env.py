@@ -48,7 +48,7 @@ LLAMA_ARG_ENV = {
     "--mmproj": "LLAMA_ARG_MMPROJ", "--mmproj-auto": "LLAMA_ARG_MMPROJ_AUTO",
     "--mmproj-offload": "LLAMA_ARG_MMPROJ_OFFLOAD", "--image-min-tokens": "LLAMA_ARG_IMAGE_MIN_TOKENS",
     "--image-max-tokens": "LLAMA_ARG_IMAGE_MAX_TOKENS",
-    "--ui-mcp-proxy": "LLAMA_ARG_UI_MCP_PROXY",
+    "--ui-mcp-proxy": "LLAMA_ARG_UI_MCP_PROXY", "--tools": "LLAMA_ARG_TOOLS",
 }
 
 

@@ -76,6 +76,21 @@ UiMcpProxyOpt = Annotated[bool, typer.Option(
     "--ui-mcp-proxy/--no-ui-mcp-proxy", help="Experimental, as llama-server's: GET/POST /cors-proxy?url=URL "
     "fetches URL (for a web page's MCP servers). Anyone who can reach the server can then make it fetch any "
     "http(s) URL, the machine's own services included: keep it on loopback.", rich_help_panel=SERVER_PANEL)]
+def _tool_names(value: str | None) -> str | None:
+    from ..server.tools.catalog import NAMES, unknown  # here: the server's modules load with serve only
+
+    wrong = unknown(tuple(name.strip() for name in (value or "").split(",") if name.strip()))
+    if wrong:
+        raise typer.BadParameter(f'unknown tool "{wrong[0]}". available tools: {", ".join(NAMES)}')
+    return value
+
+
+ToolsOpt = Annotated[str | None, typer.Option(
+    "--tools", callback=_tool_names, help="Experimental, as llama-server's: built-in tools at GET/POST /tools "
+    "for a web page's agent, comma-separated or 'all' (read_file, file_glob_search, grep_search, "
+    "exec_shell_command, write_file, edit_file, get_info). They read, write and run anything this user may: "
+    "answered to loopback clients only, never enable them where others reach the machine.",
+    rich_help_panel=SERVER_PANEL, show_default=False)]
 TagsOpt = Annotated[str | None, typer.Option(
     "--tags", help="Tags of the model, comma-separated (informational: shown in /v1/models and /props, not "
     "used to route).", rich_help_panel=SERVER_PANEL, show_default=False)]
@@ -107,9 +122,9 @@ __all__ = ["DEFAULT_MODELS_MAX"]
 
 # llama-server's LLAMA_ARG_* environment variables for the server flags that have one.
 # (-m and -hf get theirs in options/load.py, where they are declared.)
-HostOpt, PortOpt, AliasOpt, ParallelOpt, KvUnifiedOpt, EmbeddingsOpt, MetricsOpt, UiMcpProxyOpt = (
+HostOpt, PortOpt, AliasOpt, ParallelOpt, KvUnifiedOpt, EmbeddingsOpt, MetricsOpt, UiMcpProxyOpt, ToolsOpt = (
     with_env(alias) for alias in (HostOpt, PortOpt, AliasOpt, ParallelOpt, KvUnifiedOpt, EmbeddingsOpt, MetricsOpt,
-                                  UiMcpProxyOpt))
+                                  UiMcpProxyOpt, ToolsOpt))
 
 LogFormatOpt = Annotated[str, typer.Option(
     "--log-format", callback=lambda value: _one_of(value, ("text", "json")), help="The access log's form: one "

@@ -3,7 +3,7 @@
 `create_app(models, settings)` holds everything a request needs in `app.state`; there is no module
 state, so several apps can live in one process. Each API family is a package with one
 `add_routes(app, models)`: openai/ (chat, completions, embeddings, models), llama_server/ (its native
-API), anthropic/ (Messages), responses_api/ (OpenAI's Responses), ollama/ (ollama's API) and webui/
+API), anthropic/ (Messages), responses_api/ (OpenAI's Responses), tools/ (llama-server's built-in tools), ollama/ (ollama's API) and webui/
 (the chat page). Their generation routes all take spine.py's path; the server's own routes (/health,
 /metrics, /models/load and /models/unload) are here.
 """
@@ -44,12 +44,13 @@ from .http.docs import docs_urls
 from .settings import ServerSettings
 from .streams.endpoints import add_stream_routes
 from .streams.sessions import StreamSessions
+from .tools import routes as tools
 from .webui import routes as webui
 
 # Every API family, in the order its routes are added, each by its `add_routes(app, models)`; the web
 # page's too, unless --no-webui. ollama's GET / comes before the page's, so it answers first: "Ollama is
 # running" to its clients, the page to a browser (Accept: text/html).
-API_FAMILIES = (openai, anthropic, responses_api, llama_server, lora, rerank, ollama)
+API_FAMILIES = (openai, anthropic, responses_api, llama_server, lora, rerank, tools, ollama)
 
 
 class HealthResponse(BaseModel):

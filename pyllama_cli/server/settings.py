@@ -89,4 +89,5 @@ class ServerSettings:
     tags: tuple[str, ...] = ()  # --tags: informational, listed in /v1/models
     models_autoload: bool = True  # router mode: load a model on its first request (--no-models-autoload)
     cors_proxy: bool = False  # --ui-mcp-proxy: /cors-proxy?url= fetches URLs for the web page (llama-server's)
+    tools: tuple[str, ...] = ()  # --tools: llama-server's built-in tools at /tools ("all": every one); off: 403
     metrics: bool = True  # serve /metrics (--no-metrics: 501, as llama-server without --metrics)
