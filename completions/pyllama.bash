@@ -314,7 +314,7 @@ _pyllama_spec() {
             opts="--host= --port= -a= --alias= --api-key= --cors-origin= --allowed-hosts= --docs \
                 --slot-save-path= --max-body-size= --chat-template= -np= --parallel= --kv-unified --no-webui \
                 --metrics --no-metrics --tags= --models-autoload --no-models-autoload --ui-mcp-proxy \
-                --no-ui-mcp-proxy --models-dir= --models-cache --models-max= --sleep-idle-seconds= \
+                --no-ui-mcp-proxy --tools= --models-dir= --models-cache --models-max= --sleep-idle-seconds= \
                 --models-preset= --reasoning-format= --reasoning-budget= --log-format= -q --quiet \
                 --verbose-native --media-domains= --media-path= --media-max-image-size= \
                 --media-max-audio-size= -mm= --mmproj= --mmproj-auto --no-mmproj --mmproj-offload \

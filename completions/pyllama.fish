@@ -725,6 +725,7 @@ complete -c pyllama -n '__pyllama_using serve' -l metrics -l no-metrics -d 'Serv
 complete -c pyllama -n '__pyllama_using serve' -l tags -d 'Tags of the model, comma-separated (informational: shown in /v1/models and /props, not used to route).' -x
 complete -c pyllama -n '__pyllama_using serve' -l models-autoload -l no-models-autoload -d 'Load a model on its first request; off, a request for a model not loaded gets 400 until POST /models/load loads it.'
 complete -c pyllama -n '__pyllama_using serve' -l ui-mcp-proxy -l no-ui-mcp-proxy -d 'Experimental, as llama-server\'s: GET/POST /cors-proxy?url=URL fetches URL (for a web page\'s MCP servers).'
+complete -c pyllama -n '__pyllama_using serve' -l tools -d 'Experimental, as llama-server\'s: built-in tools at GET/POST /tools for a web page\'s agent, comma-separated or \'all\' (read_file, file_glob_search, grep_search, exec_shell_command, write_file, edit_file, get_info).' -x
 complete -c pyllama -n '__pyllama_using serve' -l models-dir -d 'Serve every GGUF in this folder (split models as one); repeatable.' -x -a '(__pyllama_values dir)'
 complete -c pyllama -n '__pyllama_using serve' -l models-cache -d 'Serve every GGUF in the Hugging Face cache (the default when no model is given).'
 complete -c pyllama -n '__pyllama_using serve' -l models-max -d 'Models loaded at once (0 = no limit); the least recently used idle one is unloaded to make room.' -x
