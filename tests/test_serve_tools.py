@@ -5,6 +5,7 @@ shapes; X-Tool-Cwd decides the folder; bad runtimes and injections are refused; 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -96,12 +97,20 @@ def test_the_cwd_header_places_relative_paths_and_commands(server: Server, tmp_p
 
 
 def test_a_streamed_command_sends_chunks_then_done(server: Server, tmp_path: Path) -> None:
-    body = {"tool": "exec_shell_command", "params": {"command": "echo one; echo two >&2"}, "stream": True}
+    body = {"tool": "exec_shell_command", "params": {"command": "echo one; echo twö >&2"}, "stream": True}
     with httpx.stream("POST", f"{server.url}/tools", json=body, timeout=30) as response:
         assert response.headers["content-type"].startswith("text/event-stream")
         events = [json.loads(line[len("data: "):]) for line in response.iter_lines() if line.startswith("data: ")]
     assert events[-1] == {"done": True}
-    assert "".join(event["chunk"] for event in events[:-1]) == "one\ntwo\n\n[exit code: 0]"
+    assert "".join(event["chunk"] for event in events[:-1]) == "one\ntwö\n\n[exit code: 0]"
+
+
+def test_a_command_past_its_timeout_is_ended_with_its_children(server: Server) -> None:
+    started = time.monotonic()
+    ran = _ok(server, "exec_shell_command", {"command": "echo begun; sleep 30 & sleep 30", "timeout": 1})
+    assert time.monotonic() - started < 10
+    text = ran["plain_text_response"]
+    assert text.startswith("begun\n\n[exit code: ") and text.endswith("] [exit due to timed out]")
 
 
 @pytest.mark.parametrize(("runtime", "message"), [
@@ -120,7 +129,8 @@ def test_unknown_tools_and_other_origins_are_refused(server: Server) -> None:
     unknown = _call(server, "rm_rf", {})
     assert (unknown.status_code, unknown.json()["error"]["message"]) == (404, 'unknown tool "rm_rf"')
     elsewhere = _call(server, "get_info", {}, {"Origin": "http://evil.example"})
-    assert elsewhere.status_code == 403
+    assert (elsewhere.status_code, elsewhere.json()["error"]["message"]) == (
+        403, "the built-in tools answer loopback clients only")
     listed = httpx.get(f"{server.url}/tools", timeout=30).json()
     assert [t["tool"] for t in listed] == ["read_file", "file_glob_search", "grep_search", "exec_shell_command",
                                           "write_file", "edit_file", "get_info"]
@@ -138,3 +148,13 @@ def test_tools_are_off_unless_asked(tiny_model: Path, tmp_path: Path) -> None:
             assert response.json()["error"]["type"] == "feature_disabled"
     finally:
         srv.stop()
+
+
+def test_an_unknown_tool_name_stops_the_server_from_starting() -> None:
+    from tests.helpers import run_cli
+
+    result = run_cli("serve", "-m", "unused.gguf", "--tools", "read_file,rm_rf")
+    assert result.exit_code == 2
+    assert result.stderr.splitlines()[0] == (
+        'Error: --tools: unknown tool "rm_rf". available tools: read_file, file_glob_search, grep_search, '
+        "exec_shell_command, write_file, edit_file, get_info")

@@ -8,6 +8,7 @@ started too.
 from __future__ import annotations
 
 import asyncio
+import codecs
 import os
 import platform
 import signal
@@ -59,6 +60,7 @@ async def stream_shell_command(params: dict[str, Any], place: Place) -> AsyncIte
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     sent, timed_out = 0, False
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a character split across reads stays whole
     try:
         while True:
             try:
@@ -69,12 +71,12 @@ async def stream_shell_command(params: dict[str, Any], place: Place) -> AsyncIte
                 break
             if not chunk:
                 break
-            piece = chunk[:max(0, size - sent)]
+            text = decoder.decode(chunk[:max(0, size - sent)])
             sent += len(chunk)
-            if piece:
-                yield piece.decode("utf-8", errors="replace")
+            if text:
+                yield text
         code = await process.wait()
-        yield _tail(code, timed_out)
+        yield decoder.decode(b"", final=True) + _tail(code, timed_out)
     finally:
         if process.returncode is None:  # the client went away mid-stream
             _kill_group(process.pid)
