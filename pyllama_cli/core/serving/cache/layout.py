@@ -125,6 +125,42 @@ def _select(stream: Stream, mask: np.ndarray) -> Stream | None:
                   [(h, np.take(a, cells, axis=axis)) for h, a in stream.v])
 
 
+def same_cells(a: State, b: State, n: int) -> int:
+    """How many of positions 0..n-1 both states hold with byte-identical cells, from position 0 on.
+    Cells of the same tokens computed in another batch split differ in their last bits: an entry may
+    hold another entry's cells only where they are the very bytes it computed."""
+    first, second = _by_position(a, n), _by_position(b, n)
+    if first is None or second is None:
+        return 0
+    (pos_a, cells_a), (pos_b, cells_b) = first, second
+    m = min(len(pos_a), len(pos_b))
+    if m == 0:
+        return 0
+    same = (pos_a[:m] == np.arange(m)) & (pos_b[:m] == np.arange(m))
+    for x, y in zip(cells_a, cells_b):
+        if x.shape[1:] != y.shape[1:]:
+            return 0
+        same &= (x[:m] == y[:m]).reshape(m, -1).all(axis=1)
+    differ = np.flatnonzero(~same)
+    return int(differ[0]) if len(differ) else m
+
+
+def _by_position(state: State, n: int) -> tuple[np.ndarray, list[np.ndarray]] | None:
+    """The positions below `n` in order, and each layer's K and V cells for them (cells first)."""
+    streams = [s for s in state.streams if s is not None]
+    if not streams or len({(s.v_trans, len(s.k)) for s in streams}) != 1:
+        return None
+    pos = np.concatenate([s.meta["pos"] for s in streams])
+    order = np.argsort(pos, kind="stable")
+    order = order[pos[order] < n]
+    cells = []
+    for layer in range(len(streams[0].k)):
+        cells.append(np.concatenate([s.k[layer][1] for s in streams])[order])
+        v = [np.moveaxis(s.v[layer][1], 1, 0) if s.v_trans else s.v[layer][1] for s in streams]
+        cells.append(np.concatenate(v)[order])
+    return pos[order], cells
+
+
 def nbytes(state: State) -> int:
     return sum(s.meta.nbytes + sum(a.nbytes for _, a in s.k) + sum(a.nbytes for _, a in s.v)
                for s in state.streams if s is not None)
