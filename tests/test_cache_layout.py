@@ -70,3 +70,40 @@ def test_the_cells_of_two_slots_states_join_into_one_stream(v_trans: int) -> Non
     assert joined.streams[0].meta["pos"].tolist() == list(range(9))
     whole = layout.parse(_state(list(range(9)), v_trans, stream=1)).streams[1]
     assert (joined.streams[0].k[1][1][5:] == whole.k[1][1][5:]).all()
+
+
+@pytest.mark.parametrize("v_trans", [0, 1])
+def test_same_cells_counts_the_positions_held_with_identical_bytes(v_trans: int) -> None:
+    whole = layout.parse(_state(list(range(10)), v_trans))
+    other_slot = layout.parse(_state(list(range(10)), v_trans, stream=0))  # the same bytes in another stream
+    assert layout.same_cells(whole, other_slot, 10) == 10
+    assert layout.same_cells(whole, other_slot, 6) == 6
+    assert layout.same_cells(whole, layout.split(whole, 4)[0], 10) == 4  # the other holds only 4 cells
+    data = bytearray(_state(list(range(10)), v_trans))
+    last_layer_v = len(data) - (4 * 10 * 2 if v_trans else 10 * 8)  # the last layer's V (the state ends there)
+    cell = 7 * 2 if v_trans else 7 * 8  # position 7's bytes in its first row (V transposed) or its row
+    data[last_layer_v + cell] ^= 1  # one bit of one cell, as a batch split of another size rounds it
+    assert layout.same_cells(whole, layout.parse(bytes(data)), 10) == 7
+    assert layout.same_cells(whole, layout.parse(_state(list(range(11)), v_trans)), 10) == 0  # other bytes
+
+
+@pytest.mark.parametrize(("flipped", "shared"), [(None, 280), (270, 270), (100, None)])
+def test_ram_entries_share_only_the_cells_that_are_the_same_bytes(flipped: int | None, shared: int | None) -> None:
+    # Two conversations over one 280-token system prompt. The second's cells of it are the first's
+    # (copied from a slot or an entry), or were evaluated in another batch split: one bit differs
+    # at `flipped`. A restore gives back exactly the cells the slot held either way.
+    from pyllama_cli.core.serving.cache.ram import Entry, RamStore
+
+    first_data = _state(list(range(300)), 0)
+    second_data = bytearray(first_data)
+    if flipped is not None:
+        k_of_layer_0 = 8 + 4 + 4 + 4 + 300 * 12 + 8 + 12  # past the heads, cell counts, records, layer 0's head
+        second_data[k_of_layer_0 + flipped * 8] ^= 1
+    store = RamStore(None)
+    system = [7] * 280
+    store.put(Entry("m", np.asarray(system + [1] * 20, np.int32), first_data))
+    store.put(Entry("m", np.asarray(system + [2] * 20, np.int32), bytes(second_data)))
+    first, second = store._entries.values()
+    assert (second.base.n if second.base else None) == shared
+    assert bytes(first.state()) == first_data
+    assert bytes(second.state()) == bytes(second_data)

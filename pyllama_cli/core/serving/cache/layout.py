@@ -125,6 +125,48 @@ def _select(stream: Stream, mask: np.ndarray) -> Stream | None:
                   [(h, np.take(a, cells, axis=axis)) for h, a in stream.v])
 
 
+def same_cells(a: State, b: State, n: int) -> int:
+    """How many of positions 0..n-1 both states hold with byte-identical cells, from position 0 on.
+    Cells of the same tokens computed in another batch split differ in their last bits: an entry may
+    hold another entry's cells only where they are the very bytes it computed."""
+    first, second = _in_order(a, n), _in_order(b, n)
+    if first is None or second is None or len(first[0][0].k) != len(second[0][0].k):
+        return 0
+    m = min(len(first[1]), len(second[1]))
+    if m == 0:
+        return 0
+    same = (first[1][:m] == np.arange(m)) & (second[1][:m] == np.arange(m))
+    for layer in range(len(first[0][0].k)):  # one layer at a time: a prefix's copy of one layer at most
+        for cells in ("k", "v"):
+            x, y = _layer_cells(*first, layer, cells, m), _layer_cells(*second, layer, cells, m)
+            if x.shape != y.shape:
+                return 0
+            same &= (x == y).reshape(m, -1).all(axis=1)
+    differ = np.flatnonzero(~same)
+    return int(differ[0]) if len(differ) else m
+
+
+def _in_order(state: State, n: int) -> tuple[list[Stream], np.ndarray, np.ndarray] | None:
+    """(the state's streams, the positions below `n` in order, the indices of their cells in that
+    order across the streams)."""
+    streams = [s for s in state.streams if s is not None]
+    if not streams or len({(s.v_trans, len(s.k)) for s in streams}) != 1:
+        return None
+    pos = np.concatenate([s.meta["pos"] for s in streams])
+    order = np.argsort(pos, kind="stable")
+    order = order[pos[order] < n]
+    return streams, pos[order], order
+
+
+def _layer_cells(streams: list[Stream], _: np.ndarray, order: np.ndarray, layer: int, cells: str,
+                 m: int) -> np.ndarray:
+    """One layer's K or V cells of the first `m` positions, a cell per row."""
+    arrays = [getattr(s, cells)[layer][1] for s in streams]
+    if cells == "v" and streams[0].v_trans:
+        arrays = [np.moveaxis(a, 1, 0) for a in arrays]
+    return (arrays[0] if len(arrays) == 1 else np.concatenate(arrays))[order[:m]]
+
+
 def nbytes(state: State) -> int:
     return sum(s.meta.nbytes + sum(a.nbytes for _, a in s.k) + sum(a.nbytes for _, a in s.v)
                for s in state.streams if s is not None)

@@ -150,25 +150,37 @@ class RamStore:
 
     def _share(self, entry: Entry, counts: OwnerCounts) -> None:
         """Hold the prefix that `entry` shares with a kept entry (at least SHARE_MIN_TOKENS) once: the
-        newest such entry's shared prefix, or one cut from it now. States whose layout cannot be
-        cut (layout.parse) stay whole."""
+        newest such entry's shared prefix, or one cut from it now. Only byte-identical cells are
+        shared (layout.same_cells): the same tokens evaluated in another split round differently, and
+        a restore must give back the cells the slot computed. States whose layout cannot be cut
+        (layout.parse) stay whole."""
+        whole = None
         for old in reversed(self._entries.values()):
             if old.owner != entry.owner or old.lora != entry.lora:
                 continue
             n = shared_prefix(old.tokens, entry.tokens)
             if n < SHARE_MIN_TOKENS or (old.base is not None and old.base.n > n):
                 continue
-            base = old.base or self._cut(old, n, counts)
-            if base is not None and (whole := layout.parse(entry.data)) is not None:
+            if whole is None and (whole := layout.parse(entry.data)) is None:
+                return
+            if old.base is not None:
+                base = old.base if layout.same_cells(old.base.state, whole, old.base.n) == old.base.n else None
+            else:
+                base = self._cut(old, whole, n, counts)
+            if base is not None:
                 entry.rest = layout.above(whole, base.n)
                 entry.base, entry.data = base, None
                 base.refs += 1
-            return
+                return
 
-    def _cut(self, entry: Entry, n: int, counts: OwnerCounts) -> SharedPrefix | None:
-        """Split a kept entry's cells at `n` tokens into a new shared prefix and its own rest."""
+    def _cut(self, entry: Entry, cells: layout.State, n: int, counts: OwnerCounts) -> SharedPrefix | None:
+        """Split a kept entry's cells into a new shared prefix (the first of its `n` tokens whose cells
+        equal `cells`', at least SHARE_MIN_TOKENS) and its own rest."""
         whole = layout.parse(entry.data)
         if whole is None:
+            return None
+        n = layout.same_cells(whole, cells, n)
+        if n < SHARE_MIN_TOKENS:
             return None
         low, high = layout.split(whole, n)
         counts.bytes_held -= entry.size
