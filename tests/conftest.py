@@ -1,12 +1,18 @@
-"""Shared fixtures: isolated user directories, the tiny test models, and a fake Hugging Face Hub."""
+"""Shared fixtures: isolated user directories, the tiny test models, a fake Hugging Face Hub, and the
+servers that several modules share (each start costs a second or two; tests that need a fresh server or
+other flags start their own)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from tests.fixtures.make_gguf import TINY, write_llama_gguf
+from tests.test_prompt_cache import _serve
+from tests.test_serve import Server, _start
 
 _USER_DIR_VARS = ("HF_HOME", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "PYLLAMA_HOME", "XDG_CACHE_HOME",
                   "XDG_DATA_HOME", "XDG_CONFIG_HOME", "LLAMA_CACHE")
@@ -39,3 +45,28 @@ def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tiny_model(models_dir: Path) -> Path:
     """A small llama-architecture GGUF (F32, fixed-seed random weights, SPM vocab, ChatML template)."""
     return write_llama_gguf(models_dir / "tiny.gguf", TINY)
+
+
+@pytest.fixture(scope="session")
+def server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """tiny.gguf with the defaults and -c N_CTX of test_serve; tests that use it compare metrics as deltas."""
+    srv = _start(tiny_model, tmp_path_factory.mktemp("serve") / "stderr.log")
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="session")
+def embedding_server(models_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    model = write_llama_gguf(models_dir / "tiny-embed.gguf", replace(TINY, embedding_only=True))
+    srv = _start(model, tmp_path_factory.mktemp("serve-embed") / "stderr.log", "--embeddings")
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="session")
+def on(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """test_prompt_cache's server with a RAM tier (--cache-ram 64, 2 slots), also test_cache_reuse's
+    server without --cache-reuse; each test there uses prompts of its own and counts routes as deltas."""
+    srv = _serve(tiny_model, tmp_path_factory.mktemp("cache-on") / "stderr.log", "--cache-ram", "64")
+    yield srv
+    srv.stop()

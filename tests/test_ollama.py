@@ -183,11 +183,9 @@ def test_think_true_answers_thinking_apart_from_content(thinker: Server) -> None
 
 
 @pytest.fixture(scope="module")
-def embedder(models_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    model = write_llama_gguf(models_dir / "ollama-embed.gguf", replace(TINY, embedding_only=True))
-    srv = _start(model, tmp_path_factory.mktemp("serve-ollama-embed") / "stderr.log", "--embeddings")
-    yield srv
-    srv.stop()
+def embedder(embedding_server: Server) -> Server:
+    """The session's embedding server (conftest.py): same model and flags this module would start."""
+    return embedding_server
 
 
 def test_embed_gives_normalised_vectors_equal_to_the_openai_route(embedder: Server) -> None:

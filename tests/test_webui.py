@@ -69,13 +69,6 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     driver.quit()
 
 
-@pytest.fixture(scope="module")
-def server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = _start(tiny_model, tmp_path_factory.mktemp("webui") / "stderr.log")
-    yield srv
-    srv.stop()
-
-
 def open_page(driver: Any, url: str, **settings: Any) -> None:
     """The page with empty storage, greedy sampling and `settings`, once it has listed the models."""
     driver.get(url + "/")

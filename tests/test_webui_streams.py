@@ -8,9 +8,9 @@ from typing import Any
 import httpx
 
 from tests.test_serve import Server
-from tests.test_webui import api_answer, browser, open_page, send, server, stored_chats, wait, wait_answered
+from tests.test_webui import api_answer, browser, open_page, send, stored_chats, wait, wait_answered
 
-__all__ = ["browser", "server"]  # the fixtures, shared with test_webui.py
+__all__ = ["browser"]  # the fixture, shared with test_webui.py (the server is conftest.py's)
 
 STORY = [{"role": "user", "content": "tell me a long story"}]
 
