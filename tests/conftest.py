@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.make_gguf import TINY, write_llama_gguf
+from tests.helpers import SHARED_API_KEY
 from tests.test_prompt_cache import _serve
 from tests.test_serve import Server, _start
 
@@ -68,5 +69,22 @@ def on(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
     """test_prompt_cache's server with a RAM tier (--cache-ram 64, 2 slots), also test_cache_reuse's
     server without --cache-reuse; each test there uses prompts of its own and counts routes as deltas."""
     srv = _serve(tiny_model, tmp_path_factory.mktemp("cache-on") / "stderr.log", "--cache-ram", "64")
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="session")
+def keyed_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """4 slots, -c 2048 and PYLLAMA_API_KEY=SHARED_API_KEY: test_anthropic's and test_ollama's server."""
+    srv = _start(tiny_model, tmp_path_factory.mktemp("serve-keyed") / "stderr.log", "-np", "4", "-c", "2048",
+                 env={"PYLLAMA_API_KEY": SHARED_API_KEY})
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="session")
+def four_slot_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """4 slots and -c 2048 (512 tokens each): test_openai_responses's and test_serve_parallel's server."""
+    srv = _start(tiny_model, tmp_path_factory.mktemp("serve-np") / "stderr.log", "-np", "4", "-c", "2048")
     yield srv
     srv.stop()

@@ -19,9 +19,10 @@ import pytest
 from tests.fixtures.fake_hf import FakeHub
 from tests.fixtures.make_gguf import TINY, TINY_FIM, write_llama_gguf
 from tests.fixtures.think_templates import OPENS_THINK
+from tests.helpers import SHARED_API_KEY
 from tests.test_serve import Server, _start, spawn_serve
 
-KEY = "sk-test-ollama"
+KEY = SHARED_API_KEY
 AUTH = {"Authorization": f"Bearer {KEY}"}
 HI = [{"role": "user", "content": "hi"}]
 GREEDY = {"temperature": 0, "num_predict": 8}
@@ -34,11 +35,9 @@ ANSWER = {"type": "object", "properties": {"n": {"type": "integer"}, "word": {"t
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = _start(tiny_model, tmp_path_factory.mktemp("serve-ollama") / "stderr.log", "-np", "4", "-c", "2048",
-                 env={"PYLLAMA_API_KEY": KEY})
-    yield srv
-    srv.stop()
+def server(keyed_server: Server) -> Server:
+    """conftest.py's server with 4 slots, -c 2048 and PYLLAMA_API_KEY=KEY (test_anthropic's too)."""
+    return keyed_server
 
 
 def _client(server: Server, key: str = KEY) -> ollama.Client:
