@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.make_gguf import TINY, write_llama_gguf
+from tests.fixtures.think_templates import OPENS_THINK
 from tests.helpers import SHARED_API_KEY
 from tests.test_prompt_cache import _serve
 from tests.test_serve import Server, _start
@@ -86,5 +87,19 @@ def keyed_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 def four_slot_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """4 slots and -c 2048 (512 tokens each): test_openai_responses's and test_serve_parallel's server."""
     srv = _start(tiny_model, tmp_path_factory.mktemp("serve-np") / "stderr.log", "-np", "4", "-c", "2048")
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="session")
+def think_model(models_dir: Path) -> Path:
+    return write_llama_gguf(models_dir / "opens-think.gguf", replace(TINY, chat_template=OPENS_THINK))
+
+
+@pytest.fixture(scope="session")
+def thinking_server(think_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A template that opens <think>, -c 1024 and --reasoning-budget 3: test_reasoning's and test_ollama's."""
+    srv = _start(think_model, tmp_path_factory.mktemp("serve-think") / "stderr.log", "-c", "1024",
+                 "--reasoning-budget", "3")
     yield srv
     srv.stop()

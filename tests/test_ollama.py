@@ -18,7 +18,6 @@ import pytest
 
 from tests.fixtures.fake_hf import FakeHub
 from tests.fixtures.make_gguf import TINY, TINY_FIM, write_llama_gguf
-from tests.fixtures.think_templates import OPENS_THINK
 from tests.helpers import SHARED_API_KEY
 from tests.test_serve import Server, _start, spawn_serve
 
@@ -161,12 +160,9 @@ def test_an_empty_generate_loads_and_says_so(server: Server) -> None:
 
 
 @pytest.fixture(scope="module")
-def thinker(models_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    model = write_llama_gguf(models_dir / "ollama-think.gguf", replace(TINY, chat_template=OPENS_THINK))
-    srv = _start(model, tmp_path_factory.mktemp("serve-ollama-think") / "stderr.log", "-c", "1024",
-                 "--reasoning-budget", "3", env={"PYLLAMA_API_KEY": KEY})
-    yield srv
-    srv.stop()
+def thinker(thinking_server: Server) -> Server:
+    """conftest.py's server of a template that opens <think>, --reasoning-budget 3 (test_reasoning's too)."""
+    return thinking_server
 
 
 def test_think_true_answers_thinking_apart_from_content(thinker: Server) -> None:
