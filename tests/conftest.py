@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -103,3 +104,27 @@ def thinking_server(think_model: Path, tmp_path_factory: pytest.TempPathFactory)
                  "--reasoning-budget", "3")
     yield srv
     srv.stop()
+
+
+@pytest.fixture(scope="session")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A headless Chromium (test_webui.py's CHROMIUM and CHROMEDRIVER), shared by the web UI's test modules."""
+    from tests.test_webui import CHROMEDRIVER, CHROMIUM
+
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed")
+    if not CHROMIUM or not CHROMEDRIVER:
+        pytest.skip("Chromium and chromedriver are not installed (Debian: apt-get install chromium chromium-driver)")
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    options.set_capability("goog:loggingPrefs", {"browser": "SEVERE"})  # script errors, CSP violations
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--window-size=1100,820", "--disable-extensions", "--no-first-run"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
+    downloads = tmp_path_factory.mktemp("downloads")
+    driver.execute_cdp_cmd("Browser.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(downloads)})
+    driver.downloads = downloads
+    yield driver
+    driver.quit()
