@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from unittest import mock
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHARED_API_KEY = "sk-test-shared"  # the key of conftest.py's keyed_server
 
 
 @dataclass

@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from pathlib import Path
 
 import anthropic
 import httpx
 import jsonschema
 import pytest
 
-from tests.helpers import hang_up_after, wait_slots_idle
-from tests.test_serve import Server, _start
+from tests.helpers import SHARED_API_KEY, hang_up_after, wait_slots_idle
+from tests.test_serve import Server
 
-KEY = "sk-test-anthropic"
+KEY = SHARED_API_KEY
 N_SLOTS = 4
 WEATHER = {"name": "get_weather", "description": "The weather in a city.",
            "input_schema": {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
@@ -24,11 +22,9 @@ GREEDY = {"temperature": 0}  # where a test needs text or a whole tool call: sam
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = _start(tiny_model, tmp_path_factory.mktemp("serve-anthropic") / "stderr.log", "-np", str(N_SLOTS),
-                 "-c", "2048", env={"PYLLAMA_API_KEY": KEY})
-    yield srv
-    srv.stop()
+def server(keyed_server: Server) -> Server:
+    """conftest.py's server with N_SLOTS slots, -c 2048 and PYLLAMA_API_KEY=KEY (test_ollama's too)."""
+    return keyed_server
 
 
 def _client(server: Server, key: str = KEY) -> anthropic.Anthropic:

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from tests.test_prompt_cache import _complete, _routes, _serve, _text, _tokens
-from tests.test_prompt_cache import on  # noqa: F401 - the cache-on server without --cache-reuse
 from tests.test_serve import Server
 
 

@@ -7,24 +7,15 @@ OpenAI Agents SDK took it for the agent's final answer."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.test_serve import Server, _start
+from tests.test_serve import Server
 
 PARAMETERS = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 HI = [{"role": "user", "content": "What is the weather in Paris?"}]
 LIMIT = 12  # tokens: the forced call is cut inside the function's name
-
-
-@pytest.fixture(scope="module")
-def server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = _start(tiny_model, tmp_path_factory.mktemp("cut-calls") / "stderr.log")
-    yield srv
-    srv.stop()
 
 
 def _post(server: Server, path: str, body: dict) -> httpx.Response:

@@ -35,6 +35,16 @@ def srv(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     server.stop()
 
 
+@pytest.fixture(scope="module")
+def flagged(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A server with the flags that three tests each look at on their own: --allowed-hosts, --docs and a
+    small --max-grammar-size (one start instead of three)."""
+    server = _start(tiny_model, tmp_path_factory.mktemp("flagged") / "stderr.log", "--allowed-hosts",
+                    "evil.example,other.example", "--docs", "--max-grammar-size", "2048")
+    yield server
+    server.stop()
+
+
 def _raw(srv: Server, path: str, body: str, client: httpx.Client | None = None) -> httpx.Response:
     send = client.post if client is not None else httpx.post
     return send(srv.url + path, content=body.encode(), headers={"Content-Type": "application/json"}, timeout=30)
@@ -257,13 +267,9 @@ def test_a_loopback_server_answers_only_loopback_host_names(srv: Server) -> None
                                                   "start it with --allowed-hosts evil.example (or '*') to allow it")
 
 
-def test_allowed_hosts_lets_named_hosts_in(tiny_model: Path, tmp_path: Path) -> None:
-    server = _start(tiny_model, tmp_path / "stderr.log", "--allowed-hosts", "evil.example,other.example")
-    try:
-        named = [httpx.get(f"{server.url}/health", headers={"Host": host}).status_code
-                 for host in ("evil.example", "OTHER.example:80", "localhost", "third.example")]
-    finally:
-        server.stop()
+def test_allowed_hosts_lets_named_hosts_in(flagged: Server) -> None:
+    named = [httpx.get(f"{flagged.url}/health", headers={"Host": host}).status_code
+             for host in ("evil.example", "OTHER.example:80", "localhost", "third.example")]
     assert named == [200, 200, 200, 403]
 
 
@@ -275,18 +281,14 @@ def test_any_host_when_bound_off_loopback_or_given_a_star() -> None:
     assert allowed_hosts("192.168.1.5", ["a.example"]) == ("localhost", "a.example")
 
 
-def test_docs_only_with_the_flag_and_the_page_refuses_frames(srv: Server, tiny_model: Path, tmp_path: Path) -> None:
+def test_docs_only_with_the_flag_and_the_page_refuses_frames(srv: Server, flagged: Server) -> None:
     assert httpx.get(f"{srv.url}/docs").status_code == 404
     assert httpx.get(f"{srv.url}/redoc").status_code == 404
     assert "/v1/chat/completions" in httpx.get(f"{srv.url}/openapi.json").json()["paths"]
     page = httpx.get(f"{srv.url}/", headers={"Accept": "text/html"})  # a browser: the page, not ollama's reply
     assert page.headers["X-Frame-Options"] == "DENY" and "frame-ancestors 'none'" in page.headers[
         "Content-Security-Policy"]
-    server = _start(tiny_model, tmp_path / "stderr.log", "--docs")
-    try:
-        assert httpx.get(f"{server.url}/docs").status_code == 200
-    finally:
-        server.stop()
+    assert httpx.get(f"{flagged.url}/docs").status_code == 200
 
 
 def test_huge_json_bodies_of_many_keys_are_refused_quickly(srv: Server) -> None:
@@ -318,19 +320,15 @@ def test_a_huge_schema_enum_is_a_400_before_any_grammar_is_built(srv: Server, pa
                                                    "131072 bytes for a grammar")
 
 
-def test_the_grammar_bounds_are_flags(tiny_model: Path, tmp_path: Path) -> None:
+def test_the_grammar_bounds_are_flags(flagged: Server) -> None:
     enum = {"enum": [f"v{i}" for i in range(400)]}
-    server = _start(tiny_model, tmp_path / "stderr.log", "--max-grammar-size", "2048")
-    try:
-        small = httpx.post(f"{server.url}/completion", json={"prompt": "a", "n_predict": 1,
-                                                            "json_schema": {"enum": ["a", "b"]}}, timeout=30)
-        large = httpx.post(f"{server.url}/completion", json={"prompt": "a", "n_predict": 1, "json_schema": enum},
-                           timeout=30)
-        grammar = httpx.post(f"{server.url}/completion", json={"prompt": "a", "n_predict": 1,
-                                                              "grammar": "root ::= " + " | ".join(['"x"'] * 600)},
-                             timeout=30)
-    finally:
-        server.stop()
+    small = httpx.post(f"{flagged.url}/completion", json={"prompt": "a", "n_predict": 1,
+                                                         "json_schema": {"enum": ["a", "b"]}}, timeout=30)
+    large = httpx.post(f"{flagged.url}/completion", json={"prompt": "a", "n_predict": 1, "json_schema": enum},
+                       timeout=30)
+    grammar = httpx.post(f"{flagged.url}/completion", json={"prompt": "a", "n_predict": 1,
+                                                           "grammar": "root ::= " + " | ".join(['"x"'] * 600)},
+                         timeout=30)
     assert small.status_code == 200, small.text
     assert large.status_code == grammar.status_code == 400
     assert "more than the server's limit of 2048 bytes for a grammar" in large.json()["error"]["message"]

@@ -18,10 +18,10 @@ import pytest
 
 from tests.fixtures.fake_hf import FakeHub
 from tests.fixtures.make_gguf import TINY, TINY_FIM, write_llama_gguf
-from tests.fixtures.think_templates import OPENS_THINK
+from tests.helpers import SHARED_API_KEY
 from tests.test_serve import Server, _start, spawn_serve
 
-KEY = "sk-test-ollama"
+KEY = SHARED_API_KEY
 AUTH = {"Authorization": f"Bearer {KEY}"}
 HI = [{"role": "user", "content": "hi"}]
 GREEDY = {"temperature": 0, "num_predict": 8}
@@ -34,11 +34,9 @@ ANSWER = {"type": "object", "properties": {"n": {"type": "integer"}, "word": {"t
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = _start(tiny_model, tmp_path_factory.mktemp("serve-ollama") / "stderr.log", "-np", "4", "-c", "2048",
-                 env={"PYLLAMA_API_KEY": KEY})
-    yield srv
-    srv.stop()
+def server(keyed_server: Server) -> Server:
+    """conftest.py's server with 4 slots, -c 2048 and PYLLAMA_API_KEY=KEY (test_anthropic's too)."""
+    return keyed_server
 
 
 def _client(server: Server, key: str = KEY) -> ollama.Client:
@@ -162,12 +160,9 @@ def test_an_empty_generate_loads_and_says_so(server: Server) -> None:
 
 
 @pytest.fixture(scope="module")
-def thinker(models_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    model = write_llama_gguf(models_dir / "ollama-think.gguf", replace(TINY, chat_template=OPENS_THINK))
-    srv = _start(model, tmp_path_factory.mktemp("serve-ollama-think") / "stderr.log", "-c", "1024",
-                 "--reasoning-budget", "3", env={"PYLLAMA_API_KEY": KEY})
-    yield srv
-    srv.stop()
+def thinker(thinking_server: Server) -> Server:
+    """conftest.py's server of a template that opens <think>, --reasoning-budget 3 (test_reasoning's too)."""
+    return thinking_server
 
 
 def test_think_true_answers_thinking_apart_from_content(thinker: Server) -> None:
@@ -183,11 +178,9 @@ def test_think_true_answers_thinking_apart_from_content(thinker: Server) -> None
 
 
 @pytest.fixture(scope="module")
-def embedder(models_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    model = write_llama_gguf(models_dir / "ollama-embed.gguf", replace(TINY, embedding_only=True))
-    srv = _start(model, tmp_path_factory.mktemp("serve-ollama-embed") / "stderr.log", "--embeddings")
-    yield srv
-    srv.stop()
+def embedder(embedding_server: Server) -> Server:
+    """The session's embedding server (conftest.py): same model and flags this module would start."""
+    return embedding_server
 
 
 def test_embed_gives_normalised_vectors_equal_to_the_openai_route(embedder: Server) -> None:

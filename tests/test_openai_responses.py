@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import jsonschema
@@ -15,7 +13,7 @@ import pytest
 from pyllama_cli.server.errors import APIError
 from pyllama_cli.server.responses_api.store import ResponseStore
 from tests.helpers import hang_up_after, wait_slots_idle
-from tests.test_serve import Server, _start
+from tests.test_serve import Server
 
 N_SLOTS = 4
 WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city.",
@@ -26,11 +24,9 @@ SCHEMA = {"type": "object", "properties": {"answer": {"type": "string", "maxLeng
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = _start(tiny_model, tmp_path_factory.mktemp("serve-responses") / "stderr.log", "-np", str(N_SLOTS),
-                 "-c", "2048")
-    yield srv
-    srv.stop()
+def server(four_slot_server: Server) -> Server:
+    """conftest.py's server with N_SLOTS slots and -c 2048 (test_serve_parallel's too)."""
+    return four_slot_server
 
 
 def _prompt_tokens(server: Server, messages: list[dict], tools: list[dict] | None = None) -> int:

@@ -24,13 +24,6 @@ def _serve(model: Path, log: Path, *args: str) -> Server:
 
 
 @pytest.fixture(scope="module")
-def on(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = _serve(tiny_model, tmp_path_factory.mktemp("cache-on") / "stderr.log", "--cache-ram", "64")
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture(scope="module")
 def off(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     srv = _serve(tiny_model, tmp_path_factory.mktemp("cache-off") / "stderr.log", "--cache-ram", "0")
     yield srv
@@ -233,7 +226,7 @@ def test_a_router_keeps_disk_entries_over_an_unload_and_never_shares_them_betwee
 
 
 def test_after_a_restart_the_second_half_of_a_replay_evaluates_under_a_tenth_of_a_cold_start(
-        tiny_model: Path, tmp_path: Path) -> None:
+        tiny_model: Path, tmp_path: Path, off: Server) -> None:
     folder = tmp_path / "cache"
     history = {c: [{"role": "system", "content": _text(40 + c, 25)}] for c in range(4)}  # about 370 tokens
 
@@ -256,11 +249,7 @@ def test_after_a_restart_the_second_half_of_a_replay_evaluates_under_a_tenth_of_
             restarted = half(srv, turns, keep=turns[0] == 0)
         finally:
             srv.stop()
-    cold = _serve(tiny_model, tmp_path / "cold.log", "--cache-ram", "0")
-    try:
-        evaluated_cold = half(cold, range(2, 4), keep=False)
-    finally:
-        cold.stop()
+    evaluated_cold = half(off, range(2, 4), keep=False)  # a cold start's flags: no RAM tier, no disk
     assert restarted <= evaluated_cold // 10
 
 

@@ -22,19 +22,14 @@ from pyllama_cli.core.text.reasoning import (
     template_markers,
 )
 from tests.fixtures.make_gguf import TINY, write_llama_gguf
-from tests.fixtures.think_templates import OPENS_THINK, QWEN3_STYLE
+from tests.fixtures.think_templates import QWEN3_STYLE
 from tests.helpers import run_cli
 from tests.test_serve import Server, _start
 
-BUDGET = 3  # the thinking server's --reasoning-budget
+BUDGET = 3  # the thinking server's --reasoning-budget (conftest.py's thinking_server)
 HI = [{"role": "user", "content": "hi"}]
 # For a template that does not open the think block: the model writes one, then a short answer.
 WRITES_THINK = 'root ::= "<think>\\n" [a-z]{2,6} "\\n</think>\\n\\n" [a-z]{2,6}'
-
-
-@pytest.fixture(scope="module")
-def think_model(models_dir: Path) -> Path:
-    return write_llama_gguf(models_dir / "opens-think.gguf", replace(TINY, chat_template=OPENS_THINK))
 
 
 @pytest.fixture(scope="module")
@@ -43,12 +38,9 @@ def qwen_style_model(models_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def thinker(think_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """A model whose template opens <think>: the budget closes the block, an answer follows."""
-    srv = _start(think_model, tmp_path_factory.mktemp("serve-think") / "stderr.log", "-c", "1024",
-                 "--reasoning-budget", str(BUDGET))
-    yield srv
-    srv.stop()
+def thinker(thinking_server: Server) -> Server:
+    """A model whose template opens <think>: the budget closes the block, an answer follows (conftest.py's)."""
+    return thinking_server
 
 
 @pytest.fixture(scope="module")

@@ -75,15 +75,11 @@ def test_bad_requests_name_the_field(rerank_server: Server, body: dict, status: 
     assert (answer.status_code, answer.json()["error"]["message"]) == (status, message)
 
 
-def test_a_generating_server_does_not_rerank(tiny_model: Path, tmp_path: Path) -> None:
-    srv = spawn_serve(tmp_path / "stderr.log", ["-m", str(tiny_model), "-c", "512"])
-    try:
-        answer = _rerank(srv.url, {"query": "x", "documents": ["a"]})
-        assert answer.status_code == 400
-        assert answer.json()["error"]["message"] == \
-            "this server does not rerank: start it with --rerank and a reranker model"
-    finally:
-        srv.stop()
+def test_a_generating_server_does_not_rerank(server: Server) -> None:
+    answer = _rerank(server.url, {"query": "x", "documents": ["a"]})  # conftest.py's plain tiny.gguf server
+    assert answer.status_code == 400
+    assert answer.json()["error"]["message"] == \
+        "this server does not rerank: start it with --rerank and a reranker model"
 
 
 def test_inputs_must_fit_the_micro_batch_as_in_llama_server(reranker: Path, tmp_path: Path) -> None:

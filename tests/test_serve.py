@@ -122,25 +122,10 @@ def spawn_serve(log: Path, args: list[str], env: dict[str, str] | None = None, k
 
 
 @pytest.fixture(scope="session")
-def server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = _start(tiny_model, tmp_path_factory.mktemp("serve") / "stderr.log")
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture(scope="session")
 def key_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """A server whose key comes from PYLLAMA_API_KEY, with CORS for one origin."""
     srv = _start(tiny_model, tmp_path_factory.mktemp("serve-key") / "stderr.log", "--cors-origin", ORIGIN,
                  env={"PYLLAMA_API_KEY": API_KEY})
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture(scope="session")
-def embedding_server(models_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    model = write_llama_gguf(models_dir / "tiny-embed.gguf", replace(TINY, embedding_only=True))
-    srv = _start(model, tmp_path_factory.mktemp("serve-embed") / "stderr.log", "--embeddings")
     yield srv
     srv.stop()
 

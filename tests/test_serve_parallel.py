@@ -20,7 +20,7 @@ from pyllama_cli.core.serving.scheduler import ParallelEngine
 from pyllama_cli.core.serving.slots import GENERATING, PREFILL, PaddingTrial
 from pyllama_cli.core.generate.sampling import SamplingSettings
 from pyllama_cli.core.model.settings import LoadSettings
-from tests.test_serve import Server, _start
+from tests.test_serve import Server
 
 N_SLOTS = 4
 N_CTX = 2048  # shared: 512 tokens per slot
@@ -28,11 +28,9 @@ PROMPT = "hello world the"
 
 
 @pytest.fixture(scope="module")
-def pserver(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = _start(tiny_model, tmp_path_factory.mktemp("serve-np") / "stderr.log", "-np", str(N_SLOTS),
-                 "-c", str(N_CTX))
-    yield srv
-    srv.stop()
+def pserver(four_slot_server: Server) -> Server:
+    """conftest.py's server with N_SLOTS slots and -c N_CTX (test_openai_responses's too)."""
+    return four_slot_server
 
 
 async def _stream_completion(client: httpx.AsyncClient, url: str, prompt: str, max_tokens: int,

@@ -13,7 +13,6 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -46,34 +45,7 @@ def _gbnf_literal(text: str) -> str:
 
 
 # ---------------------------------------------------------------- the browser and the servers
-
-
-@pytest.fixture(scope="module")
-def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed")
-    if not CHROMIUM or not CHROMEDRIVER:
-        pytest.skip("Chromium and chromedriver are not installed (Debian: apt-get install chromium chromium-driver)")
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    options.set_capability("goog:loggingPrefs", {"browser": "SEVERE"})  # script errors, CSP violations
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--window-size=1100,820", "--disable-extensions", "--no-first-run"):
-        options.add_argument(arg)
-    driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
-    downloads = tmp_path_factory.mktemp("downloads")
-    driver.execute_cdp_cmd("Browser.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(downloads)})
-    driver.downloads = downloads
-    yield driver
-    driver.quit()
-
-
-@pytest.fixture(scope="module")
-def server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = _start(tiny_model, tmp_path_factory.mktemp("webui") / "stderr.log")
-    yield srv
-    srv.stop()
+# Both are conftest.py's (session-wide; test_webui_streams uses them too).
 
 
 def open_page(driver: Any, url: str, **settings: Any) -> None:

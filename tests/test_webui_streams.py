@@ -1,5 +1,5 @@
 """The chat page reattaches to an answer still generating on the server after a reload (X-Conversation-Id,
-docs/streams.md), in a real headless Chromium (tests/test_webui.py's browser; skipped without it)."""
+docs/streams.md), in a real headless Chromium (conftest.py's browser; skipped without it)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,7 @@ from typing import Any
 import httpx
 
 from tests.test_serve import Server
-from tests.test_webui import api_answer, browser, open_page, send, server, stored_chats, wait, wait_answered
-
-__all__ = ["browser", "server"]  # the fixtures, shared with test_webui.py
+from tests.test_webui import api_answer, open_page, send, stored_chats, wait, wait_answered
 
 STORY = [{"role": "user", "content": "tell me a long story"}]
 
