@@ -15,7 +15,7 @@ import pytest
 
 from tests.test_multimodal import images, mmproj  # noqa: F401 - the fixtures
 from tests.test_serve import Server, _start
-from tests.test_webui import api_answer, browser, open_page, send, server, stored_chats, texts, wait, wait_answered  # noqa: F401
+from tests.test_webui import api_answer, open_page, send, stored_chats, texts, wait, wait_answered
 
 QUESTION = "What is in the image?"
 
