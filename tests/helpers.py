@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import io
+import json
 import os
+import socket
 import subprocess
 import sys
+import urllib.request
 from contextlib import ExitStack
 from dataclasses import dataclass
 from unittest import mock
@@ -84,3 +87,17 @@ def wait_slots_idle(server_url: str, headers: dict[str, str] | None = None, time
             return slots
         assert time.monotonic() < deadline, slots
         time.sleep(0.05)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (for a server that takes --port N)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def post_json(url: str, body: dict, timeout: float = 60) -> dict:
+    """POST `body` as JSON and return the JSON answer (urllib: no client library between us and the server)."""
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as answer:
+        return json.loads(answer.read())

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.make_gguf import TINY_MOE, WIDE, write_llama_gguf
-from tests.helpers import run_cli
+from tests.helpers import free_port, post_json, run_cli
 
 pytestmark = pytest.mark.reference
 
@@ -135,23 +135,9 @@ def test_moe_placement_matches_llama_cpps_log(flags: tuple[str, ...], moe: Path)
 # ---------------------------------------------------------------- the server's sampler fields
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _post(url: str, body: dict) -> dict:
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=60) as answer:
-        return json.loads(answer.read())
-
-
 @pytest.fixture(scope="module")
 def llama_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port = _free_port()
+    port = free_port()
     log = tmp_path_factory.mktemp("llama-server") / "log"
     with open(log, "wb") as sink:
         proc = subprocess.Popen([str(_tool("llama-server")), "-m", str(tiny_model), "-c", "512", "-t", "1", "-np", "1",
@@ -198,8 +184,8 @@ SERVER_BODIES = {
 @pytest.mark.parametrize("fields", list(SERVER_BODIES.values()), ids=list(SERVER_BODIES))
 def test_server_sampler_fields_answer_as_llama_server(fields: dict, llama_server: str, pyllama_server: str) -> None:
     body = {"prompt": PROMPT, "n_predict": 32, "seed": 77, "temperature": 0.8, "ignore_eos": True, **fields}
-    expected = _post(f"{llama_server}/completion", body)["content"]
-    assert _post(f"{pyllama_server}/completion", body)["content"] == expected
+    expected = post_json(f"{llama_server}/completion", body)["content"]
+    assert post_json(f"{pyllama_server}/completion", body)["content"] == expected
 
 
 # ---------------------------------------------------------------- bench: -ctk, -ctv, -ot lists as llama-bench

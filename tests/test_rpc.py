@@ -19,17 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO_ROOT, run_cli, run_process
+from tests.helpers import REPO_ROOT, free_port, run_cli, run_process
 from tests.test_serve import _start as start_serve
 
 PROMPT = "Hello world"
 TEMP0 = ("--temp", "0", "-n", "24", "-t", "1")
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _die_with_parent() -> None:
@@ -44,7 +38,7 @@ class RpcServer:
     """`pyllama rpc-server` on 127.0.0.1 and a free port; stopped (SIGTERM, then SIGKILL) by stop()."""
 
     def __init__(self, log: Path, *args: str):
-        self.port = _free_port()
+        self.port = free_port()
         self.endpoint = f"127.0.0.1:{self.port}"
         self.log = log
         with open(log, "wb") as sink:
@@ -248,7 +242,7 @@ def test_serve_answers_the_requests_of_a_dead_server_with_an_error_and_keeps_run
 
 
 def test_a_refused_address_fails_at_once(tiny_model: Path) -> None:
-    port = _free_port()
+    port = free_port()
     started = time.monotonic()
     result = run_process("complete", "-m", str(tiny_model), "-p", PROMPT, "--rpc", f"127.0.0.1:{port}")
     assert time.monotonic() - started < 10

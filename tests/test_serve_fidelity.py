@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import socket
 import subprocess
 import time
 import urllib.request
@@ -27,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.make_gguf import TINY, WIDE, WIDE_SWA, write_llama_gguf
+from tests.helpers import free_port, post_json
 
 pytestmark = pytest.mark.reference
 
@@ -66,20 +66,8 @@ def _chats(n: int, seed: int = 41) -> list[list[dict[str, str]]]:
 CHATS = _chats(20)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _post(url: str, body: dict) -> dict:
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=120) as answer:
-        return json.loads(answer.read())
-
-
 def _llama_server(model: Path, log: Path, np: int) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
+    port = free_port()
     with open(log, "wb") as sink:
         proc = subprocess.Popen([str(LLAMA_SERVER), "-m", str(model), "-c", "2048", "-t", "1", "-np", str(np),
                                  "--host", "127.0.0.1", "--port", str(port)], stdout=sink, stderr=sink)
@@ -128,13 +116,13 @@ def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
 def _chat(url: str, messages: list[dict[str, str]], cache: bool = True) -> tuple[str, int]:
     """The greedy answer's text and how many prompt tokens came from the cache."""
     body = {"messages": messages, "max_tokens": N_PREDICT, "temperature": 0, "cache_prompt": cache}
-    answer = _post(f"{url}/v1/chat/completions", body)
+    answer = post_json(f"{url}/v1/chat/completions", body, timeout=120)
     return answer["choices"][0]["message"]["content"], answer["timings"]["cache_n"]
 
 
 def _complete(url: str, prompt: str, cache: bool = True) -> tuple[list[int], int]:
     body = {"prompt": prompt, "n_predict": N_PREDICT, "temperature": 0, "cache_prompt": cache, "return_tokens": True}
-    answer = _post(f"{url}/completion", body)
+    answer = post_json(f"{url}/completion", body, timeout=120)
     return answer["tokens"], answer["timings"]["cache_n"]
 
 
@@ -156,7 +144,7 @@ def test_chats_answer_as_llama_server_fresh_repeated_and_after_another_chat(serv
 def test_completion_answers_as_llama_server_fresh_and_repeated(served: tuple[str, str, str]) -> None:
     theirs, ours, _ = served
     for i, messages in enumerate(CHATS[:6]):
-        prompt = _post(f"{theirs}/apply-template", {"messages": messages})["prompt"]
+        prompt = post_json(f"{theirs}/apply-template", {"messages": messages}, timeout=120)["prompt"]
         for cache in (False, True, True):
             expected = _complete(theirs, prompt, cache)
             assert _complete(ours, prompt, cache) == expected, (i, cache)
@@ -195,5 +183,5 @@ def test_streamed_completions_send_llama_server_s_chunks(served: tuple[str, str,
     # An answer that ends with the end-of-generation token sends it in a chunk of its own, and counts it.
     theirs, ours, _ = served
     for i, messages in enumerate(CHATS[:3]):
-        prompt = _post(f"{theirs}/apply-template", {"messages": messages})["prompt"]
+        prompt = post_json(f"{theirs}/apply-template", {"messages": messages}, timeout=120)["prompt"]
         assert _stream_chunks(ours, prompt) == _stream_chunks(theirs, prompt), i
