@@ -6,6 +6,11 @@
 at most 2 requests in flight, a conversation's turns one after another. Streamed chat completions;
 reported: prompt tokens evaluated (llama-server's timings.prompt_n, summed), wall time, and the
 median time to the first streamed token of turns >= 2.
+
+It also reports the floor: the prompt tokens a server must evaluate if it kept every earlier prompt and
+answer (each turn's prompt less its longest common token prefix with any earlier turn's prompt + answer,
+at least 1 token), counted after the timed part through the server's /apply-template and /tokenize. A
+cache can go no lower, so a server at the floor re-evaluates nothing.
 """
 
 from __future__ import annotations
@@ -75,6 +80,7 @@ async def replay(url: str, mode: str) -> dict[str, float]:
     busy: set[int] = set()
     ready = asyncio.Condition()
     evaluated, ttft_later = 0, []
+    turns: list[tuple[list[dict[str, str]], str]] = []  # (the turn's messages, its answer), in start order
 
     async def take() -> tuple[int, int] | None:
         async with ready:
@@ -92,7 +98,11 @@ async def replay(url: str, mode: str) -> dict[str, float]:
         while (item := await take()) is not None:
             c, t = item
             history[c].append({"role": "user", "content": user_turn(c, t)})
-            text, n, first = await _turn(client, url, history[c])
+            sent = list(history[c])
+            turns.append((sent, ""))
+            index = len(turns) - 1
+            text, n, first = await _turn(client, url, sent)
+            turns[index] = (sent, text)
             history[c].append({"role": "assistant", "content": text})
             evaluated += n
             if t >= 1:
@@ -104,7 +114,38 @@ async def replay(url: str, mode: str) -> dict[str, float]:
     start = time.perf_counter()
     async with httpx.AsyncClient() as client:
         await asyncio.gather(*[worker(client) for _ in range(IN_FLIGHT)])
-    return {"evaluated": evaluated, "wall": time.perf_counter() - start, "ttft": statistics.median(ttft_later)}
+        wall = time.perf_counter() - start
+        floor = await _floor(client, url, turns)
+    return {"evaluated": evaluated, "wall": wall, "ttft": statistics.median(ttft_later), "floor": floor}
+
+
+async def _tokens(client: Any, url: str, text: str, add_special: bool) -> list[int]:
+    response = await client.post(url + "/tokenize", json={"content": text, "add_special": add_special}, timeout=60)
+    response.raise_for_status()
+    return response.json()["tokens"]
+
+
+async def _floor(client: Any, url: str, turns: list[tuple[list[dict[str, str]], str]]) -> int:
+    """Prompt tokens that no earlier turn's prompt + answer covers, summed (see the module's docstring)."""
+    seen: list[list[int]] = []
+    floor = 0
+    for messages, answer in turns:
+        response = await client.post(url + "/apply-template", json={"messages": messages}, timeout=60)
+        response.raise_for_status()
+        prompt = await _tokens(client, url, response.json()["prompt"], True)
+        reused = max((_common_prefix(prompt, earlier) for earlier in seen), default=0)
+        floor += max(1, len(prompt) - reused)
+        seen.append(prompt + await _tokens(client, url, answer, False))
+    return floor
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def run(url: str, mode: str) -> dict[str, float]:

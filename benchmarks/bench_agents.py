@@ -180,6 +180,9 @@ def replay_main(args: Any, ref_extra: list[str]) -> None:
             for name, key, target in (("prompt tokens evaluated", "evaluated", "<= 1.00"), ("wall s", "wall", "<= 0.80"),
                                       ("median TTFT turns>=2 s", "ttft", "<= 0.80"))]
     common.print_ratio_table(rows, higher_is_better=False)
+    floors = sorted({int(x["floor"]) for x in runs["ref"] + runs["ours"]})
+    print(f"floor (tokens a server keeping every earlier prompt and answer must evaluate): "
+          f"{', '.join(map(str, floors))}")
     print(f"load average after: {os.getloadavg()[0]:.2f}")
 
 
