@@ -217,7 +217,7 @@ def test_vertex_predict_runs_each_instance_by_its_request_format(vertex: tuple[S
     assert srv.url == f"http://127.0.0.1:{port}"
     assert httpx.get(f"{srv.url}/ping", timeout=30).json() == {"status": "ok"}
     chat = {"@requestFormat": "chatCompletions", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}],
-            "stream": True}
+            "stream": True, "temperature": 0}  # greedy: a sampled end token would make it 1 token
     instances = [chat, {"@requestFormat": "/tokenize", "content": "hello"}, {"@requestFormat": "nowhere"}, 7]
     response = httpx.post(f"{srv.url}/predict", json={"instances": instances}, timeout=60)
     assert response.status_code == 200
