@@ -26,6 +26,7 @@ from tests.test_serve import Server, _start
 
 QUESTION = "What is in the image?"
 LIMIT = 65536  # the server's --media-max-image-size
+HALF = 40000  # /half.png's size: one fits in LIMIT, two do not
 STREAMED = 64 * 2**20  # what /stream.png would send without Content-Length if nobody stopped it
 WAV = (b"RIFF" + (36).to_bytes(4, "little") + b"WAVEfmt " + (16).to_bytes(4, "little") + (1).to_bytes(2, "little")
        + (1).to_bytes(2, "little") + (16000).to_bytes(4, "little") + (32000).to_bytes(4, "little")
@@ -34,7 +35,7 @@ WAV = (b"RIFF" + (36).to_bytes(4, "little") + b"WAVEfmt " + (16).to_bytes(4, "li
 
 class MediaHost(ThreadingHTTPServer):
     """127.0.0.1:PORT serving /a.png, /clip.wav, /big.png (Content-Length past LIMIT), /stream.png (no
-    length, STREAMED bytes), /text.png (not an image), /missing.png (404), /slow.png, /gzip.png,
+    length, STREAMED bytes), /half.png (HALF bytes), /text.png (not an image), /missing.png (404), /slow.png, /gzip.png,
     /here (a redirect to /a.png) and /away (a redirect to another port)."""
 
     daemon_threads = True
@@ -53,7 +54,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
         files = {"/a.png": self.server.png, "/clip.wav": WAV, "/text.png": b"hello, I am not a picture",
-                 "/big.png": self.server.png + b"\0" * (2 * LIMIT)}
+                 "/big.png": self.server.png + b"\0" * (2 * LIMIT), "/half.png": self.server.png.ljust(HALF, b"\0")}
         if self.path in files:
             self._send(200, files[self.path], {"Content-Length": str(len(files[self.path]))})
         elif self.path == "/stream.png":
@@ -213,7 +214,7 @@ def test_not_an_image_is_the_inline_400(fetcher: Server, host: MediaHost) -> Non
                           json={"messages": ask(f"{host.url}/text.png"), "max_tokens": 4})
     assert response.status_code == 400
     assert response.json()["error"]["message"] == ("messages[0].content[0] is not an image or audio format that can "
-                                                   "be read (it starts with b'hello, I')")
+                                                   "be read (it starts with b'hello, I'); send a PNG, JPEG, GIF or BMP image, or a WAV, MP3 or FLAC clip")
 
 
 def test_failures_in_anthropic_and_responses_shapes(fetcher: Server, host: MediaHost) -> None:
@@ -243,6 +244,16 @@ def test_a_body_past_the_limit_is_cut_off_while_it_streams(fetcher: Server, host
         time.sleep(0.05)
     assert 0 <= host.streamed < STREAMED // 4  # the sender met a closed connection long before the end
     assert time.monotonic() - started < 10
+
+
+def test_a_url_gets_what_the_requests_earlier_images_left(fetcher: Server, host: MediaHost) -> None:
+    part = {"type": "image_url", "image_url": {"url": f"{host.url}/half.png"}}
+    response = httpx.post(f"{fetcher.url}/v1/chat/completions", timeout=30, json={"max_tokens": 4, "messages": [
+        {"role": "user", "content": [part, part, {"type": "text", "text": QUESTION}]}]})
+    assert response.status_code == 400
+    assert response.json()["error"]["message"] == (
+        f"messages[0].content[1].image_url.url: {host.url}/half.png is larger than the {LIMIT - HALF} bytes this "
+        "request may still take (--media-max-image-size); send a smaller file, or raise the flag")
 
 
 def test_input_audio_takes_a_url(fetcher: Server, host: MediaHost) -> None:

@@ -44,10 +44,7 @@ def part_media(part: Any, where: str, settings: ServerSettings, taken: Sequence[
             data = _url_bytes(value, param, settings, _budget(settings, "audio", taken))
         else:
             data = _base64(value, param)
-    try:
-        return sniff(data, where)
-    except InputError as exc:
-        raise APIError(400, exc.message, param=where, code="invalid_value") from None
+    return _sniffed(data, where)
 
 
 def _budget(settings: ServerSettings, kind: str, taken: Sequence[Media]) -> tuple[int, str]:
@@ -77,10 +74,16 @@ def _url_bytes(url: Any, param: str, settings: ServerSettings, budget: tuple[int
 
 def media_from_base64(payload: Any, where: str) -> Media:
     """llama-server's multimodal_data entry: base64 bytes of an image or audio clip, checked."""
+    return _sniffed(_base64(payload, where), where)
+
+
+def _sniffed(data: bytes, where: str) -> Media:
+    """core/media's checks of a part's bytes; what they refuse is a 400 with their hint."""
     try:
-        return sniff(_base64(payload, where), where)
+        return sniff(data, where)
     except InputError as exc:
-        raise APIError(400, exc.message, param=where, code="invalid_value") from None
+        message = f"{exc.message}; {exc.hint}" if exc.hint else exc.message
+        raise APIError(400, message, param=where, code="invalid_value") from None
 
 
 def _file_bytes(url_path: str, param: str, settings: ServerSettings) -> bytes:

@@ -29,7 +29,7 @@ import httpx
 from ...version import __version__
 from ..errors import APIError
 
-FETCH_TIMEOUT_S = 10.0  # llama-server's own bound on a media download (its connect and each read)
+FETCH_TIMEOUT_S = 10.0  # llama-server's own bound on a media download (each read and write)
 MAX_REDIRECTS = 5
 DEFAULT_PORTS = {"http": 80, "https": 443}
 INLINE_HINT = "send the bytes inline as a data: URL"
