@@ -736,7 +736,7 @@ complete -c pyllama -n '__pyllama_using serve' -l reasoning-budget -d 'Thinking 
 complete -c pyllama -n '__pyllama_using serve' -l log-format -d 'The access log\'s form: one text line per request (method, path, model, status, tokens, time; errors with their reason), or one JSON object per line for log collectors.' -x
 complete -c pyllama -n '__pyllama_using serve' -s q -l quiet -d 'No access log (the start-up lines and errors that stop the server still show).'
 complete -c pyllama -n '__pyllama_using serve' -l verbose-native -d 'Show llama.cpp\'s own log on stderr (what -v shows in the other commands).'
-complete -c pyllama -n '__pyllama_using serve' -l media-domains -d 'Hosts whose http(s) media URLs requests may name (repeatable or comma-separated); without it only data: URLs are taken, so the server fetches nothing for a client.' -x
+complete -c pyllama -n '__pyllama_using serve' -l media-domains -d 'Hosts whose http(s) media URLs the server fetches for a request (repeatable or comma-separated): HOST (on port 80/443), HOST:PORT, *.DOMAIN (names below it), [IPv6]:PORT; without it only data: URLs are taken, so the server fetches nothing for a client.' -x
 complete -c pyllama -n '__pyllama_using serve' -l media-path -d 'Folder whose files requests may name as file: URLs (off unless given).' -x -a '(__pyllama_values dir)'
 complete -c pyllama -n '__pyllama_using serve' -l media-max-image-size -d 'Most image bytes one request may send (bytes, or with K/M/G; --max-body-size bounds them too).' -x
 complete -c pyllama -n '__pyllama_using serve' -l media-max-audio-size -d 'Most audio bytes one request may send (bytes, or with K/M/G).' -x

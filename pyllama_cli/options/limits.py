@@ -167,8 +167,9 @@ MEDIA_PANEL = "Media in requests"
 _M = MediaPolicy()
 _MEDIA_PARAMS = [
     option_param("media_domains", Annotated[list[str] | None, typer.Option(
-        "--media-domains", metavar="HOST", help="Hosts whose http(s) media URLs requests may name (repeatable or "
-        "comma-separated); without it only data: URLs are taken, so the server fetches nothing for a client.",
+        "--media-domains", metavar="HOST", help="Hosts whose http(s) media URLs the server fetches for a request "
+        "(repeatable or comma-separated): HOST (on port 80/443), HOST:PORT, *.DOMAIN (names below it), [IPv6]:PORT; "
+        "without it only data: URLs are taken, so the server fetches nothing for a client.",
         rich_help_panel=MEDIA_PANEL, show_default=False)], None),
     option_param("media_path", Annotated[Path | None, typer.Option(
         "--media-path", metavar="DIR", help="Folder whose files requests may name as file: URLs (off unless given).",
@@ -182,12 +183,29 @@ _MEDIA_PARAMS = [
 ]
 
 
+def _media_domains(values: list[str]) -> tuple[str, ...]:
+    """--media-domains' entries, each checked as server/openai/media_fetch.py will match it.
+
+    Raises:
+        UsageError: an entry that is not a host, a host with a port, or *.DOMAIN.
+    """
+    from ..server.openai.media_fetch import host_rule
+
+    entries = tuple(h.strip().lower() for v in values for h in v.split(",") if h.strip())
+    for entry in entries:
+        try:
+            host_rule(entry)
+        except ValueError:
+            raise UsageError(f"--media-domains {entry}: not a host name or address",
+                             hint="give HOST, HOST:PORT, *.DOMAIN or [IPv6]:PORT, e.g. images.example.com") from None
+    return entries
+
+
 def media_policy_options() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Give a command the flags of what requests' media may be; it declares a `media_policy: MediaPolicy`."""
 
     def build(kwargs: dict[str, Any]) -> None:
-        domains = tuple(h.strip().lower() for v in kwargs.pop("media_domains") or [] for h in v.split(",")
-                        if h.strip())
+        domains = _media_domains(kwargs.pop("media_domains") or [])
         path = kwargs.pop("media_path")
         kwargs["media_policy"] = MediaPolicy(
             domains=domains, path=path.resolve() if path is not None else None,

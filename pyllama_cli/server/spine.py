@@ -56,11 +56,13 @@ def generating(engine: Engine) -> Engine:
     return engine
 
 
-async def off_loop(request: Request, prepare: Callable[..., T], *args: Any) -> T:
+async def off_loop(request: Request, prepare: Callable[..., T], *args: Any, fetches: bool = False) -> T:
     """Run `prepare` inline for a small request body, in the thread pool for a large one (or one of
-    unknown size), so that a long prompt or a big schema never holds up the other connections."""
+    unknown size), so that a long prompt or a big schema never holds up the other connections.
+    `fetches` (a server with --media-domains) sends every request there: any may fetch a media URL
+    (openai/media_fetch.py), which blocks for as long as the remote host takes."""
     size = request.headers.get("content-length", "")
-    if size.isdigit() and int(size) <= INLINE_PREPARE_BYTES:
+    if size.isdigit() and int(size) <= INLINE_PREPARE_BYTES and not fetches:
         return prepare(*args)
     return await run_in_threadpool(prepare, *args)
 
@@ -79,7 +81,8 @@ async def generate(find: Awaitable[ServedModel], request: Request, body: Any, pr
     engine = served.engine
     with engine.arriving():
         generating(engine)
-        prepared = await off_loop(request, prepare, engine, served.settings, body)
+        prepared = await off_loop(request, prepare, engine, served.settings, body,
+                                  fetches=bool(served.settings.media.domains))
         if body.stream:
             if conversation := streams.conversation_id(request):  # opted in: the stream outlives its client
                 return streams.detached(request, conversation, lambda: stream(engine, prepared, served.id))

@@ -29,5 +29,6 @@ def add_routes(app: FastAPI, models: ModelSet) -> None:
         """The tokens of the prompt the chat template renders for these messages and tools."""
         served = await models.get(body.model)
         spine.generating(served.engine)
-        n = await spine.off_loop(request, count_prompt_tokens, served.engine, served.settings, body)
+        n = await spine.off_loop(request, count_prompt_tokens, served.engine, served.settings, body,
+                                 fetches=bool(served.settings.media.domains))
         return {"input_tokens": n}

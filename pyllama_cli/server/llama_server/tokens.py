@@ -54,7 +54,8 @@ def add_token_routes(app: FastAPI, models: ModelSet) -> None:
         served = await models.named(request, body.model)
         spine.ready(served.engine)
         plan = plan_request_tools(body.tools, body.tool_choice)
-        messages = message_dicts(body.messages, served.settings, media_list(served.engine))
+        # on a worker thread: an image part's URL may be fetched (openai/media_fetch.py)
+        messages = await run_in_threadpool(message_dicts, body.messages, served.settings, media_list(served.engine))
         prompt = await run_in_threadpool(render_prompt, served.engine, served.settings, messages, plan)
         return {"prompt": prompt}
 
@@ -65,7 +66,7 @@ def add_token_routes(app: FastAPI, models: ModelSet) -> None:
         model = await models.named(request, body.model)
         engine = spine.generating(model.engine)
         media = media_list(engine)
-        messages = message_dicts(body.messages, model.settings, media)
+        messages = await run_in_threadpool(message_dicts, body.messages, model.settings, media)
         prompt = await run_in_threadpool(render_prompt, model.engine, model.settings, messages, None)
         n = await run_in_threadpool(prompt_token_count, engine, prompt, media or [], model.settings)
         return {"input_tokens": n, "object": "response.input_tokens"}

@@ -2,9 +2,9 @@
 
 A part's place in the message becomes libmtmd's media marker in the text, and its bytes a
 core/media `Media`. `data:` URLs are read; `file:` URLs only inside --media-path; an `http(s)` URL
-is refused unless its host is one of --media-domains (fetching it is not implemented yet, so even then
-it is refused with a hint), and any other scheme is refused, so the server never fetches an address
-on a client's behalf.
+only from a host --media-domains lists (fetched by media_fetch.py, within the request's remaining
+media bytes); any other scheme is refused. `input_audio` takes base64 in `data`, or a URL in `data`
+or `url`, as llama-server does.
 Every problem is a 400 in the API's shape, naming the part.
 """
 
@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import base64
 import binascii
-from typing import Any
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from ...core.media.check import Media, sniff
@@ -21,27 +22,39 @@ from ...core.media.settings import MEDIA_MARKER
 from ...errors import InputError
 from ..errors import APIError
 from ..settings import ServerSettings
+from .media_fetch import fetch_media
 
 MEDIA_PART_TYPES = ("image_url", "input_audio")
+URL_PREFIXES = ("data:", "http://", "https://", "file:")  # how input_audio tells a URL from bare base64
 NO_PROJECTOR = ("this model cannot see images or hear audio: the server has no multimodal projector "
                 "(start it with --mmproj)")
 
 
-def part_media(part: Any, where: str, settings: ServerSettings) -> Media:
-    """The checked bytes of one media part (`where` names it in errors: messages[0].content[1])."""
+def part_media(part: Any, where: str, settings: ServerSettings, taken: Sequence[Media] = ()) -> Media:
+    """The checked bytes of one media part (`where` names it in errors: messages[0].content[1]); `taken`:
+    the request's media so far, whose bytes a fetched URL's limit leaves out."""
     if part.type == "image_url":
         url = (part.image_url or {}).get("url") if isinstance(part.image_url, dict) else part.image_url
-        data = _url_bytes(url, f"{where}.image_url.url", settings)
+        data = _url_bytes(url, f"{where}.image_url.url", settings, _budget(settings, "image", taken))
     else:
         audio = part.input_audio if isinstance(part.input_audio, dict) else {}
-        data = _base64(audio.get("data"), f"{where}.input_audio.data")
-    try:
-        return sniff(data, where)
-    except InputError as exc:
-        raise APIError(400, exc.message, param=where, code="invalid_value") from None
+        key = "url" if audio.get("data") is None and audio.get("url") is not None else "data"
+        value, param = audio.get(key), f"{where}.input_audio.{key}"
+        if isinstance(value, str) and value.startswith(URL_PREFIXES):
+            data = _url_bytes(value, param, settings, _budget(settings, "audio", taken))
+        else:
+            data = _base64(value, param)
+    return _sniffed(data, where)
 
 
-def _url_bytes(url: Any, param: str, settings: ServerSettings) -> bytes:
+def _budget(settings: ServerSettings, kind: str, taken: Sequence[Media]) -> tuple[int, str]:
+    """The bytes a fetched URL of a `kind` part may still have in this request, and the flag that sets them."""
+    limit, flag = ((settings.media.max_image_bytes, "--media-max-image-size") if kind == "image"
+                   else (settings.media.max_audio_bytes, "--media-max-audio-size"))
+    return max(0, limit - sum(len(m.data) for m in taken if m.kind == kind)), flag
+
+
+def _url_bytes(url: Any, param: str, settings: ServerSettings, budget: tuple[int, str]) -> bytes:
     if not isinstance(url, str) or not url:
         raise APIError(400, f"{param} is missing: an image part needs a data: URL", param=param, code="invalid_value")
     if url.startswith("data:"):
@@ -51,14 +64,8 @@ def _url_bytes(url: Any, param: str, settings: ServerSettings) -> bytes:
                            code="invalid_value")
         return _base64(payload, param)
     parts = urlsplit(url)
-    if parts.scheme in ("http", "https"):
-        host = (parts.hostname or "").lower()
-        if host not in settings.media.domains:
-            raise APIError(400, f"{param}: remote media URLs are refused ({host or 'no host'} is not in "
-                           "--media-domains); send the image inline as a data: URL", param=param,
-                           code="invalid_value")
-        raise APIError(400, f"{param}: fetching remote media is not supported yet; send a data: URL", param=param,
-                       code="unsupported_value")
+    if parts.scheme.lower() in ("http", "https"):
+        return fetch_media(url, param, settings.media.domains, *budget)
     if parts.scheme == "file":
         return _file_bytes(parts.path, param, settings)
     what = f"{parts.scheme}: URLs are refused" if parts.scheme else "is not a URL"
@@ -67,10 +74,16 @@ def _url_bytes(url: Any, param: str, settings: ServerSettings) -> bytes:
 
 def media_from_base64(payload: Any, where: str) -> Media:
     """llama-server's multimodal_data entry: base64 bytes of an image or audio clip, checked."""
+    return _sniffed(_base64(payload, where), where)
+
+
+def _sniffed(data: bytes, where: str) -> Media:
+    """core/media's checks of a part's bytes; what they refuse is a 400 with their hint."""
     try:
-        return sniff(_base64(payload, where), where)
+        return sniff(data, where)
     except InputError as exc:
-        raise APIError(400, exc.message, param=where, code="invalid_value") from None
+        message = f"{exc.message}; {exc.hint}" if exc.hint else exc.message
+        raise APIError(400, message, param=where, code="invalid_value") from None
 
 
 def _file_bytes(url_path: str, param: str, settings: ServerSettings) -> bytes:
@@ -106,7 +119,7 @@ def content_text(parts: list[Any], i: int, settings: ServerSettings | None, medi
     for j, part in enumerate(parts):
         where = f"messages[{i}].content[{j}]"
         if part.type in MEDIA_PART_TYPES and media is not None and settings is not None:
-            media.append(part_media(part, where, settings))
+            media.append(part_media(part, where, settings, media))
             texts.append(MEDIA_MARKER)
         elif part.type != "text":
             why = NO_PROJECTOR if part.type in MEDIA_PART_TYPES else "this server takes text and images"
