@@ -120,6 +120,19 @@ def test_chat_audio_then_a_question_answers_as_complete_audio(tiny_model: Path, 
     assert f"Attached '{clips['short']}' (WAV); it goes with your next message." in result.stderr
 
 
+@pytest.mark.parametrize("projector", ["image-only", "none"])
+def test_chat_refuses_a_clip_it_cannot_hear_when_attached(tiny_model: Path, mmproj: Path,  # noqa: F811
+                                                          clips: dict[str, Path], projector: str) -> None:
+    flags = ["--mmproj", str(mmproj)] if projector == "image-only" else []
+    result = run_cli("chat", "-m", str(tiny_model), *flags, "-n", "4", "-c", "512",
+                     stdin=f"/audio {clips['short']}\n")
+    assert result.exit_code == 1  # a script feeding stdin learns that a command failed
+    assert "Attached" not in result.stderr
+    line = {"image-only": "Error: the projector mmproj-tiny.gguf does not take audio",
+            "none": "Error: this model cannot hear audio: there is no projector"}[projector]
+    assert line in result.stderr.splitlines()
+
+
 def test_chat_audio_on_a_terminal(tiny_model: Path, audio_proj: Path, clips: dict[str, Path],
                                   expected: dict[str, tuple[str, int]]) -> None:
     """In a pty (prompt-toolkit's front end): /audio, then the question, answers as complete --audio."""
@@ -146,15 +159,7 @@ def test_chat_audio_on_a_terminal(tiny_model: Path, audio_proj: Path, clips: dic
 @pytest.fixture(scope="module")
 def hearing(tiny_model: Path, audio_proj: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     srv = _start(tiny_model, tmp_path_factory.mktemp("serve-audio") / "stderr.log", "--mmproj", str(audio_proj),
-                 "-c", "1024")
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture(scope="module")
-def seeing(tiny_model: Path, mmproj: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:  # noqa: F811
-    srv = _start(tiny_model, tmp_path_factory.mktemp("serve-seeing") / "stderr.log", "--mmproj", str(mmproj),
-                 "-c", "512")
+                 "-c", "256")  # the 31 s clip's 123 tokens fit, 5 clips of 50 do not
     yield srv
     srv.stop()
 
@@ -206,19 +211,25 @@ def test_image_to_an_audio_projector_is_a_400(hearing: Server, images: dict[str,
                                                  "invalid_request_error")
 
 
-def test_audio_to_an_image_projector_is_a_400(seeing: Server, clips: dict[str, Path]) -> None:
-    with pytest.raises(openai.BadRequestError) as caught:
-        seeing.client().chat.completions.create(model="any", messages=ask(audio_part(clips["short"])), max_tokens=4)
-    error = caught.value.body
-    assert (error["message"], error["type"]) == ("the projector mmproj-tiny.gguf does not take audio",
-                                                 "invalid_request_error")
-
-
-def test_input_audio_that_is_not_audio_is_a_400(hearing: Server) -> None:
-    part = {"type": "input_audio", "input_audio": {"data": base64.b64encode(b"hello world").decode(),
-                                                   "format": "wav"}}
+@pytest.mark.parametrize(("kind", "message"), [
+    ("text", "messages[0].content[0] is not an image or audio format that can be read (it starts with b'hello wo')"),
+    ("cut", "messages[0].content[0] could not be decoded as a WAV audio"),
+])
+def test_input_audio_that_is_not_audio_is_a_400(hearing: Server, clips: dict[str, Path], kind: str,
+                                                message: str) -> None:
+    data = b"hello world" if kind == "text" else clips["short"].read_bytes()[:40]  # cut: the header, no samples
+    part = {"type": "input_audio", "input_audio": {"data": base64.b64encode(data).decode(), "format": "wav"}}
     response = httpx.post(f"{hearing.url}/v1/chat/completions", json={"messages": ask(part), "max_tokens": 4},
                           timeout=30)
     assert response.status_code == 400, response.text
-    assert response.json()["error"]["message"] == ("messages[0].content[0] is not an image or audio format that can "
-                                                   "be read (it starts with b'hello wo')")
+    assert response.json()["error"]["message"] == message
+    assert hearing.proc.poll() is None
+
+
+def test_audio_tokens_count_against_the_context(hearing: Server, clips: dict[str, Path]) -> None:
+    """5 clips of 50 tokens each do not fit a 256-token context: the usual context error, a 400."""
+    messages = [{"role": "user", "content": [audio_part(clips["short"])] * 5 + [{"type": "text", "text": QUESTION}]}]
+    response = httpx.post(f"{hearing.url}/v1/chat/completions", json={"messages": messages, "max_tokens": 4},
+                          timeout=60)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["message"].startswith("the request (273 tokens) exceeds the available context size")
