@@ -17,7 +17,7 @@ import httpx
 import openai
 import pytest
 
-from tests.fixtures.make_audio_proj import AudioProjectorSpec, wav_bytes, write_audio_proj_gguf
+from tests.fixtures.make_audio_proj import AudioProjectorSpec, flac_bytes, wav_bytes, write_audio_proj_gguf
 from tests.helpers import run_cli
 from tests.test_multimodal import images, mmproj  # noqa: F401 - the fixtures
 from tests.test_serve import Server, _start
@@ -42,6 +42,14 @@ def clips(models_dir: Path) -> dict[str, Path]:
         out[key] = models_dir / name
         out[key].write_bytes(wav_bytes(seconds, freq, rate, seed))
     return out
+
+
+@pytest.fixture(scope="session")
+def flac_clip(models_dir: Path) -> Path:
+    """The short clip's samples as FLAC (stored uncompressed): lossless, so it answers as the WAV does."""
+    path = models_dir / "a.flac"
+    path.write_bytes(flac_bytes(1.0, 440.0, 16000, 0))
+    return path
 
 
 def complete(model: Path, projector: Path, *flags: str):
@@ -70,6 +78,13 @@ def test_each_clip_gives_its_own_answer_and_50_tokens_a_chunk(expected: dict[str
         "short": CHAT_TURN_TOKENS + per_chunk, "resampled": CHAT_TURN_TOKENS + per_chunk,
         "long": CHAT_TURN_TOKENS + 2 * per_chunk}
     assert len({text for text, _ in expected.values()}) == 3, expected
+
+
+def test_flac_answers_as_the_wav_of_its_samples(tiny_model: Path, audio_proj: Path, flac_clip: Path,
+                                                expected: dict[str, tuple[str, int]]) -> None:
+    result = complete(tiny_model, audio_proj, "--audio", str(flac_clip), *ASK, "--json")
+    assert result.exit_code == 0, result.stderr
+    assert (result.stdout, prompt_tokens(result.stderr)) == expected["short"]
 
 
 def test_audio_to_an_image_projector_is_one_error(tiny_model: Path, mmproj: Path,  # noqa: F811
@@ -166,19 +181,21 @@ def hearing(tiny_model: Path, audio_proj: Path, tmp_path_factory: pytest.TempPat
 
 def audio_part(clip: Path) -> dict:
     return {"type": "input_audio", "input_audio": {"data": base64.b64encode(clip.read_bytes()).decode(),
-                                                   "format": "wav"}}
+                                                   "format": clip.suffix[1:]}}
 
 
 def ask(part: dict) -> list[dict]:
     return [{"role": "user", "content": [part, {"type": "text", "text": QUESTION}]}]
 
 
-@pytest.mark.parametrize("kind", ["short", "resampled", "long"])
-def test_openai_input_audio_gives_complete_audios_text(hearing: Server, clips: dict[str, Path],
+@pytest.mark.parametrize("kind", ["short", "resampled", "long", "flac"])
+def test_openai_input_audio_gives_complete_audios_text(hearing: Server, clips: dict[str, Path], flac_clip: Path,
                                                        expected: dict[str, tuple[str, int]], kind: str) -> None:
-    answer = hearing.client().chat.completions.create(model="any", messages=ask(audio_part(clips[kind])),
+    clip = flac_clip if kind == "flac" else clips[kind]
+    answer = hearing.client().chat.completions.create(model="any", messages=ask(audio_part(clip)),
                                                       max_tokens=8, temperature=0)
-    assert (answer.choices[0].message.content, answer.usage.prompt_tokens) == expected[kind]
+    assert (answer.choices[0].message.content, answer.usage.prompt_tokens) == expected[
+        "short" if kind == "flac" else kind]
 
 
 def test_completion_multimodal_data_takes_audio(hearing: Server, tiny_model: Path, audio_proj: Path,

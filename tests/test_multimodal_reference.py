@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import run_cli
-from tests.test_audio import audio_proj, clips  # noqa: F401 - the fixtures
+from tests.test_audio import audio_proj, clips, flac_clip  # noqa: F401 - the fixtures
 from tests.test_multimodal import images, mmproj  # noqa: F401 - the fixtures
 
 pytestmark = pytest.mark.reference
@@ -64,11 +64,13 @@ def test_complete_image_matches_mtmd_cli(tiny_model: Path, mmproj: Path, images:
 
 
 @needs_mtmd_cli
-@pytest.mark.parametrize("kind", ["short", "resampled", "long"])
+@pytest.mark.parametrize("kind", ["short", "resampled", "long", "flac"])
 def test_complete_audio_matches_mtmd_cli(tiny_model: Path, audio_proj: Path, clips: dict[str, Path],  # noqa: F811
-                                         kind: str) -> None:
-    """The audio fixture (tests/fixtures/make_audio_proj.py): 1 s at 16 kHz, 2 s at 44.1 kHz, 31 s (two chunks)."""
-    asked = (audio_proj, clips[kind], "--audio", "What do you hear?", "1024")
+                                         flac_clip: Path, kind: str) -> None:  # noqa: F811
+    """The audio fixture (tests/fixtures/make_audio_proj.py): WAVs of 1 s at 16 kHz, 2 s at 44.1 kHz and 31 s
+    (two chunks), and the 1 s clip as FLAC."""
+    clip = flac_clip if kind == "flac" else clips[kind]
+    asked = (audio_proj, clip, "--audio", "What do you hear?", "1024")
     expected = theirs(tiny_model, *asked)
     assert expected[0].strip()
     assert ours(tiny_model, *asked) == expected
