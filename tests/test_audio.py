@@ -250,3 +250,28 @@ def test_audio_tokens_count_against_the_context(hearing: Server, clips: dict[str
                           timeout=60)
     assert response.status_code == 400, response.text
     assert response.json()["error"]["message"].startswith("the request (273 tokens) exceeds the available context size")
+
+
+def test_input_tokens_counts_a_long_clips_two_chunks(hearing: Server, clips: dict[str, Path],
+                                                     expected: dict[str, tuple[str, int]]) -> None:
+    """/v1/chat/completions/input_tokens counts a clip as the generating route does (31 s: two chunks)."""
+    counted = httpx.post(f"{hearing.url}/v1/chat/completions/input_tokens",
+                         json={"messages": ask(audio_part(clips["long"]))}, timeout=30)
+    assert counted.json() == {"input_tokens": expected["long"][1], "object": "response.input_tokens"}
+    assert expected["long"][1] == CHAT_TURN_TOKENS + 100
+
+
+def test_a_long_clip_reused_from_the_cache_answers_as_complete(hearing: Server, tiny_model: Path,
+                                                                audio_proj: Path, clips: dict[str, Path]) -> None:
+    """The second request shares the first one's clip (two chunks of one content id): the slot keeps the
+    clip's embeddings and evaluates only the new text, and the answer is complete's for that question."""
+    client = hearing.client()
+    client.chat.completions.create(model="any", messages=ask(audio_part(clips["long"])), max_tokens=2, temperature=0)
+    other = "Is it loud?"
+    messages = [{"role": "user", "content": [audio_part(clips["long"]), {"type": "text", "text": other}]}]
+    answer = client.chat.completions.create(model="any", messages=messages, max_tokens=8, temperature=0)
+    local = complete(tiny_model, audio_proj, "--audio", str(clips["long"]), "--chat", "-p", other, "-n", "8",
+                     "--temp", "0", "-c", "1024")
+    assert local.exit_code == 0, local.stderr
+    assert answer.choices[0].message.content == local.stdout
+    assert answer.usage.prompt_tokens_details.cached_tokens >= 100  # at least the clip's two chunks
