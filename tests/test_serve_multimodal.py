@@ -17,6 +17,7 @@ import pytest
 
 from tests.fixtures.make_mmproj import image_bytes
 from tests.helpers import run_cli
+from tests.test_audio import audio_part, clips  # noqa: F401 - a fixture
 from tests.test_multimodal import images, mmproj  # noqa: F401 - the fixtures
 from tests.test_serve import Server, _start
 
@@ -309,3 +310,13 @@ def test_token_counts_and_apply_template_take_images(vision: Server, text_only: 
     refused = httpx.post(f"{text_only.url}/v1/messages/count_tokens", timeout=30, json={"model": "any", "messages": [
         {"role": "user", "content": [{"type": "image", "source": source}, {"type": "text", "text": QUESTION}]}]})
     assert refused.status_code == 400 and "cannot see images" in refused.json()["error"]["message"]
+
+
+def test_audio_to_an_image_projector_is_a_400(vision: Server, clips: dict[str, Path]) -> None:  # noqa: F811
+    """An input_audio part (tests/test_audio.py's clip) to this vision-only projector."""
+    messages = [{"role": "user", "content": [audio_part(clips["short"]), {"type": "text", "text": QUESTION}]}]
+    with pytest.raises(openai.BadRequestError) as caught:
+        vision.client().chat.completions.create(model="any", messages=messages, max_tokens=4)
+    error = caught.value.body
+    assert (error["message"], error["type"]) == ("the projector mmproj-tiny.gguf does not take audio",
+                                                 "invalid_request_error")

@@ -351,9 +351,11 @@ class ChatRepl:
 
         if not arg:
             raise InputError("/image needs a file name", hint="/image photo.jpg")
-        if self.engine.projector is None:
-            raise InputError("this model cannot see images: there is no projector", hint="start chat with --mmproj FILE")
         medium = read_media(Path(arg).expanduser())
+        if self.engine.projector is None:
+            sense = "see images" if medium.kind == "image" else "hear audio"
+            raise InputError(f"this model cannot {sense}: there is no projector", hint="start chat with --mmproj FILE")
+        self.engine.projector.check_kind(medium)  # refused now, not when the next message is sent
         self.conv.attach_media(medium)
         size = f" {medium.width}x{medium.height}" if medium.kind == "image" else ""
         self.ui.notice(f"Attached '{arg}' ({medium.format}{size}); it goes with your next message.")

@@ -84,16 +84,20 @@ class Projector:
             self.lib.mtmd_free(self.handle)
             self.handle = None
 
+    def check_kind(self, media: Media) -> None:
+        """Raise InputError when the projector does not take this kind of media (images, audio)."""
+        if media.kind == "image" and not self.capabilities.vision:
+            raise InputError(f"the projector {self.path.name} does not take images", hint="send audio only")
+        if media.kind == "audio" and not self.capabilities.audio:
+            raise InputError(f"the projector {self.path.name} does not take audio", hint="send images only")
+
     def bitmap(self, media: Media) -> Any:
         """Decode checked media bytes into an mtmd bitmap (the caller frees it).
 
         Raises:
             InputError: the projector does not take this kind of media, or the bytes do not decode.
         """
-        if media.kind == "image" and not self.capabilities.vision:
-            raise InputError(f"the projector {self.path.name} does not take images", hint="send audio only")
-        if media.kind == "audio" and not self.capabilities.audio:
-            raise InputError(f"the projector {self.path.name} does not take audio", hint="send images only")
+        self.check_kind(media)
         import ctypes
 
         buf = (ctypes.c_uint8 * len(media.data)).from_buffer_copy(media.data)

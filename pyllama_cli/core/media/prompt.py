@@ -16,7 +16,7 @@ from typing import Any
 
 from ...errors import InputError, PyllamaError
 from .check import Media
-from .projector import Projector, media_id
+from .projector import Projector
 from .settings import MEDIA_MARKER
 
 
@@ -31,9 +31,10 @@ def with_markers(text: str, n_media: int) -> str:
     return text
 
 
-def placeholder(data: bytes) -> int:
-    """The negative token id that stands for one position of a medium in `MediaPrompt.tokens`."""
-    return -2 - int(media_id(data)[:7], 16)
+def placeholder(content_id: str) -> int:
+    """The negative token id that stands for one position of a medium in `MediaPrompt.tokens`, from the
+    content id (core/media/projector.py's media_id) that libmtmd's chunks of it carry."""
+    return -2 - int(content_id[:7], 16)
 
 
 @dataclass
@@ -65,10 +66,10 @@ class MediaPrompt:
         finally:  # the chunks hold what they need of the images
             for bitmap in bitmaps:
                 lib.mtmd_bitmap_free(bitmap)
-        ids = iter([placeholder(m.data) for m in media])
         for chunk in self.chunks:
-            if chunk.media:
-                self.tokens.extend([next(ids)] * chunk.n_pos)
+            if chunk.media:  # a medium may span several chunks (audio: one per 30 s): each carries its id
+                content_id = (lib.mtmd_input_chunk_get_id(chunk.handle) or b"").decode()
+                self.tokens.extend([placeholder(content_id)] * chunk.n_pos)
                 self.n_media_tokens += chunk.n_pos
             else:
                 self.tokens.extend(self._text_tokens(chunk.handle))
