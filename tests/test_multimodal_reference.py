@@ -29,12 +29,12 @@ def _mtmd_cli() -> Path | None:
 needs_mtmd_cli = pytest.mark.skipif(_mtmd_cli() is None, reason="set LLAMA_CPP_BIN to a folder with llama-mtmd-cli")
 
 
-def theirs(model: Path, projector: Path, image: Path) -> tuple[str, int]:
+def theirs(model: Path, projector: Path, image: Path, prompt: str = QUESTION) -> tuple[str, int]:
     """llama-mtmd-cli's text and the prompt tokens its perf line counts. Its log thread sometimes loses the
     end of the log at exit, so it runs again (at most 4 times) until the perf line is there."""
     for _ in range(4):
         proc = subprocess.run([str(_mtmd_cli()), "-m", str(model), "--mmproj", str(projector), "--image",
-                               str(image), "-p", QUESTION, "-n", "8", "--temp", "0", "-c", "512", "-lv", "4"],
+                               str(image), "-p", prompt, "-n", "8", "--temp", "0", "-c", "512", "-lv", "4"],
                               capture_output=True, timeout=120, check=False)
         log = proc.stderr.decode(errors="replace")
         assert proc.returncode == 0, log[-2000:]
