@@ -13,6 +13,7 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.fixtures.make_gguf import TINY_QWEN2VL, write_llama_gguf
@@ -47,6 +48,17 @@ def ours(qwen: tuple[Path, Path], image: Path, prompt: str = QUESTION, *flags: s
                      "-p", prompt, "-n", "8", "--temp", "0", "-c", "512", "--json", *flags)
     assert result.exit_code == 0, result.stderr
     return result.stdout, int(re.search(r'"prompt_tokens": (\d+)', result.stderr).group(1))
+
+
+def test_cells_count_each_embedding_and_never_part_of_an_image() -> None:
+    """5 text tokens, a 6 x 3 image (6 positions, 18 cells), 4 text tokens: the cells before a position."""
+    from pyllama_cli.core.media.prompt import MediaPrompt, _Chunk
+
+    prompt = MediaPrompt.__new__(MediaPrompt)  # the chunks as libmtmd would give them, without a projector
+    prompt._chunks, prompt.tokens = None, [0] * 15
+    prompt.chunks = [_Chunk(None, 0, 5, 5, False), _Chunk(None, 5, 6, 18, True), _Chunk(None, 11, 4, 4, False)]
+    assert (prompt.n_cells, prompt.extra_cells) == (27, 12)
+    assert [prompt.cells(p) for p in (0, 3, 5, 8, 11, 13, 15, 17)] == [0, 3, 5, 5, 23, 25, 27, 29]
 
 
 def test_prompt_tokens_count_every_embedding(qwen: tuple[Path, Path], pictures: dict[str, Path]) -> None:
@@ -135,3 +147,16 @@ def test_chat_second_turn_reuses_the_image_as_serve_answers(qwen_server: Server,
                 {"role": "assistant", "content": first}, {"role": "user", "content": "Tell me more."}]
     answer = qwen_server.client().chat.completions.create(model="any", max_tokens=8, temperature=0, messages=messages)
     assert second == answer.choices[0].message.content
+
+
+def test_serve_refuses_a_prompt_whose_cells_overflow(qwen_server: Server, models_dir: Path) -> None:
+    """A 480x272 image is 30 x 17 = 510 embeddings over 30 positions: 558 cells with the chat turn, more
+    than the slot's 512, though its 78 positions would fit."""
+    image = image_bytes(480, 272, "PNG", 7)
+    url = f"data:image/png;base64,{base64.b64encode(image).decode()}"
+    body = {"max_tokens": 4, "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": QUESTION}]}]}
+    response = httpx.post(f"{qwen_server.url}/v1/chat/completions", json=body, timeout=60)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert (error["type"], error["n_prompt_tokens"], error["n_ctx"]) == ("exceed_context_size_error", 558, 512)

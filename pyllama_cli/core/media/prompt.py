@@ -122,8 +122,8 @@ class MediaPrompt:
         for chunk in self.chunks:
             if position >= chunk.start + chunk.n_pos:
                 held += chunk.n_tokens
-            elif position > chunk.start:
-                held += position - chunk.start  # inside a text chunk: a cell a position
+            elif position > chunk.start and not chunk.media:
+                held += position - chunk.start  # inside a text chunk: a cell a position (an image is never cut)
         return held + max(position - len(self.tokens), 0)
 
     def chunk_start(self, position: int) -> int:
