@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ...errors import ContextOverflow, Interrupted, PyllamaError
+from ..media.prompt import context_room, prompt_cells
 from ..model.native import Batch, Context, Model
 from .decide import STOP_CONTEXT, STOP_INTERRUPTED, Turn, reusable_prefix
 from .sampling import Sampler, SamplingSettings
@@ -55,8 +56,8 @@ class Generator:
             )
 
     def prefill(self, prompt: Sequence[int], stop_flag: Callable[[], bool] = lambda: False) -> int:
-        """Evaluate the part of `prompt` not already cached; return how many tokens were reused."""
-        self.check_fits(len(prompt))
+        """Evaluate the part of `prompt` not already cached; return how many positions were reused."""
+        self.check_fits(prompt_cells(self.media, len(prompt)))
         reuse = reusable_prefix(self.cached, prompt)
         if self.media is not None:  # libmtmd evaluates whole chunks: an image is never cut
             reuse = self.media.chunk_start(reuse)
@@ -111,15 +112,16 @@ class Generator:
             after_prefill: called once the prompt is in the KV cache, before the first token is sampled
                 (complete's --prompt-cache saves the state there).
         """
-        stats = self.stats = GenerationStats(n_prompt=len(prompt))
+        stats = self.stats = GenerationStats(n_prompt=prompt_cells(self.media, len(prompt)))
         sampler = Sampler(self.model, sampling)
         sampler.accept_prompt(prompt)
         stats.seed = sampler.settings.seed
-        n_ctx = self.ctx.n_ctx if self.shift_keep is None else 2**62  # a shift makes room: no full context
+        # a shift makes room: no full context; M-RoPE images take more cells than positions
+        n_ctx = context_room(self.media, self.ctx.n_ctx) if self.shift_keep is None else 2**62
         turn = Turn(self.model, max_tokens=max_tokens, stop=stop, n_ctx=n_ctx, stats=stats,
                     ignore_eos=sampler.settings.ignore_eos, grammar=bool(sampler.settings.grammar))
         try:
-            stats.n_cached = self.prefill(prompt, stop_flag)
+            stats.n_cached = prompt_cells(self.media, self.prefill(prompt, stop_flag))
         except BaseException:
             sampler.close()
             stats.stop_reason = STOP_INTERRUPTED

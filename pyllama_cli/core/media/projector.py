@@ -72,12 +72,7 @@ class Projector:
             handle = lib.mtmd_init_from_file(str(path).encode(), model.handle, params)
         if not handle:
             raise _load_error(path, model, errors)
-        projector = cls(path, handle, lib)
-        if lib.mtmd_decode_use_mrope(handle):
-            projector.close()
-            raise ModelLoadError(f"the projector {path.name} needs M-RoPE positions, which pyllama does not "
-                                 "support yet", hint="use llama-mtmd-cli or llama-server for this model")
-        return projector
+        return cls(path, handle, lib)
 
     def close(self) -> None:
         if self.handle:

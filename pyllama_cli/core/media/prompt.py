@@ -5,6 +5,12 @@ markers first when the text has none, as llama-mtmd-cli does. `MediaPrompt.token
 the generator sees it: the text chunks' token ids, and for each media position a negative id made
 from the medium's content, so the prefix of a later prompt with the same image still matches and one
 with another image does not. `evaluate` decodes the chunks from a chunk boundary on.
+
+`tokens` has one entry per position, so a token's index is its position, for models with M-RoPE
+positions too (Qwen2-VL and later: an image of nx x ny embeddings advances the position by
+max(nx, ny), and text after it goes on from there). Their KV cache then holds more cells than the
+prompt has positions: `n_cells` and `cells()` count those, and are what prompt token counts and
+context limits use, as llama-mtmd-cli and llama-server count them.
 """
 
 from __future__ import annotations
@@ -41,7 +47,8 @@ def placeholder(content_id: str) -> int:
 class _Chunk:
     handle: Any
     start: int  # its first position
-    n_pos: int
+    n_pos: int  # the positions it advances (an M-RoPE image: fewer than its tokens)
+    n_tokens: int  # the KV cells it fills
     media: bool
 
 
@@ -70,7 +77,7 @@ class MediaPrompt:
             if chunk.media:  # a medium may span several chunks (audio: one per 30 s): each carries its id
                 content_id = (lib.mtmd_input_chunk_get_id(chunk.handle) or b"").decode()
                 self.tokens.extend([placeholder(content_id)] * chunk.n_pos)
-                self.n_media_tokens += chunk.n_pos
+                self.n_media_tokens += chunk.n_tokens
             else:
                 self.tokens.extend(self._text_tokens(chunk.handle))
 
@@ -89,14 +96,36 @@ class MediaPrompt:
         for i in range(lib.mtmd_input_chunks_size(self._chunks)):
             handle = lib.mtmd_input_chunks_get(self._chunks, i)
             n_pos = int(lib.mtmd_input_chunk_get_n_pos(handle))
+            n_tokens = int(lib.mtmd_input_chunk_get_n_tokens(handle))
             media = lib.mtmd_input_chunk_get_type(handle) != lib.MTMD_INPUT_CHUNK_TYPE_TEXT
-            self.chunks.append(_Chunk(handle, position, n_pos, media))
+            self.chunks.append(_Chunk(handle, position, n_pos, n_tokens, media))
             position += n_pos
 
     def _text_tokens(self, handle: Any) -> list[int]:
         n = ctypes.c_size_t(0)
         pointer = self.lib.mtmd_input_chunk_get_tokens_text(handle, ctypes.byref(n))
         return [int(pointer[i]) for i in range(n.value)]
+
+    @property
+    def n_cells(self) -> int:
+        """The KV cells the whole prompt fills: its tokens, each image's embeddings counted one by one."""
+        return sum(chunk.n_tokens for chunk in self.chunks)
+
+    @property
+    def extra_cells(self) -> int:
+        """How many more cells than positions the prompt takes (M-RoPE images; 0 for other projectors)."""
+        return self.n_cells - len(self.tokens)
+
+    def cells(self, position: int) -> int:
+        """The cells held by the first `position` positions (a chunk's start, a text position, or one past
+        the prompt: generated tokens take one cell each)."""
+        held = 0
+        for chunk in self.chunks:
+            if position >= chunk.start + chunk.n_pos:
+                held += chunk.n_tokens
+            elif position > chunk.start and not chunk.media:
+                held += position - chunk.start  # inside a text chunk: a cell a position (an image is never cut)
+        return held + max(position - len(self.tokens), 0)
 
     def chunk_start(self, position: int) -> int:
         """The start of the chunk that holds `position` (evaluation restarts at a chunk's start)."""
@@ -149,3 +178,15 @@ def prefill_slot(media: MediaPrompt, ctx: Any, seq_id: int, reuse: int) -> int:
     ctx.remove_tokens(seq_id, last, -1)
     media.close()  # its chunks are in the KV cache now
     return last
+
+
+def prompt_cells(media: MediaPrompt | None, n_positions: int) -> int:
+    """The KV cells that the first `n_positions` positions of a prompt fill (the positions themselves
+    without media, or without M-RoPE)."""
+    return n_positions if media is None else media.cells(n_positions)
+
+
+def context_room(media: MediaPrompt | None, n_ctx: int) -> int:
+    """The positions a context of `n_ctx` cells has for this prompt and its answer: fewer than `n_ctx`
+    when M-RoPE images fill more cells than they take positions."""
+    return n_ctx if media is None else n_ctx - media.extra_cells

@@ -33,9 +33,10 @@ from contextlib import AbstractContextManager
 from dataclasses import replace
 from typing import Any
 
-from ...errors import ContextOverflow, InputError, ServerShutdown
+from ...errors import InputError, ServerShutdown
 from ..generate.decide import STOP_INTERRUPTED, Turn, common_prefix
 from ..generate.speculative import SpeculativeSettings, verify
+from ..media.prompt import prompt_cells
 from ..generate.stats import GenerationStats
 from ..text.reasoning import ThinkBudget
 from .arrivals import Arrivals
@@ -47,8 +48,8 @@ from .checkpoints import Checkpoints, open_checkpoints
 from .cut import StepCut, roll_back
 from .post_sampling import post_sampling_prob
 from .lora_sets import LoraTurns
-from .slots import (GENERATING, IDLE, PREFILL, PaddingTrial, Slot, add_slot_tokens, pad_candidate, plan_drafts,
-                    plan_prefill, prefill_media, runs_with)
+from .slots import (GENERATING, IDLE, PREFILL, PaddingTrial, Slot, add_slot_tokens, check_slot_fits, pad_candidate,
+                    plan_drafts, plan_prefill, prefill_media, runs_with)
 
 SlotTask = tuple[int, Callable[[Any, Slot], Any], Future[Any]]  # (slot id, action, its result): on_idle_slot
 Start = tuple[Slot, JobStream, list[int]]  # a request given a slot, to start (slot, stream, prompt)
@@ -326,10 +327,8 @@ class ParallelEngine(Engine):
     def _start(self, slot: Slot, stream: JobStream, prompt: list[int]) -> None:
         from ..generate.sampling import Sampler
 
-        if len(prompt) >= self.n_ctx_slot:
-            raise ContextOverflow(f"the prompt has {len(prompt)} tokens but a slot's context holds {self.n_ctx_slot}",
-                                  hint="shorten the prompt, or restart with a larger -c/--ctx-size or fewer --parallel")
         job: GenerationJob = stream.job  # type: ignore[assignment]
+        n_prompt, n_ctx = check_slot_fits(job.media, len(prompt), self.n_ctx_slot)  # cells, and positions left
         slot.sampler = Sampler(self.model, job.sampling)
         slot.sampler.accept_prompt(prompt)
         lora = self.lora.scales_of(job)  # the slot's cells serve only the adapter set that made them
@@ -348,10 +347,10 @@ class ParallelEngine(Engine):
         slot.cached = prompt[:reuse]
         slot.pending = prompt[reuse:]
         slot.stream, slot.state = stream, PREFILL
-        slot.stats = GenerationStats(n_prompt=len(prompt), n_cached=reuse, seed=slot.sampler.settings.seed,
-                                     id_slot=slot.id)
+        slot.stats = GenerationStats(n_prompt=n_prompt, n_cached=prompt_cells(job.media, reuse),
+                                     seed=slot.sampler.settings.seed, id_slot=slot.id)
         settings = slot.sampler.settings
-        slot.turn = Turn(self.model, max_tokens=job.max_tokens, stop=job.stop, n_ctx=self.n_ctx_slot,
+        slot.turn = Turn(self.model, max_tokens=job.max_tokens, stop=job.stop, n_ctx=n_ctx,
                          ignore_eos=settings.ignore_eos, grammar=bool(settings.grammar), stats=slot.stats)
         slot.budget = None if job.think_budget is None else ThinkBudget(
             job.think_budget, lambda t: self.model.token_to_piece(t, special=False).decode("utf-8", errors="replace"))
@@ -422,7 +421,8 @@ class ParallelEngine(Engine):
         self._stats.n_busy_slots += sum(slot.in_batch for slot in self.slots)
         for slot in self.slots:
             if slot.state == PREFILL and slot.in_batch and slot.job.progress:
-                self._post(slot.stream, Event(progress=(slot.stats.n_prompt, slot.stats.n_cached, len(slot.cached))))
+                done = slot.stats.n_prompt - len(slot.pending)  # in cells: an M-RoPE image has more than positions
+                self._post(slot.stream, Event(progress=(slot.stats.n_prompt, slot.stats.n_cached, done)))
         for slot in self.slots:
             if slot.batch_index < 0 or slot.stream is None:
                 continue

@@ -9,7 +9,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..generate.decide import Turn
+from ...errors import ContextOverflow
 from ..generate.stats import GenerationStats
+from ..media.prompt import context_room, prompt_cells
 from ..text.reasoning import ThinkBudget
 from .jobs import GenerationJob, JobStream
 
@@ -204,6 +206,20 @@ def pad_candidate(slots: list[Slot], padding: PaddingTrial, kv_unified: bool, n_
         return None
     idle = [slot for slot in slots if slot.state == IDLE and len(slot.cached) < n_ctx_slot - 1]
     return min(idle, key=lambda s: runs_with(slots, s, kv_unified)) if idle else None
+
+
+def check_slot_fits(media: Any, n_positions: int, n_ctx_slot: int) -> tuple[int, int]:
+    """The KV cells a prompt of `n_positions` positions fills in a slot, and the positions the slot has for
+    it and its answer (fewer than its cells when M-RoPE images take more cells than positions).
+
+    Raises:
+        ContextOverflow: the prompt does not fit a slot.
+    """
+    n_prompt = prompt_cells(media, n_positions)
+    if n_prompt >= n_ctx_slot:
+        raise ContextOverflow(f"the prompt has {n_prompt} tokens but a slot's context holds {n_ctx_slot}",
+                              hint="shorten the prompt, or restart with a larger -c/--ctx-size or fewer --parallel")
+    return n_prompt, context_room(media, n_ctx_slot)
 
 
 def prefill_media(slots: list[Slot], ctx: Any, fail: Callable[[Slot, Exception], None]) -> None:

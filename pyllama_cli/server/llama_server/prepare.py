@@ -51,7 +51,7 @@ def _jobs(engine: Engine, settings: ServerSettings, req: NativeFields, prompts: 
         requested = settings.n_predict
     stop = rules.stops(req.stop, settings)
     jobs = [GenerationJob(prompt=tuple(_ids(p)), sampling=sampling, stop=stop,
-                          max_tokens=rules.budget(requested, len(_ids(p)), engine, settings, "prompt"),
+                          max_tokens=rules.budget(requested, _n_cells(p), engine, settings, "prompt"),
                           n_probs=req.n_probs if req.n_probs > 0 else -1, id_slot=req.id_slot,
                           cache_prompt=req.cache_prompt, progress=req.return_progress,
                           post_sampling=req.post_sampling_probs, lora=rules.job_lora(engine, req.lora),
@@ -63,6 +63,12 @@ def _jobs(engine: Engine, settings: ServerSettings, req: NativeFields, prompts: 
 def _ids(prompt: Any) -> list[int]:
     """A prompt's token ids: a list of them, or a MediaPrompt's (images as placeholder ids)."""
     return prompt if isinstance(prompt, list) else prompt.tokens
+
+
+def _n_cells(prompt: Any) -> int:
+    """The KV cells a prompt fills: its ids, or a MediaPrompt's cells (an M-RoPE image takes more cells
+    than positions)."""
+    return len(prompt) if isinstance(prompt, list) else prompt.n_cells
 
 
 def _bias_as_pairs(req: NativeFields) -> NativeFields:

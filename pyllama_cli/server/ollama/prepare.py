@@ -132,7 +132,7 @@ def _generate_with_images(engine: Engine, settings: ServerSettings, req: Generat
     job, completion = _completion_job(engine, settings, req, text)
     prompt = media_prompt_of(engine, text, media, settings, param="images")
     try:
-        budget = rules.budget(rules.requested_tokens(completion), len(prompt.tokens), engine, settings, "prompt")
+        budget = rules.budget(rules.requested_tokens(completion), prompt.n_cells, engine, settings, "prompt")
         job = replace(job, prompt=tuple(prompt.tokens), media=prompt, max_tokens=budget)
     except APIError:
         prompt.close()

@@ -172,7 +172,7 @@ def prompt_token_count(engine: Any, prompt: str, media: list[Media], settings: S
         return len(engine.tokenize(prompt, add_special=True, parse_special=True))
     prepared = media_prompt_of(engine, prompt, media, settings, param)
     try:
-        return len(prepared.tokens)
+        return prepared.n_cells  # an M-RoPE image's embeddings all count, though they take fewer positions
     finally:
         prepared.close()
 

@@ -64,7 +64,8 @@ def prepare_chat(engine: Engine, settings: ServerSettings, req: ChatCompletionRe
     thinking, budget_spec = plan_reasoning(engine, settings, prompt, think_budget, grammar)
     job = GenerationJob(
         prompt=tuple(ids), sampling=rules.sampling(req, settings, grammar, engine),
-        max_tokens=rules.budget(requested, len(ids), engine, settings, "messages"), stop=rules.stops(req.stop, settings),
+        max_tokens=rules.budget(requested, len(ids) if media_prompt is None else media_prompt.n_cells, engine, settings,
+                                "messages"), stop=rules.stops(req.stop, settings),
         n_probs=(req.top_logprobs or 0) if req.logprobs else -1, id_slot=req.id_slot, cache_prompt=req.cache_prompt,
         progress=req.return_progress, think_budget=budget_spec, lora=rules.job_lora(engine, req.lora),
         user_starts=engine.user_starts(ids, settings.chat_template),
