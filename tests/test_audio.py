@@ -229,7 +229,8 @@ def test_image_to_an_audio_projector_is_a_400(hearing: Server, images: dict[str,
 
 
 @pytest.mark.parametrize(("kind", "message"), [
-    ("text", "messages[0].content[0] is not an image or audio format that can be read (it starts with b'hello wo')"),
+    ("text", "messages[0].content[0] is not an image or audio format that can be read (it starts with b'hello wo'); "
+             "send a PNG, JPEG, GIF or BMP image, or a WAV, MP3 or FLAC clip"),
     ("cut", "messages[0].content[0] could not be decoded as a WAV audio"),
 ])
 def test_input_audio_that_is_not_audio_is_a_400(hearing: Server, clips: dict[str, Path], kind: str,
