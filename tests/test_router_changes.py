@@ -83,14 +83,14 @@ def delete_model(server: Server, name: str | None) -> httpx.Response:
     return httpx.delete(f"{server.url}/models", params={"model": name} if name is not None else None, timeout=60)
 
 
-def test_post_models_downloads_and_serves_it_by_its_name(router: Server, tiny_model: Path) -> None:
+def test_post_models_downloads_and_serves_it_by_its_name(router: Server, hub: FakeHub, tiny_model: Path) -> None:
     events = Events(router.url)
     assert post_model(router, F32).json() == {"success": True}
     seen = events.wait(F32, "download_finished")
     size = tiny_model.stat().st_size
     assert seen[0] == {"model": F32, "event": "model_status", "data": {"status": "downloading"}}
     assert seen[-1] == {"model": F32, "event": "download_finished"}
-    progress = [e["data"]["progress"]["tiny-F32.gguf"] for e in seen[1:-1]]
+    progress = [e["data"]["progress"][f"{hub.url}/org/tiny-GGUF/resolve/main/tiny-F32.gguf"] for e in seen[1:-1]]
     assert [e["event"] for e in seen[1:-1]] == ["download_progress"] * len(progress)
     assert progress[0] == {"done": 0, "total": size} and progress[-1] == {"done": size, "total": size}
     card = cards(router)[F32]

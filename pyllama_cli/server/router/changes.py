@@ -10,8 +10,8 @@ Only a model from the cache can be removed: a -m file, a --models-dir model or a
 `model = PATH` is the user's own and is never deleted.
 
 /models/sse streams each change as `data: {"model": NAME, "event": EVENT, "data": {...}}`; the events
-are model_status (`{"status": "downloading"}`), download_progress (`{"progress": {FILE: {"done",
-"total"}}}`), download_finished, download_failed (`{"error": MESSAGE}`) and model_remove.
+are model_status (`{"status": "downloading"}`), download_progress (`{"progress": {URL: {"done",
+"total"}}}`, per file), download_finished, download_failed (`{"error": MESSAGE}`) and model_remove.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ class ModelChanges:
         self.router = router
         self.additions = additions
         self.events = ModelEvents()
-        self.downloading: dict[str, dict[str, dict[str, int]]] = {}  # name -> file -> done, total
+        self.downloading: dict[str, dict[str, dict[str, int]]] = {}  # name -> file's URL -> done, total
 
     async def add(self, name: str) -> None:
         """Check `name` on the Hub and start its download.
@@ -213,9 +213,12 @@ def _with_hint(exc: PyllamaError) -> str:
 
 
 def _download(request: ModelRequest, progress: Callable[[str, int, int], None]) -> ResolvedModel:
-    from ...core.model.resolve import resolve_model
+    """The model downloaded as -hf downloads it; each file's progress reported by its URL (as llama-server's)."""
+    from ...core.model.resolve import hub_file_url, parse_hf_spec, resolve_model
 
-    return resolve_model(request, tqdm_class=_progress_class(progress))
+    repo, _ = parse_hf_spec(request.hf_repo or "")
+    return resolve_model(request, tqdm_class=_progress_class(
+        lambda file, done, total: progress(hub_file_url(repo, file), done, total)))
 
 
 def _progress_class(progress: Callable[[str, int, int], None]) -> type:
