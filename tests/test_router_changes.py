@@ -133,6 +133,8 @@ def test_a_model_downloading_is_listed_and_waited_for(router: Server, hub: FakeH
         card = cards(router)[Q8]
         assert (card["status"], card["source"], card["can_remove"]) == ({"value": "downloading"}, "cache", False)
         assert error(post_model(router, Q8))[1]["code"] == "model_exists"
+        tags = httpx.get(f"{router.url}/api/tags", timeout=30)  # ollama's list: served models only
+        assert tags.status_code == 200 and Q8 not in {m["name"] for m in tags.json()["models"]}
         chat = httpx.post(f"{router.url}/v1/chat/completions", json={"model": Q8, "messages": HELLO}, timeout=30)
         assert error(chat) == (503, {"message": f"the model {Q8!r} is still downloading",
                                      "type": "unavailable_error", "param": "model", "code": "model_downloading"})

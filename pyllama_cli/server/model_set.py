@@ -71,6 +71,10 @@ class ModelSet(ABC):
     async def unload(self, model_id: str) -> None:
         """POST /models/unload: unload the model (once its running requests end)."""
 
+    def pending(self) -> list[dict[str, Any]]:
+        """/v1/models' entries of models not served yet (a router's downloads: status `downloading`)."""
+        return []
+
     async def add(self, name: str) -> None:
         """POST /models: download a model from the Hugging Face Hub and serve it (router mode)."""
         raise _not_router("add models")

@@ -112,7 +112,10 @@ class Router(ModelSet):
                               engine=m.engine if m.state == LOADED else None, idle_s=m.idle_seconds(),
                               error=m.error if m.state == FAILED else None),
                  "source": m.config.source, "can_remove": m.config.source == REMOVABLE}
-                for m in self.pool.models.values()] + self.changes.cards()
+                for m in self.pool.models.values()]
+
+    def pending(self) -> list[dict[str, Any]]:
+        return self.changes.cards()
 
     async def add(self, name: str) -> None:
         await self.changes.add(name)
