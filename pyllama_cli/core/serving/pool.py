@@ -164,12 +164,18 @@ class EnginePool:
         self._notify()
 
     async def remove(self, model_id: str) -> PoolModel:
-        """Unload the model (once its requests end) and forget it; no request can load it afterwards."""
+        """Unload the model (once its requests end) and forget it; no request can load it afterwards.
+
+        Raises:
+            KeyError: no such model (or another call removed it while this one waited).
+        """
         model = self.models[model_id]
         # A request arriving while it unloads may load it again: unload until it stays unloaded.
         while model.state in (LOADED, LOADING) or model.leases > 0 or model._closing is not None:
             if not await self.unload(model_id):
                 await self._wait_change()
+        if self.models.get(model_id) is not model:
+            raise KeyError(model_id)  # removed meanwhile, by another call
         del self.models[model_id]
         self._notify()
         return model

@@ -172,7 +172,11 @@ class ModelChanges:
             raise APIError(400, f"the model {model.id!r} is not removable: it is {_SOURCES.get(source, source)}, "
                            "and this server deletes only models of the Hugging Face cache", param="model",
                            code="model_not_removable")
-        await self.router.forget(model.id)
+        try:
+            await self.router.forget(model.id)
+        except KeyError:  # a DELETE of the same model that came first
+            raise APIError(404, f"the model {name!r} is not served here", param="model",
+                           code="model_not_found") from None
         kept = {part for other in self.router.pool.models.values() for part in other.parts}
         if not kept & set(model.parts):  # the same file served under another name stays
             await asyncio.to_thread(_delete, model)
