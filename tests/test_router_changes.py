@@ -103,6 +103,7 @@ def test_post_models_downloads_and_serves_it_by_its_name(router: Server, hub: Fa
     answer = httpx.post(f"{router.url}/v1/chat/completions", timeout=60,
                         json={"model": F32, "messages": HELLO, "max_tokens": 2})
     assert (answer.status_code, answer.json()["model"]) == (200, F32)
+    assert f"POST /models 200 model={F32} " in router.stderr  # the access log names the model
 
 
 def test_post_models_errors(router: Server) -> None:

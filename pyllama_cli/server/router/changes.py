@@ -29,6 +29,7 @@ from ...core.serving.pool import EnginePool, PoolModel
 from ...errors import HubError, ModelNotFound, OfflineMiss, PyllamaError, QuantNotFound, UsageError
 from ..cards import OWNER
 from ..errors import APIError
+from ..http.access_log import note_model
 
 REMOVABLE = "cache"  # the source of the models DELETE /models may delete (llama-server's word)
 PROGRESS_EVERY_S = 0.1  # download_progress events per file, at most this often
@@ -103,6 +104,7 @@ class ModelChanges:
         """
         if not name:
             raise APIError(400, "model must be a non-empty string", param="model", code="invalid_value")
+        note_model(name)
         if self.additions is None:
             raise APIError(400, "this server cannot download models", code="not_supported")
         self._refuse_taken(name)
@@ -161,6 +163,7 @@ class ModelChanges:
         """
         if not name:
             raise APIError(400, "model must be a non-empty string", param="model", code="invalid_value")
+        note_model(name)
         if name in self.downloading:
             raise APIError(409, f"the model {name!r} is still downloading: remove it once it is listed as unloaded",
                            param="model", code="model_downloading")
