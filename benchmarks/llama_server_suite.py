@@ -5,8 +5,9 @@ external mode (DEBUG_EXTERNAL=1 PORT=N) it runs against a server already listeni
 starts each server on the same tiny synthetic llama with the flags each file's ServerPreset gives
 llama-server (_suite_setups.py: the `tinyllama2` preset by default, an embedding server, the tiny
 reranker, a LoRA adapter, a draft model, --metrics, --sleep-idle-seconds, a router over the model names
-test_router.py asks for, Vertex AI's AIP_MODE...), runs the files against it, and prints the tests each
-passes, a per-file table for both servers and the tests only llama-server passes.
+test_router.py asks for, downloading from a fake Hub on 127.0.0.1, Vertex AI's AIP_MODE...), runs the
+files against it, and prints the tests each passes, a per-file table for both servers and the tests only
+llama-server passes.
 
 Files whose tests each need a fresh server (counters from zero, a model that sleeps, a router that
 loads) get one per test; tests that set flags of their own (per_test) get theirs.
@@ -39,6 +40,8 @@ import sys
 import tarfile
 import tempfile
 import xml.etree.ElementTree as ET
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import _common as common
@@ -54,6 +57,8 @@ ROUTER_MODEL = "ggml-org/tinygemma3-GGUF:Q8_0"
 # The others test_router.py's eviction and queue tests name (each the tiny llama here).
 ROUTER_MODELS = (ROUTER_MODEL, "ggml-org/test-model-stories260K:F32", "ggml-org/test-model-stories260K-infill:F32")
 ROUTER_FLAGS = ["-b", "16", "-n", "16", "--seed", "42"]
+# The model test_router.py's POST /models and DELETE /models tests download (from download_hub()).
+DOWNLOAD_MODEL = "ggml-org/test-model-router-download:F16"
 
 
 def suite_dir(src: Path | None) -> Path:
@@ -189,18 +194,41 @@ def collect(tests: Path, work: Path, select: str | None, files: tuple[str, ...])
 
 
 def run_routers(commands: dict[str, list[str]], tests: Path, work: Path, select: str | None,
-                files: tuple[str, ...], setup: Setup | None = None) -> dict[str, dict[str, str]]:
-    """Each test of FILES against a fresh router of each server (with the flags setup.per_test gives it)."""
+                files: tuple[str, ...], setup: Setup | None = None,
+                hub_url: str | None = None) -> dict[str, dict[str, str]]:
+    """Each test of FILES against a fresh router of each server (with the flags setup.per_test gives it);
+    with `hub_url`, each server downloads from that Hub into a cache of its own (kept across its tests)."""
     test_ids = collect(tests, work, select, files)
     results: dict[str, dict[str, str]] = {}
     for name, cmd in commands.items():
         results[name] = {}
+        env = hub_env(hub_url, work / f"hf-{name}") if hub_url else None
         for number, test_id in enumerate(test_ids):
             port = common.free_port()
             extra = flags_for(setup, test_id) if setup else ()
             results[name].update(serve_and_run(f"{name}-router-{number}", [*cmd, *extra, "--port", str(port)],
-                                               port, tests, work, None, (test_id,)))
+                                               port, tests, work, None, (test_id,), env))
     return results
+
+
+@contextmanager
+def download_hub() -> Iterator[str]:
+    """A fake Hugging Face Hub on 127.0.0.1 (tests/fixtures/fake_hf.py) with the repo test_router.py's
+    POST /models and DELETE /models tests download, the tiny llama as its F16: both servers honour
+    HF_ENDPOINT, so those tests need no network."""
+    from tests.fixtures.fake_hf import FakeHub
+
+    with FakeHub() as hub:
+        repo = DOWNLOAD_MODEL.split(":")[0]
+        hub.add_repo(repo, {f"{repo.split('/')[1]}-F16.gguf": suite_model()})
+        yield hub.url
+
+
+def hub_env(url: str, home: Path) -> dict[str, str]:
+    """Both servers' Hub and cache: llama-server reads LLAMA_CACHE first, pyllama HF_HUB_CACHE."""
+    cache = str(home / "hub")
+    return {"HF_ENDPOINT": url, "MODEL_ENDPOINT": url, "HF_HOME": str(home), "HF_HUB_CACHE": cache,
+            "LLAMA_CACHE": cache}
 
 
 def main() -> None:
@@ -249,9 +277,10 @@ def run_files(files: tuple[str, ...], tests: Path, work: Path, select: str | Non
     for file in files:
         setup = setup_of(file)
         if setup.router:
-            for name, got in run_routers(router_commands(suite_model(), work, llama_cpp_bin), tests, work, select,
-                                         (file,), setup).items():
-                results.setdefault(name, {}).update(got)
+            with download_hub() as hub_url:
+                for name, got in run_routers(router_commands(suite_model(), work, llama_cpp_bin), tests, work,
+                                             select, (file,), setup, hub_url).items():
+                    results.setdefault(name, {}).update(got)
         elif setup.fresh or setup.per_test:  # a server per test; or per test with flags of its own
             ids = collect(tests, work, select, (file,))
             own = ids if setup.fresh else [t for t in ids if flags_for(setup, t) is not setup.flags]

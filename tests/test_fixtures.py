@@ -170,6 +170,13 @@ def test_listing_and_model_info(hub: FakeHub) -> None:
     assert {s.rfilename: s.size for s in info.siblings} == {"README.md": 7, "sub/a.txt": 1, "tiny.gguf": 10}
 
 
+def test_refs_name_the_branch_and_its_commit(hub: FakeHub) -> None:
+    """llama.cpp's -hf asks a repo's refs first (llama_server_suite.py runs llama-server against the fake Hub)."""
+    refs = httpx.get(f"{hub.url}/api/models/org/tiny-GGUF/refs", timeout=10).json()
+    assert refs["branches"] == [{"name": "main", "ref": "refs/heads/main", "targetCommit": FAKE_COMMIT}]
+    assert httpx.get(f"{hub.url}/api/models/org/missing/refs", timeout=10).status_code == 404
+
+
 def test_download_then_cache_hit(hub: FakeHub, tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     path = hf_hub_download("org/tiny-GGUF", "tiny.gguf", endpoint=hub.url, cache_dir=cache, token=False)

@@ -68,6 +68,7 @@ SURROGATE_BODIES = {
     "/render": f'{{"text": {LONE}}}',
     "/slots/0?action=save": f'{{"filename": {LONE}}}',
     "/models/load": f'{{"model": {LONE}}}',
+    "/models": f'{{"model": {LONE}}}',
 }
 
 

@@ -161,7 +161,9 @@ def test_anthropic_messages_may_be_empty(server: Server) -> None:
     assert (missing.status_code, missing.json()["error"]["type"]) == (400, "invalid_request_error")
 
 
-def test_an_image_inside_a_tool_result_is_refused_not_dropped(server: Server) -> None:
+def test_an_image_inside_a_tool_result_is_refused_by_a_text_model(server: Server) -> None:
+    """The image becomes an image part of the tool message (llama-server's conversion), which a model
+    without a projector refuses as it refuses a user's image: never dropped unseen."""
     image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
     messages = [{"role": "user", "content": "look"},
                 {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "shot", "input": {}}]},
@@ -171,8 +173,16 @@ def test_an_image_inside_a_tool_result_is_refused_not_dropped(server: Server) ->
                           timeout=60)
     assert response.status_code == 400
     error = response.json()["error"]
-    assert error["message"] == ("messages[2].content[0].content[1]: a tool result cannot hold a block of type "
-                                "'image' here (this server takes text)")
+    assert error["message"] == ("messages[2]: content parts of type 'image_url' are not supported: this model "
+                                "cannot see images or hear audio: the server has no multimodal projector "
+                                "(start it with --mmproj)")
+    document = {"type": "document", "source": {"type": "text", "data": "x"}}
+    messages[2]["content"][0]["content"] = [document]
+    response = httpx.post(f"{server.url}/v1/messages", json={"model": "x", "max_tokens": 2, "messages": messages},
+                          timeout=60)
+    assert (response.status_code, response.json()["error"]["message"]) == (
+        400, "messages[2].content[0].content[0]: a tool result cannot hold a block of type 'document' here "
+             "(this server takes text and image)")
 
 
 def _responses_events(server: Server, **fields: object) -> list[dict]:

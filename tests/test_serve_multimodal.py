@@ -320,3 +320,36 @@ def test_audio_to_an_image_projector_is_a_400(vision: Server, clips: dict[str, P
     error = caught.value.body
     assert (error["message"], error["type"]) == ("the projector mmproj-tiny.gguf does not take audio",
                                                  "invalid_request_error")
+
+
+def test_an_image_in_a_tool_result_reaches_the_model(vision: Server, images: dict[str, Path]) -> None:  # noqa: F811
+    """An Anthropic tool_result holding an image is a tool message with an image part, as llama-server
+    converts it: the rendered prompt carries the marker, the count has its 16 tokens, and the greedy answer
+    is /completion's for that prompt and image."""
+    data = base64.b64encode(images["jpeg"].read_bytes()).decode()
+    result = [{"type": "text", "text": "File: shot.jpeg"},
+              {"type": "image", "source": {"type": "base64", "media_type": "image/jpeg", "data": data}}]
+    messages = [{"role": "user", "content": QUESTION},
+                {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "read", "input": {}}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": result}]}]
+    body = {"model": "any", "max_tokens": 8, "temperature": 0, "messages": messages}
+    answer = httpx.post(f"{vision.url}/v1/messages", json=body, timeout=60)
+    assert answer.status_code == 200, answer.text
+    counted = httpx.post(f"{vision.url}/v1/messages/count_tokens", json={"model": "any", "messages": messages},
+                         timeout=30).json()["input_tokens"]
+    without = [*messages[:2], {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                                                            "content": result[:1]}]}]
+    assert counted - httpx.post(f"{vision.url}/v1/messages/count_tokens", json={"model": "any", "messages": without},
+                                timeout=30).json()["input_tokens"] == 16  # the image's tokens
+    openai_form = [{"role": "user", "content": QUESTION},
+                   {"role": "assistant", "content": "", "tool_calls": [
+                       {"id": "t1", "type": "function", "function": {"name": "read", "arguments": "{}"}}]},
+                   {"role": "tool", "tool_call_id": "t1", "content": [
+                       {"type": "text", "text": "File: shot.jpeg"},
+                       {"type": "image_url", "image_url": {"url": f"data:image/jpeg;base64,{data}"}}]}]
+    prompt = httpx.post(f"{vision.url}/apply-template", json={"messages": openai_form}, timeout=30).json()["prompt"]
+    assert "File: shot.jpeg<__media__>" in prompt
+    raw = httpx.post(f"{vision.url}/completion", timeout=60, json={
+        "prompt": {"prompt_string": prompt, "multimodal_data": [data]}, "n_predict": 8, "temperature": 0}).json()
+    assert answer.json()["content"][0]["text"] == raw["content"]
+    assert counted == raw["tokens_evaluated"]

@@ -172,7 +172,7 @@ def _serve_router(ctx: typer.Context, model: ModelRequests, load: LoadSettings, 
     models, preload = router_models(found, load, settings, options)
     _add_rpc_servers(load)
     socks = server.listen_for(host, port, settings)
-    serve_router(socks, models, preload, settings, options, settings.verbose)
+    serve_router(socks, models, preload, settings, options, settings.verbose, load=load, named=model)
 
 
 def _names(text: str | None) -> tuple[str, ...]:

@@ -5,7 +5,8 @@ state, so several apps can live in one process. Each API family is a package wit
 `add_routes(app, models)`: openai/ (chat, completions, embeddings, models), llama_server/ (its native
 API), anthropic/ (Messages), responses_api/ (OpenAI's Responses), tools/ (llama-server's built-in tools), ollama/ (ollama's API) and webui/
 (the chat page). Their generation routes all take spine.py's path; the server's own routes (/health,
-/metrics, /models/load and /models/unload) are here.
+/metrics, /models/load and /models/unload, and the router's POST /models, DELETE /models and
+/models/sse) are here.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from contextlib import asynccontextmanager
 from typing import Any, Literal
 
 from fastapi import FastAPI, Request
-from fastapi.responses import PlainTextResponse
+from fastapi.responses import PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
@@ -136,6 +137,26 @@ def _add_server_routes(app: FastAPI, models: ModelSet) -> None:
         """Load a model now (router mode; waits until it is loaded)."""
         await models.load(body.model)
         return {"success": True}
+
+    @app.post("/models", responses=OPENAPI_ERRORS, tags=["Server"])
+    async def add_model(body: ModelLoadRequest) -> Any:
+        """Download a model (`user/repo[:QUANT]`) from the Hugging Face Hub and serve it (router mode;
+        answers at once, the download goes on: watch GET /models or /models/sse)."""
+        await models.add(body.model)
+        return {"success": True}
+
+    @app.delete("/models", responses=OPENAPI_ERRORS, tags=["Server"])
+    async def remove_model(model: str = "") -> Any:
+        """Stop serving `?model=` and delete its files from the Hugging Face cache (router mode; only
+        models from the cache)."""
+        await models.remove(model)
+        return {"success": True}
+
+    @app.get("/models/sse", tags=["Server"])
+    async def model_events() -> Any:
+        """Server-sent events of models downloaded and removed (router mode)."""
+        events = models.model_events()
+        return StreamingResponse(events.stream(events.subscribe()), media_type="text/event-stream")
 
     @app.post("/models/unload", responses=OPENAPI_ERRORS, tags=["Server"])
     async def unload_model(body: ModelLoadRequest) -> Any:

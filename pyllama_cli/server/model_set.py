@@ -71,6 +71,22 @@ class ModelSet(ABC):
     async def unload(self, model_id: str) -> None:
         """POST /models/unload: unload the model (once its running requests end)."""
 
+    def pending(self) -> list[dict[str, Any]]:
+        """/v1/models' entries of models not served yet (a router's downloads: status `downloading`)."""
+        return []
+
+    async def add(self, name: str) -> None:
+        """POST /models: download a model from the Hugging Face Hub and serve it (router mode)."""
+        raise _not_router("add models")
+
+    async def remove(self, name: str) -> None:
+        """DELETE /models: stop serving a model and delete its downloaded files (router mode)."""
+        raise _not_router("remove models")
+
+    def model_events(self) -> Any:
+        """GET /models/sse: the router's ModelEvents (router/changes.py)."""
+        raise _not_router("stream model events")
+
     def engines(self) -> list[tuple[str | None, Engine]]:
         """The loaded engines for /metrics, each with its model label (None: no label, one model)."""
         return [(None, served.engine) for served in self.served()]
@@ -151,3 +167,8 @@ def file_size(path: Path) -> int:
 
     parts = [path.with_name(name) for name in split_part_names(path.name)]
     return sum(p.stat().st_size for p in parts if p.exists())
+
+
+def _not_router(what: str) -> APIError:
+    return APIError(400, f"this server serves one model and cannot {what}: start it in router mode "
+                    "(several models, --models-dir, or no model at all)", code="not_router")

@@ -326,6 +326,11 @@ def _hub_endpoint() -> str | None:
     return os.environ.get("HF_ENDPOINT") or None
 
 
+def hub_file_url(repo: str, filename: str) -> str:
+    """The address a file of a repo's main branch downloads from (HF_ENDPOINT's, else the Hub's)."""
+    return f"{_hub_endpoint() or 'https://huggingface.co'}/{repo}/resolve/main/{filename}"
+
+
 def _token(explicit: str | None) -> str | None:
     return explicit or os.environ.get("HF_TOKEN") or None
 

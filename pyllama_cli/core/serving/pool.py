@@ -158,6 +158,28 @@ class EnginePool:
             await asyncio.shield(model._closing)
         return True
 
+    def add(self, model: PoolModel) -> None:
+        """Serve one more model (a router's POST /models), unloaded until its first request."""
+        self.models[model.id] = model
+        self._notify()
+
+    async def remove(self, model_id: str) -> PoolModel:
+        """Unload the model (once its requests end) and forget it; no request can load it afterwards.
+
+        Raises:
+            KeyError: no such model (or another call removed it while this one waited).
+        """
+        model = self.models[model_id]
+        # A request arriving while it unloads may load it again: unload until it stays unloaded.
+        while model.state in (LOADED, LOADING) or model.leases > 0 or model._closing is not None:
+            if not await self.unload(model_id):
+                await self._wait_change()
+        if self.models.get(model_id) is not model:
+            raise KeyError(model_id)  # removed meanwhile, by another call
+        del self.models[model_id]
+        self._notify()
+        return model
+
     # ---------------------------------------------------------------- life
 
     def start(self) -> None:
@@ -189,6 +211,8 @@ class EnginePool:
     async def _loaded_model(self, model_id: str, *, retry_failed: bool) -> PoolModel:
         model = self.models[model_id]
         while True:
+            if self.models.get(model_id) is not model:  # removed while this request waited
+                raise LookupError(f"the model {model_id!r} was removed from this server")
             if model._closing is not None:
                 await asyncio.shield(model._closing)
             elif model.state == LOADED:

@@ -81,7 +81,7 @@ def _turn(message: MessageParam, index: int) -> list[dict[str, Any]]:
             calls.append({"id": block.id, "type": "function",
                           "function": {"name": block.name or "", "arguments": json.dumps(block.input or {})}})
         elif block.type == "tool_result" and message.role == "user":
-            results.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": _result_text(block, where)})
+            results.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": _result_content(block, where)})
         else:
             raise APIError(400, f"{where}: a {message.role} message cannot hold a block of type {block.type!r} "
                            "here (this server takes text, image, thinking, tool_use and tool_result)",
@@ -130,15 +130,24 @@ def _image_url(source: dict[str, Any], where: str) -> str:
     raise APIError(400, f"{where}.source: an image's source must be base64 data or a url", param=f"{where}.source")
 
 
-def _result_text(block: ContentBlock, where: str) -> str:
-    """A tool result's text; a block of another kind (an image) is refused, never dropped unseen."""
+def _result_content(block: ContentBlock, where: str) -> str | list[dict[str, Any]]:
+    """A tool result's content: its text, or text and image parts when it holds images (a text-only model
+    refuses those later, as it refuses a user's image); a block of another kind is refused, never dropped."""
     if not isinstance(block.content, list):
         return block.content or ""
+    parts: list[dict[str, Any]] = []
     for k, inner in enumerate(block.content):
-        if inner.type != "text":
+        if inner.type == "text":
+            parts.append({"type": "text", "text": inner.text or ""})
+        elif inner.type == "image":
+            url = _image_url(inner.source or {}, f"{where}.content[{k}]")
+            parts.append({"type": "image_url", "image_url": {"url": url}})
+        else:
             raise APIError(400, f"{where}.content[{k}]: a tool result cannot hold a block of type {inner.type!r} "
-                           "here (this server takes text)", param=f"{where}.content[{k}].type")
-    return "".join(b.text or "" for b in block.content)
+                           "here (this server takes text and image)", param=f"{where}.content[{k}].type")
+    if all(part["type"] == "text" for part in parts):
+        return "".join(part["text"] for part in parts)
+    return parts
 
 
 def _tool(tool: Any, index: int) -> dict[str, Any]:

@@ -83,7 +83,7 @@ def add_routes(app: FastAPI, models: ModelSet) -> None:
     async def list_models() -> Any:
         """The models this server serves."""
         # As built, not through the response model: fields a model lacks (runtime, error) are left out, not null.
-        return JSONResponse({"object": "list", "data": models.cards()})
+        return JSONResponse({"object": "list", "data": models.cards() + models.pending()})
 
     @app.get("/v1/models/{model_id:path}", response_model=ModelCard, responses=OPENAPI_ERRORS, tags=["OpenAI"])
     async def get_model(model_id: str) -> Any:

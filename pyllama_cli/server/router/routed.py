@@ -22,6 +22,7 @@ from ..http.leases import hold
 from ..metrics import label_pair
 from ..model_set import ModelSet, ServedModel
 from ..settings import ServerSettings
+from .changes import REMOVABLE, Additions, ModelChanges
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,7 @@ class RoutedConfig:
 
     settings: ServerSettings
     aliases: tuple[str, ...] = ()
+    source: str = "file"  # where it was found: file (-m), models_dir, preset, cache (-hf, the HF cache, POST /models)
 
 
 class Router(ModelSet):
@@ -37,7 +39,7 @@ class Router(ModelSet):
 
     router = True
 
-    def __init__(self, pool: EnginePool, preload: tuple[str, ...] = ()):
+    def __init__(self, pool: EnginePool, preload: tuple[str, ...] = (), additions: Additions | None = None):
         self.pool = pool
         self.preload = preload
         self._names: dict[str, str] = {}
@@ -48,6 +50,7 @@ class Router(ModelSet):
         # GET /props' body of a loaded model (set by that route); kept per model for while it sleeps
         self.describe: Callable[[ServedModel], dict[str, Any]] | None = None
         self._described: dict[str, dict[str, Any]] = {}
+        self.changes = ModelChanges(self, additions)  # POST and DELETE /models (changes.py)
 
     def start(self) -> None:
         self.pool.start()
@@ -105,10 +108,41 @@ class Router(ModelSet):
                 yield ServedModel(model.engine, model.config.settings)
 
     def cards(self) -> list[dict[str, Any]]:
-        return [model_card(m.id, m.path, m.size, status=m.state, aliases=m.config.aliases,
-                           engine=m.engine if m.state == LOADED else None, idle_s=m.idle_seconds(),
-                           error=m.error if m.state == FAILED else None)
+        return [{**model_card(m.id, m.path, m.size, status=m.state, aliases=m.config.aliases,
+                              engine=m.engine if m.state == LOADED else None, idle_s=m.idle_seconds(),
+                              error=m.error if m.state == FAILED else None),
+                 "source": m.config.source, "can_remove": m.config.source == REMOVABLE}
                 for m in self.pool.models.values()]
+
+    def pending(self) -> list[dict[str, Any]]:
+        return self.changes.cards()
+
+    async def add(self, name: str) -> None:
+        await self.changes.add(name)
+
+    async def remove(self, name: str) -> None:
+        await self.changes.remove(name)
+
+    def model_events(self) -> Any:
+        return self.changes.events
+
+    def lookup(self, name: str) -> PoolModel | None:
+        """The model `name` is the id or an alias of (exactly: not a lone model's any-name)."""
+        model_id = self._names.get(name)
+        return self.pool.models.get(model_id) if model_id is not None else None
+
+    def adopt(self, model: PoolModel) -> None:
+        """Serve a model added while serving (POST /models), by its id and aliases."""
+        self.pool.add(model)
+        for name in (*model.config.aliases, model.id):
+            self._names.setdefault(name, model.id)
+
+    async def forget(self, model_id: str) -> PoolModel:
+        """Unload a model once its requests end and stop serving it (DELETE /models)."""
+        model = await self.pool.remove(model_id)
+        self._names = {name: owner for name, owner in self._names.items() if owner != model_id}
+        self._described.pop(model_id, None)
+        return model
 
     async def load(self, model_id: str) -> None:
         model = self._find(model_id)
@@ -148,6 +182,7 @@ class Router(ModelSet):
         ]
 
     def cancel_all(self, reason: BaseException | None = None) -> None:
+        self.changes.events.close()  # /models/sse streams end, so the server can stop
         self.pool.cancel_all(reason)
 
     def close(self) -> None:
@@ -155,6 +190,9 @@ class Router(ModelSet):
 
     def _find(self, requested: str | None) -> PoolModel:
         models = self.pool.models
+        if requested in self.changes.downloading:
+            raise APIError(503, f"the model {requested!r} is still downloading", param="model",
+                           code="model_downloading")
         if len(models) == 1:  # one model answers to any name, as a one-model server does
             return next(iter(models.values()))
         model_id = self._names.get(requested or "")

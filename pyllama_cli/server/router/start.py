@@ -13,11 +13,12 @@ from typing import Any
 
 from ...console import err, warn
 from ...core.generate.sampling import SamplingSettings
-from ...core.model.resolve import ModelRequests
+from ...core.model.resolve import ModelRequest, ModelRequests, ResolvedModel
 from ...core.model.settings import LoadSettings
 from ...core.serving.pool import EnginePool, PoolModel
 from ...errors import Interrupted, UsageError
 from ..settings import ServerSettings
+from .changes import Additions
 from .presets import CLI_PARAMS, Presets
 from .routed import RoutedConfig, Router
 
@@ -33,6 +34,7 @@ class Found:
     path: Path
     parts: tuple[Path, ...]
     size: int
+    source: str = "file"  # file (-m), cache (-hf, the Hugging Face cache), models_dir, preset: DELETE /models
 
 
 @dataclass(frozen=True)
@@ -65,14 +67,13 @@ def find_models(named: ModelRequests, folders: list[Path], cache: bool, tqdm_cla
         found.append(Found(model_stem(path.name), path, (path,), file_size(path)))
     for repo in named.hf_repos:
         resolved = resolve_model(named.for_repo(repo), tqdm_class=tqdm_class)
-        found.append(Found(model_stem(resolved.path.name), resolved.path, resolved.parts,
-                           sum(p.stat().st_size for p in resolved.parts)))
+        found.append(found_in_cache(model_stem(resolved.path.name), resolved))
     for folder in folders:
         if not folder.is_dir():
             raise UsageError(f"--models-dir {folder} is not a folder")
-        found += [Found(m.id, m.path, m.parts, m.size) for m in models_in_dir(folder)]
+        found += [Found(m.id, m.path, m.parts, m.size, "models_dir") for m in models_in_dir(folder)]
     if cache:
-        found += [Found(m.id, m.path, m.parts, m.size) for m in cached_models()]
+        found += [Found(m.id, m.path, m.parts, m.size, "cache") for m in cached_models()]
     if not found:
         where = ", ".join(str(f) for f in folders) or "the Hugging Face cache"
         raise UsageError(f"no GGUF models found in {where}",
@@ -95,21 +96,37 @@ def router_models(found: list[Found], load: LoadSettings, settings: ServerSettin
         presets.check_known({f.id for f in found})
     models, preload, names = [], [], {}
     for model in found:
-        values = {k: v for k, v in (presets.settings_for(model.id) if presets else {}).items()
-                  if CLI_PARAMS.get(k) not in options.from_command_line}
-        config = RoutedConfig(_server_settings(model.id, settings, values), tuple(values.get("aliases", ())))
-        for name in (model.id, *config.aliases):
+        pool_model = _pool_model(model, load, settings, options)
+        for name in (model.id, *pool_model.config.aliases):
             if names.setdefault(name, model.id) != model.id:
                 raise UsageError(f"the name {name!r} is taken by two models ({names[name]!r} and {model.id!r})",
                                  hint="give each model its own alias in --models-preset")
-        models.append(PoolModel(
-            model.id, model.path, model.parts, model.size,
-            load=replace(load, **{k: v for k, v in values.items() if k in _LOAD_FIELDS}),
-            parallel=values.get("parallel", options.parallel), kv_unified=options.kv_unified, config=config))
+        models.append(pool_model)
         # A lone model that sleeps when idle loads at startup, as llama-server's does (it wakes on demand).
-        if values.get("load_on_startup") or (len(found) == 1 and options.idle_seconds >= 0):
+        if _settings_of(model.id, options).get("load_on_startup") or (len(found) == 1 and options.idle_seconds >= 0):
             preload.append(model.id)
     return models, tuple(preload)
+
+
+def found_in_cache(model_id: str, resolved: ResolvedModel) -> Found:
+    """A model -hf (or POST /models) downloaded into the Hugging Face cache."""
+    return Found(model_id, resolved.path, resolved.parts, sum(p.stat().st_size for p in resolved.parts), "cache")
+
+
+def _settings_of(model_id: str, options: RouterOptions) -> dict[str, Any]:
+    """The model's presets ([*], then its own section), less what the command line set."""
+    presets = options.presets
+    return {k: v for k, v in (presets.settings_for(model_id) if presets else {}).items()
+            if CLI_PARAMS.get(k) not in options.from_command_line}
+
+
+def _pool_model(model: Found, load: LoadSettings, settings: ServerSettings, options: RouterOptions) -> PoolModel:
+    """A model's pool entry: the serve flags with its presets on top."""
+    values = _settings_of(model.id, options)
+    config = RoutedConfig(_server_settings(model.id, settings, values), tuple(values.get("aliases", ())), model.source)
+    return PoolModel(model.id, model.path, model.parts, model.size,
+                     load=replace(load, **{k: v for k, v in values.items() if k in _LOAD_FIELDS}),
+                     parallel=values.get("parallel", options.parallel), kv_unified=options.kv_unified, config=config)
 
 
 def _server_settings(model_id: str, settings: ServerSettings, values: dict[str, Any]) -> ServerSettings:
@@ -130,7 +147,7 @@ def _preset_models(presets: Presets, ids: set[str]) -> list[Found]:
             continue
         if not path.is_file():
             raise UsageError(f"{presets.path}:{section.line}: [{name}]'s model {str(path)!r} is not a file")
-        added.append(Found(name, path, (path,), file_size(path)))
+        added.append(Found(name, path, (path,), file_size(path), "preset"))
     return added
 
 
@@ -145,7 +162,8 @@ def _unique(found: list[Found]) -> list[Found]:
 
 
 def serve_router(socks: list[socket.socket], models: list[PoolModel], preload: tuple[str, ...],
-                 settings: ServerSettings, options: RouterOptions, verbose: bool) -> None:
+                 settings: ServerSettings, options: RouterOptions, verbose: bool, *, load: LoadSettings,
+                 named: ModelRequests = ModelRequests()) -> None:
     """Serve `models` on `socks` (one per --host address) until SIGTERM or Ctrl-C; they are closed on return.
 
     Raises:
@@ -172,7 +190,11 @@ def serve_router(socks: list[socket.socket], models: list[PoolModel], preload: t
 
     pool = EnginePool(models, make_engine, max_loaded=options.models_max, idle_seconds=options.idle_seconds,
                       report=say)
-    router = Router(pool, preload)
+    additions = Additions(  # POST /models: a name as -hf takes it, with the server's -hft and --offline
+        request=lambda name: ModelRequest(hf_repo=name, hf_token=named.hf_token, offline=named.offline),
+        pool_model=lambda name, resolved: _pool_model(found_in_cache(name, resolved), load, settings, options),
+        report=say)
+    router = Router(pool, preload, additions)
     fix_mmap_threshold()  # before the first request: big request bodies must not grow the heap for good
     server = run.server_class()(run.uvicorn_config(create_app(router, settings), settings.limits, verbose=verbose))
     server.grace = settings.limits.shutdown_grace
