@@ -101,3 +101,11 @@ def post_json(url: str, body: dict, timeout: float = 60) -> dict:
     request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=timeout) as answer:
         return json.loads(answer.read())
+
+
+def default_sigint() -> None:
+    """preexec_fn for a child a test sends SIGINT: a runner started with SIGINT ignored (nohup, some CI)
+    passes that on to its children, and Python then installs no Ctrl-C handler in them."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

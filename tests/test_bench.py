@@ -366,18 +366,12 @@ def test_bad_options_are_one_line_errors(tiny_model: Path, args: tuple[str, ...]
     assert result.stdout == ""
 
 
-def _default_sigint() -> None:
-    # A runner started with SIGINT ignored (nohup, some CI) passes that on to its children: the
-    # benchmark could not be interrupted and the test would wait for all 3985 runs.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def test_ctrl_c_leaves_a_json_document_of_the_finished_tests(tiny_model: Path) -> None:
-    from tests.helpers import REPO_ROOT
+    from tests.helpers import REPO_ROOT, default_sigint
 
     proc = subprocess.Popen([sys.executable, "-m", "pyllama_cli", "bench", "-m", str(tiny_model), "-p", "0",
                              "-n", "16-4000+1", "-r", "2", "-o", "json"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT, preexec_fn=_default_sigint)
+                            stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT, preexec_fn=default_sigint)
     try:
         started = proc.stdout.readline() + proc.stdout.readline()  # "[" and the start of the first row
         proc.send_signal(signal.SIGINT)

@@ -15,7 +15,7 @@ import pytest
 
 from pyllama_cli.core.constrain.grammar import check_grammar, load_shipped, shipped_grammars
 from pyllama_cli.errors import InputError
-from tests.helpers import REPO_ROOT, CliResult, run_cli
+from tests.helpers import REPO_ROOT, CliResult, default_sigint, run_cli
 from tests.test_schema import llama_cpp_parses
 
 # One thread and a small context keep each run at a few tens of milliseconds on a busy machine.
@@ -465,7 +465,7 @@ def test_malformed_logit_bias_is_a_usage_error(tiny_model: Path) -> None:
 
 def _interrupt_after_first_output(args: list[str]) -> tuple[int, bytes, str]:
     proc = subprocess.Popen([sys.executable, "-m", "pyllama_cli", "complete", *args], stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO_ROOT)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO_ROOT, preexec_fn=default_sigint)
     first = proc.stdout.read(1)  # the run has started streaming
     proc.send_signal(signal.SIGINT)
     start = time.monotonic()

@@ -304,14 +304,14 @@ def test_ctrl_c_saves_the_chunks_done_and_exits_130(work: Path) -> None:
     import sys
     import time
 
-    from tests.helpers import REPO_ROOT
+    from tests.helpers import REPO_ROOT, default_sigint
 
     corpus = Path("corpus.txt").read_text() * 4
     Path("long.txt").write_text(corpus)
     proc = subprocess.Popen(
         [sys.executable, "-m", "pyllama_cli", "imatrix", "-m", str(work / "tiny.gguf"), "-f", str(work / "long.txt"),
          "-c", "64", "-b", "64", "-o", str(work / "imatrix.gguf")],
-        cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=default_sigint)
     seen, deadline = b"", time.monotonic() + 60
     while b"[2]" not in seen and time.monotonic() < deadline:
         seen += os.read(proc.stderr.fileno(), 256)  # type: ignore[union-attr]

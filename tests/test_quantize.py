@@ -20,7 +20,7 @@ import pytest
 
 from pyllama_cli.errors import UsageError
 from tests.fixtures.make_gguf import TINY, write_llama_gguf, write_quantized, write_split_gguf
-from tests.helpers import REPO_ROOT, run_cli
+from tests.helpers import REPO_ROOT, default_sigint, run_cli
 
 # The types whose bytes must match llama-quantize's.
 IDENTICAL_TYPES = ["Q8_0", "Q4_0", "Q4_K_M", "Q6_K", "F16"]
@@ -457,11 +457,10 @@ def _hidden_file_with_data(folder: Path) -> bool:
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_signal_mid_run_exits_130_and_leaves_no_file(tmp_path: Path, signum: int) -> None:
-    # IQ3_M on a 40 MB model takes some 4 s quiet, so even a starved test process signals it
-    # mid-write (at 20 MB a loaded machine once let it finish first); the signal ends it early.
-    model = write_llama_gguf(tmp_path / "big.gguf", replace(TINY, n_layer=12, n_ff=768))
+    # IQ3_M on a 20 MB model takes over a second: time enough to interrupt it mid-write.
+    model = write_llama_gguf(tmp_path / "big.gguf", replace(TINY, n_layer=6, n_ff=768))
     proc = subprocess.Popen([sys.executable, "-m", "pyllama_cli", "quantize", str(model), "IQ3_M", "1"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO_ROOT)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO_ROOT, preexec_fn=default_sigint)
     deadline = time.monotonic() + 60
     while not _hidden_file_with_data(tmp_path):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
