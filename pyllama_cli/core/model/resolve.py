@@ -24,7 +24,7 @@ from ...errors import (
     UsageError,
 )
 from ..gguf.reader import read_gguf
-from ..gguf.vocab_check import check_vocab
+from ..gguf.vocab_check import VOCAB_KEYS, check_vocab
 from ..store.catalog import SPLIT_PART as _SPLIT
 from ..store.catalog import cached_models, current_revision, hub_cache_dir, quant_in_name, repo_files, scan_hub_cache
 
@@ -119,7 +119,7 @@ def resolve_local(path: Path, *, tokenizer: bool = True) -> ResolvedModel:
         raise InvalidGGUF(f"{path} is a directory, not a GGUF file", hint=hint)
     _require_regular(path)
     try:
-        header = read_gguf(path, strings=tokenizer)
+        header = read_gguf(path, strings=_strings_read(tokenizer))
     except PermissionError as exc:
         raise ModelNotFound(f"cannot read {path}: permission denied", hint="check the file's permissions") from exc
     if tokenizer:
@@ -129,8 +129,14 @@ def resolve_local(path: Path, *, tokenizer: bool = True) -> ResolvedModel:
         if not part.exists():
             raise ModelNotFound(f"split model part missing: {part}", hint=f"all {len(parts)} parts must sit beside the first")
         _require_regular(part)
-        read_gguf(part, strings=tokenizer)
+        read_gguf(part, strings=_strings_read(tokenizer, first=False))
     return ResolvedModel(path=path, parts=parts)
+
+
+def _strings_read(tokenizer: bool, first: bool = True) -> bool | frozenset[str]:
+    """The string arrays to decode from a model's header: only what check_vocab reads, and only in the
+    first part (the others hold no vocabulary); none at all without a tokenizer (quantize)."""
+    return (VOCAB_KEYS if first else frozenset()) if tokenizer else False
 
 
 def _require_regular(path: Path) -> None:
@@ -184,7 +190,7 @@ def resolve_hf(request: ModelRequest, *, tqdm_class: Any = None, tokenizer: bool
         names = pick_gguf_files(files, tag, request.hf_file, repo)
         paths = tuple(_download(repo, n, request.hf_token, tqdm_class) for n in names)
     for i, p in enumerate(paths):
-        header = read_gguf(p, strings=tokenizer)
+        header = read_gguf(p, strings=_strings_read(tokenizer, first=i == 0))
         if i == 0 and tokenizer:
             check_vocab(header)
     return ResolvedModel(path=paths[0], parts=paths, repo=repo, filename=names[0])
