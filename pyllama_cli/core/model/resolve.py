@@ -119,7 +119,8 @@ def resolve_local(path: Path, *, tokenizer: bool = True) -> ResolvedModel:
         raise InvalidGGUF(f"{path} is a directory, not a GGUF file", hint=hint)
     _require_regular(path)
     try:
-        header = read_gguf(path, strings=_strings_read(tokenizer))
+        # Only the texts check_vocab reads are decoded (not a BPE vocabulary's merges); none for quantize.
+        header = read_gguf(path, strings=VOCAB_KEYS if tokenizer else False)
     except PermissionError as exc:
         raise ModelNotFound(f"cannot read {path}: permission denied", hint="check the file's permissions") from exc
     if tokenizer:
@@ -129,14 +130,8 @@ def resolve_local(path: Path, *, tokenizer: bool = True) -> ResolvedModel:
         if not part.exists():
             raise ModelNotFound(f"split model part missing: {part}", hint=f"all {len(parts)} parts must sit beside the first")
         _require_regular(part)
-        read_gguf(part, strings=_strings_read(tokenizer, first=False))
+        read_gguf(part, strings=frozenset() if tokenizer else False)  # no vocabulary past the first part
     return ResolvedModel(path=path, parts=parts)
-
-
-def _strings_read(tokenizer: bool, first: bool = True) -> bool | frozenset[str]:
-    """The string arrays to decode from a model's header: only what check_vocab reads, and only in the
-    first part (the others hold no vocabulary); none at all without a tokenizer (quantize)."""
-    return (VOCAB_KEYS if first else frozenset()) if tokenizer else False
 
 
 def _require_regular(path: Path) -> None:
@@ -190,7 +185,7 @@ def resolve_hf(request: ModelRequest, *, tqdm_class: Any = None, tokenizer: bool
         names = pick_gguf_files(files, tag, request.hf_file, repo)
         paths = tuple(_download(repo, n, request.hf_token, tqdm_class) for n in names)
     for i, p in enumerate(paths):
-        header = read_gguf(p, strings=_strings_read(tokenizer, first=i == 0))
+        header = read_gguf(p, strings=(VOCAB_KEYS if i == 0 else frozenset()) if tokenizer else False)
         if i == 0 and tokenizer:
             check_vocab(header)
     return ResolvedModel(path=paths[0], parts=paths, repo=repo, filename=names[0])
