@@ -107,6 +107,24 @@ def test_quantize_loads_only_what_it_needs(src: Path, tmp_path: Path) -> None:
     assert (tmp_path / "q.gguf").is_file()
 
 
+def test_quantize_loads_no_load_flags_and_no_model_runtime(src: Path, tmp_path: Path) -> None:
+    # quantize has no load flags and loads no model: the flags' modules (devices, CPU placement,
+    # adapters, KV cache, --fit) and Model/Context's cost every start without them.
+    code = (
+        "import sys\n"
+        "from pyllama_cli.cli import run\n"
+        f"try:\n    run(['quantize', {str(src)!r}, {str(tmp_path / 'q.gguf')!r}, 'Q8_0'])\n"
+        "except SystemExit as e:\n    assert e.code in (0, None), e.code\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('pyllama_cli.options.hardware', "
+        "'pyllama_cli.options.adapters', 'pyllama_cli.options.kv_cache', 'pyllama_cli.options.context', "
+        "'pyllama_cli.core.model.native', 'pyllama_cli.core.model.sizing'))))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "[]"
+    assert (tmp_path / "q.gguf").is_file()
+
+
 def test_tensors_that_fall_back_to_another_type_are_noted(tmp_path: Path) -> None:
     odd = write_llama_gguf(tmp_path / "odd.gguf", replace(TINY, n_ff=320))  # rows not a multiple of 256
     result = run_cli("quantize", str(odd), "Q4_K_M")

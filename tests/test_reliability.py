@@ -14,6 +14,7 @@ import resource
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -256,6 +257,44 @@ def test_quantize_reports_a_header_cut_inside_the_vocabulary(tiny_model: Path, t
         assert result.first_stderr_line.startswith(f"Error: {path} is not a valid GGUF file: ")
         assert "Traceback" not in result.stderr
     assert not (tmp_path / "out.gguf").exists()
+
+
+def _with_merges(tiny_model: Path, path: Path, bad_length: int | None = None) -> Path:
+    """The tiny model with a BPE-style merges array of three strings; `bad_length` replaces the second's length."""
+    image = fuzzing.GGUFImage.read(tiny_model)
+    texts = [b"a b", b"c d", b"e f"]
+    merges = fuzzing.KV("tokenizer.ggml.merges", fuzzing.ARRAY, (fuzzing.STRING, [t.decode() for t in texts]))
+    if bad_length is not None:
+        lengths = [len(texts[0]), bad_length, len(texts[2])]
+        merges.raw = struct.pack("<IIQ", fuzzing.ARRAY, fuzzing.STRING, len(texts)) + b"".join(
+            struct.pack("<Q", n) + t for n, t in zip(lengths, texts))
+    tensor_bytes = image.file_size - image.data_offset()
+    image.kvs.append(merges)
+    return image.write(path, size=image.data_offset() + tensor_bytes)  # the tensors, after a longer header
+
+
+def test_the_tokenizer_check_decodes_only_the_token_texts(tiny_model: Path, tmp_path: Path) -> None:
+    # A BPE vocabulary's merges often outnumber its tokens two to one; the check before a load reads
+    # none of them (~0.1 s for 280k merges), only the texts it checks.
+    from pyllama_cli.core.gguf.reader import UnreadStrings, read_gguf
+    from pyllama_cli.core.gguf.vocab_check import VOCAB_KEYS
+
+    path = _with_merges(tiny_model, tmp_path / "merges.gguf")
+    header = read_gguf(path, strings=VOCAB_KEYS)
+    assert header.get("tokenizer.ggml.merges") == UnreadStrings(3)
+    assert header.get("tokenizer.ggml.tokens")[:4] == ["<unk>", "<s>", "</s>", "<0x00>"]
+    assert read_gguf(path).get("tokenizer.ggml.merges") == ["a b", "c d", "e f"]
+    assert run_cli("tokenize", "-m", str(path), "hello", "--ids").exit_code == 0
+
+
+def test_a_damaged_merges_array_reads_as_a_full_read_words_it(tiny_model: Path, tmp_path: Path) -> None:
+    # Stepped over, not decoded, a string that runs past the end is still named by its length.
+    path = _with_merges(tiny_model, tmp_path / "bad-merges.gguf", bad_length=1 << 40)
+    expected = f"Error: {path} is not a valid GGUF file: string length {1 << 40} runs past the end of the file"
+    for command in (["tokenize", "-m", str(path), "hello"], ["info", "-m", str(path)]):  # info decodes every array
+        result = run_cli(*command)
+        assert result.exit_code == 1
+        assert result.first_stderr_line == expected, command
 
 
 # ---------------------------------------------------------------- faults

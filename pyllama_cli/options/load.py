@@ -8,6 +8,7 @@ and hands it a `ModelRequest` (or, with `several=True`, a `ModelRequests`) and a
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 import typing
 from collections.abc import Callable
@@ -30,22 +31,11 @@ from ..core.model.settings import (
     LoadSettings,
 )
 from ..errors import UsageError
-from .adapters import ADAPTER_PARAMS, MEDIA_PARAMS, adapter_settings, projector_settings
-from .hardware.cpu import cpu_params, cpu_settings
-from .hardware.devices import (
-    DeviceOpt,
-    ListDevicesOpt,
-    RpcOpt,
-    TensorSplitOpt,
-    list_devices,
-    parse_devices,
-    parse_rpc,
-    parse_tensor_split,
-)
-from .context import CONTEXT_PARAMS, context_settings
-from .kv_cache import KV_CACHE_PARAMS, kv_cache_settings
 from .llama_env import with_llama_env
-from .hardware.placement import FIT_PARAMS, PLACEMENT_PARAMS, fit_settings, placement_settings
+
+# The modules of the load flags (devices, CPU placement, adapters, KV cache, context, --fit) are
+# imported where the flags are first needed: commands without them (quantize, tokenize, info) then
+# start ~10 ms sooner.
 
 MODEL_PANEL = "Model"
 LOAD_PANEL = "Loading"
@@ -141,31 +131,51 @@ _SEVERAL_MODEL_PARAMS = [
     option_param("hf_repo", HfReposOpt, None),
     *_MODEL_PARAMS[2:],
 ]
-_LOAD_PARAMS = [
-    option_param("ctx_size", CtxSizeOpt, DEFAULT_N_CTX),
-    option_param("threads", ThreadsOpt, -1),
-    option_param("n_gpu_layers", GpuLayersOpt, DEFAULT_N_GPU_LAYERS),
-    option_param("flash_attn", FlashAttnOpt, "auto"),
-    option_param("batch_size", BatchOpt, DEFAULT_N_BATCH),
-    option_param("ubatch_size", UBatchOpt, DEFAULT_N_UBATCH),
-    option_param("mlock", MlockOpt, False),
-    option_param("no_mmap", NoMmapOpt, False),
-    option_param("seed", SeedOpt, DEFAULT_SEED),
-    option_param("verbose", VerboseOpt, False),
-    option_param("log_file", LogFileOpt, None),
-    option_param("rpc", RpcOpt, None),
-    option_param("device", DeviceOpt, None),
-    option_param("tensor_split", TensorSplitOpt, None),
-    option_param("list_devices", ListDevicesOpt, False),
-    *cpu_params(),  # -tb, -C/-Cr, --prio, --poll, --cpu-strict and their batch variants (options/hardware/cpu.py)
-    *ADAPTER_PARAMS,  # --lora, --lora-scaled, --control-vector... (options/adapters.py)
-]
-# Flags of their own modules, added to the load flags (kept apart so each concern has one module).
-_LOAD_PARAMS += KV_CACHE_PARAMS + CONTEXT_PARAMS + PLACEMENT_PARAMS + FIT_PARAMS
-_LOAD_PARAMS = with_llama_env(_LOAD_PARAMS)  # LLAMA_ARG_CTX_SIZE and the others llama.cpp reads
+
+
+@functools.cache
+def _load_params() -> list[inspect.Parameter]:
+    """The load flags, in the order --help shows them (built once, on first use)."""
+    from .adapters import ADAPTER_PARAMS
+    from .context import CONTEXT_PARAMS
+    from .hardware.cpu import cpu_params
+    from .hardware.devices import DeviceOpt, ListDevicesOpt, RpcOpt, TensorSplitOpt
+    from .hardware.placement import FIT_PARAMS, PLACEMENT_PARAMS
+    from .kv_cache import KV_CACHE_PARAMS
+
+    params = [
+        option_param("ctx_size", CtxSizeOpt, DEFAULT_N_CTX),
+        option_param("threads", ThreadsOpt, -1),
+        option_param("n_gpu_layers", GpuLayersOpt, DEFAULT_N_GPU_LAYERS),
+        option_param("flash_attn", FlashAttnOpt, "auto"),
+        option_param("batch_size", BatchOpt, DEFAULT_N_BATCH),
+        option_param("ubatch_size", UBatchOpt, DEFAULT_N_UBATCH),
+        option_param("mlock", MlockOpt, False),
+        option_param("no_mmap", NoMmapOpt, False),
+        option_param("seed", SeedOpt, DEFAULT_SEED),
+        option_param("verbose", VerboseOpt, False),
+        option_param("log_file", LogFileOpt, None),
+        option_param("rpc", RpcOpt, None),
+        option_param("device", DeviceOpt, None),
+        option_param("tensor_split", TensorSplitOpt, None),
+        option_param("list_devices", ListDevicesOpt, False),
+        *cpu_params(),  # -tb, -C/-Cr, --prio, --poll, --cpu-strict and their batch variants (options/hardware/cpu.py)
+        *ADAPTER_PARAMS,  # --lora, --lora-scaled, --control-vector... (options/adapters.py)
+    ]
+    # Flags of their own modules, added to the load flags (kept apart so each concern has one module).
+    params += KV_CACHE_PARAMS + CONTEXT_PARAMS + PLACEMENT_PARAMS + FIT_PARAMS
+    return with_llama_env(params)  # LLAMA_ARG_CTX_SIZE and the others llama.cpp reads
+
+
 _MODEL_PARAMS = with_llama_env(_MODEL_PARAMS)  # LLAMA_ARG_MODEL, LLAMA_ARG_HF_REPO, LLAMA_ARG_HF_FILE
 _SEVERAL_MODEL_PARAMS = with_llama_env(_SEVERAL_MODEL_PARAMS)
-MEDIA_FLAGS = with_llama_env(MEDIA_PARAMS)  # LLAMA_ARG_MMPROJ, LLAMA_ARG_MMPROJ_OFFLOAD...
+
+
+@functools.cache
+def _media_flags() -> list[inspect.Parameter]:
+    from .adapters import MEDIA_PARAMS
+
+    return with_llama_env(MEDIA_PARAMS)  # LLAMA_ARG_MMPROJ, LLAMA_ARG_MMPROJ_OFFLOAD...
 
 
 def model_request(kwargs: dict[str, Any]) -> ModelRequest:
@@ -186,6 +196,13 @@ def model_requests(kwargs: dict[str, Any]) -> ModelRequests:
 
 def load_settings(kwargs: dict[str, Any]) -> LoadSettings:
     """Pop the load flags out of a command's keyword arguments."""
+    from .adapters import adapter_settings
+    from .context import context_settings
+    from .hardware.cpu import cpu_settings
+    from .hardware.devices import list_devices, parse_devices, parse_rpc, parse_tensor_split
+    from .hardware.placement import fit_settings, placement_settings
+    from .kv_cache import kv_cache_settings
+
     flash = kwargs.pop("flash_attn").lower()
     if flash not in FLASH_ATTN_CHOICES:
         raise typer.BadParameter(f"{flash!r} is not one of {', '.join(FLASH_ATTN_CHOICES)}", param_hint="'-fa'")
@@ -224,7 +241,7 @@ def model_options(load: bool = True, *, several: bool = False,
     objects from them. `own` gives a shared flag this command's own declaration, e.g. perplexity's
     -c: {"ctx_size": ChunkCtxOpt}.
     """
-    flags = (_SEVERAL_MODEL_PARAMS if several else _MODEL_PARAMS) + (_LOAD_PARAMS if load else [])
+    flags = (_SEVERAL_MODEL_PARAMS if several else _MODEL_PARAMS) + (_load_params() if load else [])
     if own:
         flags = [p.replace(annotation=own[p.name]) if p.name in own else p for p in flags]
 
@@ -243,9 +260,11 @@ def media_options() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Give a command the projector flags (options/adapters.py) as one `media: ProjectorSettings` parameter."""
 
     def build(kwargs: dict[str, Any]) -> None:
+        from .adapters import projector_settings
+
         kwargs["media"] = projector_settings(kwargs)
 
-    return lambda fn: with_flags(fn, ("media",), MEDIA_FLAGS, build)
+    return lambda fn: with_flags(fn, ("media",), _media_flags(), build)
 
 
 def with_flags(fn: Callable[..., Any], replaced: tuple[str, ...], flags: list[inspect.Parameter],

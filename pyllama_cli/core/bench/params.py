@@ -149,7 +149,7 @@ def check_loras(spec: Any) -> None:
     from ..model.adapters import check_lora_file
 
     for model in spec.models if spec.loras else ():
-        arch = read_gguf(model.path, check_data=False).architecture
+        arch = read_gguf(model.path, check_data=False, strings=False).architecture  # resolve_models checked the file
         for lora in spec.loras:
             check_lora_file(lora.path, model.path, arch)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -112,6 +112,9 @@ class _Reader:
     def __init__(self, buf: Any, size: int, path: Path, strings: bool = True):
         self.buf, self.size, self.path, self.pos = buf, size, path, 0
         self.strings = strings  # False: step over string arrays without decoding them
+        # With strings=False: a string array that does not fit the file is reported as a decoding
+        # read reports it (the length that runs past the end), not in _skip_strings' shorter words.
+        self.exact_errors = False
 
     def tell(self) -> int:
         return self.pos
@@ -166,7 +169,17 @@ class _Reader:
         return [self.value(item_type) for _ in range(n)]
 
     def string_array(self, n: int) -> list[str] | UnreadStrings:
-        return self._decode_strings(n) if self.strings else self._skip_strings(n)
+        if self.strings:
+            return self._decode_strings(n)
+        if not self.exact_errors:
+            return self._skip_strings(n)
+        start = self.pos
+        try:
+            return self._skip_strings(n)
+        except InvalidGGUF:
+            self.pos = start
+            self._decode_strings(n)  # raises, naming the string that runs past the end
+            raise
 
     def _decode_strings(self, n: int) -> list[str]:
         # The hot loop of a header read (vocabularies): locals only, one unpack and one slice per string.
@@ -209,7 +222,8 @@ def _type_name(vtype: int) -> str:
     return names.get(vtype, "?")
 
 
-def read_gguf(path: str | os.PathLike[str], *, check_data: bool = True, strings: bool = True) -> GGUFFile:
+def read_gguf(path: str | os.PathLike[str], *, check_data: bool = True,
+              strings: bool | Collection[str] = True) -> GGUFFile:
     """Read a GGUF file's header and tensor table.
 
     Args:
@@ -217,6 +231,9 @@ def read_gguf(path: str | os.PathLike[str], *, check_data: bool = True, strings:
         check_data: also check that every tensor's data lies inside the file (catches truncation).
         strings: decode string arrays; False checks their bounds only and leaves an UnreadStrings
             (a 256k-token vocabulary costs a tenth of a second to decode, which quantize never needs).
+            A collection of keys decodes those arrays only (the token texts, not a BPE vocabulary's
+            merges, which are often twice as many); the others are stepped over, and a damaged one
+            is reported in the same words as when every array is decoded.
 
     Raises:
         InvalidGGUF: not a GGUF file, an unsupported version, or a truncated/corrupt header or data.
@@ -224,7 +241,8 @@ def read_gguf(path: str | os.PathLike[str], *, check_data: bool = True, strings:
     p = Path(path)
     size = p.stat().st_size
     with open(p, "rb") as fh, _mapped(fh, size) as buf:
-        r = _Reader(buf, size, p, strings)
+        r = _Reader(buf, size, p, strings is True)
+        r.exact_errors = strings is not False
         magic = r.buf[:4]
         if magic != GGUF_MAGIC:
             raise InvalidGGUF(
@@ -238,7 +256,7 @@ def read_gguf(path: str | os.PathLike[str], *, check_data: bool = True, strings:
         n_tensors, n_kv = r.unpack("<Q"), r.unpack("<Q")
         if n_tensors > MAX_TENSOR_COUNT or n_kv > MAX_KV_COUNT:
             raise r.fail(f"implausible counts ({n_tensors} tensors, {n_kv} metadata keys)")
-        metadata, array_types = _read_metadata(r, n_kv)
+        metadata, array_types = _read_metadata(r, n_kv, None if isinstance(strings, bool) else frozenset(strings))
         tensors = [_read_tensor_info(r) for _ in range(n_tensors)]
         alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
         if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
@@ -272,7 +290,9 @@ def read_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
         return _read_metadata(r, n_kv)[0]
 
 
-def _read_metadata(r: _Reader, n_kv: int) -> tuple[dict[str, Any], dict[str, str]]:
+def _read_metadata(r: _Reader, n_kv: int, decoded: frozenset[str] | None = None
+                   ) -> tuple[dict[str, Any], dict[str, str]]:
+    """The key-value pairs; with `decoded`, only the string arrays of those keys are decoded."""
     metadata: dict[str, Any] = {}
     array_types: dict[str, str] = {}
     for _ in range(n_kv):
@@ -282,6 +302,8 @@ def _read_metadata(r: _Reader, n_kv: int) -> tuple[dict[str, Any], dict[str, str
             pos = r.tell()
             array_types[key] = _type_name(r.unpack("<I"))
             r.pos = pos
+            if decoded is not None:
+                r.strings = key in decoded
         metadata[key] = r.value(vtype)
     return metadata, array_types
 

@@ -24,18 +24,27 @@ _DEFAULT_IDS: dict[str, dict[str, int]] = {
     "t5": {"eos": 1}, "plamo2": {"bos": 1, "eos": 2},
 }
 _DEFAULT_ADDS: dict[str, set[str]] = {"llama": {"bos"}, "bert": {"bos", "sep"}, "t5": {"eos"}, "gemma4": {"bos"}}
+# The string arrays check_vocab reads: a header read for it decodes these alone (read_gguf's `strings`).
+VOCAB_KEYS = frozenset({"tokenizer.ggml.tokens"})
 
 
 def check_vocab(gguf: GGUFFile) -> None:
     """Raise InvalidGGUF for tokenizer metadata that would crash llama.cpp (see the module docstring)."""
     kind = gguf.get("tokenizer.ggml.model")
     tokens = gguf.get("tokenizer.ggml.tokens")
-    if not isinstance(kind, str) or not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+    if not isinstance(kind, str) or not isinstance(tokens, list):
         return  # llama.cpp refuses these itself, with its own message
-    # llama.cpp reads each text as a C string (it ends at a NUL byte), then renames empty ones "[EMPTY_i]".
-    texts = [t.split("\0", 1)[0] or f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
-    _check_unique(gguf, texts)
-    _check_byte_tokens(gguf, kind, texts)
+    try:
+        joined = "".join(tokens)  # also the check that every token is a string, at C speed
+    except TypeError:
+        return
+    texts, present = tokens, set(tokens)
+    if "\0" in joined or "" in present:
+        # llama.cpp reads each text as a C string (it ends at a NUL byte), then renames empty ones "[EMPTY_i]".
+        texts = [t.split("\0", 1)[0] or f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
+        present = set(texts)
+    _check_unique(gguf, texts, present)
+    _check_byte_tokens(gguf, kind, texts, present)
     for name, key in (("bos", "add_bos_token"), ("eos", "add_eos_token"), ("sep", "add_sep_token")):
         added = gguf.get(f"tokenizer.ggml.{key}")
         if (added if isinstance(added, bool) else name in _DEFAULT_ADDS.get(kind, ())) and \
@@ -46,8 +55,8 @@ def check_vocab(gguf: GGUFFile) -> None:
             raise _invalid(gguf, f"the tokenizer adds a {name.upper()} token to every text, but {why}")
 
 
-def _check_unique(gguf: GGUFFile, texts: list[str]) -> None:
-    if len(set(texts)) == len(texts):
+def _check_unique(gguf: GGUFFile, texts: list[str], present: set[str]) -> None:
+    if len(present) == len(texts):
         return
     seen: dict[str, int] = {}
     for i, text in enumerate(texts):
@@ -58,13 +67,12 @@ def _check_unique(gguf: GGUFFile, texts: list[str]) -> None:
         seen[text] = i
 
 
-def _check_byte_tokens(gguf: GGUFFile, kind: str, tokens: list[str]) -> None:
+def _check_byte_tokens(gguf: GGUFFile, kind: str, tokens: list[str], present: set[str]) -> None:
     types = gguf.get("tokenizer.ggml.token_type")
     if kind not in _BYTE_DECODING and isinstance(types, list) and _TOKEN_TYPE_BYTE in types[:len(tokens)]:
         i = types.index(_TOKEN_TYPE_BYTE)
         raise _invalid(gguf, f"token {i} is a byte token, which a {kind!r} vocabulary cannot decode")
     if kind == "llama":  # SentencePiece falls back to <0xXX> tokens for text its pieces cannot spell
-        present = set(tokens)
         for byte in range(256):
             if f"<0x{byte:02X}>" not in present and (byte >= 0x80 or chr(byte) not in present or byte == 0):
                 raise _invalid(gguf, f"the SentencePiece vocabulary has no byte token <0x{byte:02X}>, which "

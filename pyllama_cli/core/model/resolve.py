@@ -24,7 +24,7 @@ from ...errors import (
     UsageError,
 )
 from ..gguf.reader import read_gguf
-from ..gguf.vocab_check import check_vocab
+from ..gguf.vocab_check import VOCAB_KEYS, check_vocab
 from ..store.catalog import SPLIT_PART as _SPLIT
 from ..store.catalog import cached_models, current_revision, hub_cache_dir, quant_in_name, repo_files, scan_hub_cache
 
@@ -119,7 +119,8 @@ def resolve_local(path: Path, *, tokenizer: bool = True) -> ResolvedModel:
         raise InvalidGGUF(f"{path} is a directory, not a GGUF file", hint=hint)
     _require_regular(path)
     try:
-        header = read_gguf(path, strings=tokenizer)
+        # Only the texts check_vocab reads are decoded (not a BPE vocabulary's merges); none for quantize.
+        header = read_gguf(path, strings=VOCAB_KEYS if tokenizer else False)
     except PermissionError as exc:
         raise ModelNotFound(f"cannot read {path}: permission denied", hint="check the file's permissions") from exc
     if tokenizer:
@@ -129,7 +130,7 @@ def resolve_local(path: Path, *, tokenizer: bool = True) -> ResolvedModel:
         if not part.exists():
             raise ModelNotFound(f"split model part missing: {part}", hint=f"all {len(parts)} parts must sit beside the first")
         _require_regular(part)
-        read_gguf(part, strings=tokenizer)
+        read_gguf(part, strings=frozenset() if tokenizer else False)  # no vocabulary past the first part
     return ResolvedModel(path=path, parts=parts)
 
 
@@ -184,7 +185,7 @@ def resolve_hf(request: ModelRequest, *, tqdm_class: Any = None, tokenizer: bool
         names = pick_gguf_files(files, tag, request.hf_file, repo)
         paths = tuple(_download(repo, n, request.hf_token, tqdm_class) for n in names)
     for i, p in enumerate(paths):
-        header = read_gguf(p, strings=tokenizer)
+        header = read_gguf(p, strings=(VOCAB_KEYS if i == 0 else frozenset()) if tokenizer else False)
         if i == 0 and tokenizer:
             check_vocab(header)
     return ResolvedModel(path=paths[0], parts=paths, repo=repo, filename=names[0])

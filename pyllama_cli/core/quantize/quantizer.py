@@ -207,7 +207,7 @@ def _sigterm_as_interrupt() -> Iterator[None]:
 def build_params(req: QuantizeRequest, imatrix: ImatrixData | None) -> tuple[Any, list[Any]]:
     """llama_model_quantize_params as llama-quantize fills them; also the objects they point into,
     which must stay alive until the call returns."""
-    from ..model.native import lib
+    from ..model.library import lib
 
     params = lib.llama_model_quantize_default_params()
     params.ftype = req.quant.ftype
