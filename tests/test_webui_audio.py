@@ -141,17 +141,21 @@ def test_an_image_offered_to_a_model_that_only_hears_is_refused_on_the_page(
     assert browser.get_log("browser") == []
 
 
+DROP_CLIP = """
+const t = new DataTransfer();
+t.items.add(new File([new Uint8Array(64)], "clip.wav", {type: "audio/wav"}));
+const main = document.querySelector("main");
+main.dispatchEvent(new DragEvent("dragover", {dataTransfer: t, bubbles: true, cancelable: true}));
+main.dispatchEvent(new DragEvent("drop", {dataTransfer: t, bubbles: true, cancelable: true}));
+"""
+
+
 def test_a_clip_dropped_on_a_model_without_a_projector_is_refused_on_the_page(
         browser: Any, server: Server) -> None:
     open_page(browser, server.url)
     wait(browser, lambda d: d.execute_script("return document.getElementById('model').value") != "")
     assert browser.execute_script("return document.getElementById('attach').hidden") is True
-    browser.execute_script("""
-        const t = new DataTransfer();
-        t.items.add(new File([new Uint8Array(64)], "clip.wav", {type: "audio/wav"}));
-        const main = document.querySelector("main");
-        main.dispatchEvent(new DragEvent("dragover", {dataTransfer: t, bubbles: true, cancelable: true}));
-        main.dispatchEvent(new DragEvent("drop", {dataTransfer: t, bubbles: true, cancelable: true}));""")
+    browser.execute_script(DROP_CLIP)
     assert texts(browser, "#status") == ["This model takes no images or audio (it has no projector, --mmproj)."]
     assert browser.execute_script("return document.getElementById('attachments').hidden") is True
     assert chat_requests(browser) == []
@@ -188,3 +192,51 @@ def test_a_clip_too_big_to_keep_is_answered_then_named_but_not_kept_after_a_relo
                                  {"role": "user", "content": "And then?"}])
     assert stored_chats(browser)[0]["messages"][3]["content"] == again["choices"][0]["message"]["content"]
     assert browser.get_log("browser") == []
+
+
+
+def test_a_routers_page_offers_clips_for_the_chosen_model_once_it_is_loaded(
+        browser: Any, tiny_model: Path, audio_proj: Path, clips: dict[str, Path],  # noqa: F811
+        tmp_path: Path) -> None:
+    """--models-dir with a preset giving `ear` the audio projector: the button follows the picked model's
+    modalities, known once that model has loaded (its first answer)."""
+    import shutil
+
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.select import Select
+
+    from tests.test_serve import spawn_serve
+
+    folder = tmp_path / "models"
+    folder.mkdir()
+    for name in ("ear.gguf", "txt.gguf"):
+        shutil.copy(tiny_model, folder / name)
+    presets = tmp_path / "presets.ini"
+    presets.write_text(f"[ear]\nmmproj = {audio_proj}\nc = 1024\n")
+    srv = spawn_serve(tmp_path / "router.log", ["--models-dir", str(folder), "--models-preset", str(presets)])
+    try:
+        open_page(browser, srv.url)
+        picker = Select(browser.find_element(By.ID, "model"))
+        picker.select_by_visible_text("ear")
+        assert browser.find_element(By.ID, "attach").is_displayed() is False  # not loaded: not known yet
+        browser.execute_script(DROP_CLIP)
+        assert texts(browser, "#status") == ["This model is not loaded yet, so what it takes is not known: "
+                                             "send it a message first."]
+        send(browser, "hello")
+        wait_answered(browser)
+        wait(browser, lambda d: d.find_element(By.ID, "attach").text == "Audio")
+        browser.find_element(By.ID, "attach-file").send_keys(str(clips["short"]))
+        wait(browser, lambda d: chips(d, ATTACHED) == [("a.wav", "0:01")])
+        send(browser, QUESTION)
+        wait(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, ".message.assistant")) == 2)
+        wait_answered(browser)
+        first = stored_chats(browser)[0]["messages"][1]["content"]
+        expected = api_answer(srv, [{"role": "user", "content": "hello"}, {"role": "assistant", "content": first},
+                                    {"role": "user", "content": [audio_part(clips["short"].read_bytes(), "wav"),
+                                                                 {"type": "text", "text": QUESTION}]}], model="ear")
+        assert stored_chats(browser)[0]["messages"][3]["content"] == expected["choices"][0]["message"]["content"]
+        picker.select_by_visible_text("txt")
+        assert browser.find_element(By.ID, "attach").is_displayed() is False
+        assert browser.get_log("browser") == []
+    finally:
+        srv.stop()

@@ -13,6 +13,7 @@ const CLIPS = "WAV, MP3 or FLAC clips";
 export function setModalities(modalities) {
   state.vision = Boolean(modalities && modalities.vision);
   state.audio = Boolean(modalities && modalities.audio);
+  state.modalitiesKnown = Boolean(modalities);  // a router's model says them once it is loaded
   const attach = $("attach");
   attach.hidden = !state.vision && !state.audio;
   attach.textContent = state.vision && state.audio ? "Attach" : state.audio ? "Audio" : "Image";
@@ -60,7 +61,10 @@ export function wireAttachments() {
 
 // Why `file` cannot go to this model, or "" when it can.
 function refusal(file) {
-  if (!state.vision && !state.audio) return "This model takes no images or audio (it has no projector, --mmproj).";
+  if (!state.vision && !state.audio) {
+    return state.modalitiesKnown ? "This model takes no images or audio (it has no projector, --mmproj)."
+      : "This model is not loaded yet, so what it takes is not known: send it a message first.";
+  }
   const kind = kindOf(file);
   if (kind === "image" && !state.vision) return `Cannot attach ${file.name}: this model cannot see images; it takes ${takes()}.`;
   if (kind === "audio" && !state.audio) return `Cannot attach ${file.name}: this model cannot hear audio; it takes ${takes()}.`;
