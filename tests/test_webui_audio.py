@@ -104,6 +104,16 @@ main.dispatchEvent(new DragEvent("dragover", {dataTransfer: drop, bubbles: true,
 main.dispatchEvent(new DragEvent("drop", {dataTransfer: drop, bubbles: true, cancelable: true}));
 """
 
+# The bodies the page posts to /v1/chat/completions, as the server gets them.
+RECORD_REQUESTS = """
+window.__sent = [];
+const send = window.fetch;
+window.fetch = (path, options) => {
+  if (String(path).includes("chat/completions")) window.__sent.push(JSON.parse(options.body));
+  return send(path, options);
+};
+"""
+
 
 def test_paste_and_drop_attach_clips_the_cross_removes_one_and_flac_goes_as_flac(
         browser: Any, hearing: Server) -> None:
@@ -117,9 +127,12 @@ def test_paste_and_drop_attach_clips_the_cross_removes_one_and_flac_goes_as_flac
     names = [name for name, _ in chips(browser, ATTACHED)]
     browser.find_elements(By.CSS_SELECTOR, f"{ATTACHED} .remove")[names.index("pasted.wav")].click()
     assert chips(browser, ATTACHED) == [("dropped.flac", "0:02")]
+    browser.execute_script(RECORD_REQUESTS)
     send(browser, QUESTION)
     wait_answered(browser)
     part = audio_part(flac, "flac")
+    [sent] = browser.execute_script("return window.__sent")
+    assert sent["messages"] == [{"role": "user", "content": [part, {"type": "text", "text": QUESTION}]}]
     expected = api_answer(hearing, [{"role": "user", "content": [part, {"type": "text", "text": QUESTION}]}])
     [user, answer] = stored_chats(browser)[0]["messages"]
     assert user["audio"] == [{"name": "dropped.flac", "format": "flac", "data": part["input_audio"]["data"]}]
