@@ -1,7 +1,7 @@
 // The server's public API, with the key when it needs one; Markdown renders one at a time.
 
 import {STORE, $, state, load, store} from "./util.js";
-import {setVision} from "./attach.js";
+import {setModalities} from "./attach.js";
 
 function authHeaders() {
   const key = load(STORE.key, "");
@@ -50,14 +50,14 @@ export async function loadModels() {
   const data = (await response.json()).data;
   state.models = data.map((m) => m.id);
   // A model's modalities are known once it is loaded (its `meta`); /props says them for the one it loads.
-  state.visionOf = Object.fromEntries(data.map((m) => [m.id, Boolean(m.meta && m.meta.modalities && m.meta.modalities.vision)]));
+  state.modalitiesOf = Object.fromEntries(data.map((m) => [m.id, m.meta && m.meta.modalities]));
   const picker = $("model");
   picker.replaceChildren(...state.models.map((id) => new Option(id, id)));
   const remembered = load(STORE.model, null);
   picker.value = state.models.includes(remembered) ? remembered : state.models[0];
   // Always shown, so the page says which model answers; with one model there is nothing to pick.
   picker.disabled = state.models.length < 2;
-  setVision(state.visionOf[picker.value]);
+  setModalities(state.modalitiesOf[picker.value]);
   // With several models, /props would load the one it names: it is asked after that model has answered.
   if (state.models.length < 2) await loadProps();
 }
@@ -68,8 +68,8 @@ export async function loadProps() {
   const props = response.ok ? await response.json() : null;
   state.nCtx = props ? props.default_generation_settings.n_ctx : null;
   if (props && props.modalities) {
-    state.visionOf[$("model").value] = Boolean(props.modalities.vision);
-    setVision(props.modalities.vision);
+    state.modalitiesOf[$("model").value] = props.modalities;
+    setModalities(props.modalities);
   }
 }
 

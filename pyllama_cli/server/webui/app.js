@@ -7,7 +7,7 @@ import {api, loadModels} from "./api.js";
 import {newChat, selectChat, drawList, exportChat, importChat, generating, saveChats} from "./chats.js";
 import {drawMessages} from "./view.js";
 import {send, stop, reattach} from "./stream.js";
-import {setVision, wireAttachments} from "./attach.js";
+import {setModalities, wireAttachments} from "./attach.js";
 
 const THEMES = ["auto", "light", "dark"];
 
@@ -78,7 +78,7 @@ function wire() {
   $("model").onchange = () => {
     store(STORE.model, $("model").value);
     state.nCtx = null;
-    setVision(state.visionOf[$("model").value]);
+    setModalities(state.modalitiesOf[$("model").value]);
   };
   wireAttachments();
 }

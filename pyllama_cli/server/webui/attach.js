@@ -1,16 +1,33 @@
-// Images for the next message: the Image button, paste and drag-and-drop. Offered only when the served
-// model can see (the modalities /v1/models and /props report). They go as OpenAI image_url parts with
-// data: URLs, before the message's text, and stay in the stored message, so its thumbnails survive a reload.
+// Images and audio clips for the next message: the attach button, paste and drag-and-drop. Offered for
+// what the chosen model takes (the modalities /v1/models and /props report): images when it sees, clips
+// when it hears; a file it cannot take is refused here, with a line that says why, before any request.
+// They stay in the stored message, so its thumbnails and chips survive a reload (media.js).
 
 import {$, state, el, button, setStatus} from "./util.js";
+import {IMAGE_TYPES, AUDIO_TYPES, kindOf, audioFormat, thumbnail, clipChip} from "./media.js";
 
-// What the server decodes (docs/multimodal.md); anything else would be a 400 after the upload.
-const TYPES = ["image/png", "image/jpeg", "image/gif", "image/bmp"];
+const IMAGES = "PNG, JPEG, GIF or BMP images";
+const CLIPS = "WAV, MP3 or FLAC clips";
 
-export function setVision(vision) {
-  state.vision = Boolean(vision);
-  $("attach").hidden = !state.vision;
-  if (!state.vision && state.attachments.length) takeAttachments();
+// `modalities`: {vision, audio} of the chosen model, or undefined while they are not known.
+export function setModalities(modalities) {
+  state.vision = Boolean(modalities && modalities.vision);
+  state.audio = Boolean(modalities && modalities.audio);
+  state.modalitiesKnown = Boolean(modalities);  // a router's model says them once it is loaded
+  const attach = $("attach");
+  attach.hidden = !state.vision && !state.audio;
+  attach.textContent = state.vision && state.audio ? "Attach" : state.audio ? "Audio" : "Image";
+  attach.title = `Attach ${takes()} (or paste or drop one)`;
+  $("attach-file").accept = [...(state.vision ? IMAGE_TYPES : []), ...(state.audio ? AUDIO_TYPES : [])].join(",");
+  const fit = state.attachments.filter((a) => (a.url ? state.vision : state.audio));
+  if (fit.length !== state.attachments.length) {
+    state.attachments = fit;
+    drawAttachments();
+  }
+}
+
+function takes() {
+  return [state.vision ? IMAGES : "", state.audio ? CLIPS : ""].filter(Boolean).join(" or ");
 }
 
 export function wireAttachments() {
@@ -27,8 +44,8 @@ export function wireAttachments() {
   });
   const main = document.querySelector("main");
   main.addEventListener("dragover", (e) => {
-    if (!state.vision || !e.dataTransfer.types.includes("Files")) return;
-    e.preventDefault();
+    if (!e.dataTransfer.types.includes("Files")) return;
+    e.preventDefault();  // a dropped file is taken or refused here, never opened in place of the page
     main.classList.add("dropping");
   });
   main.addEventListener("dragleave", (e) => {
@@ -42,16 +59,30 @@ export function wireAttachments() {
   });
 }
 
+// Why `file` cannot go to this model, or "" when it can.
+function refusal(file) {
+  if (!state.vision && !state.audio) {
+    return state.modalitiesKnown ? "This model takes no images or audio (it has no projector, --mmproj)."
+      : "This model is not loaded yet, so what it takes is not known: send it a message first.";
+  }
+  const kind = kindOf(file);
+  if (kind === "image" && !state.vision) return `Cannot attach ${file.name}: this model cannot see images; it takes ${takes()}.`;
+  if (kind === "audio" && !state.audio) return `Cannot attach ${file.name}: this model cannot hear audio; it takes ${takes()}.`;
+  return kind ? "" : `Cannot attach ${file.name}: this model takes ${takes()}.`;
+}
+
 function addFiles(files) {
   for (const file of files) {
-    if (!state.vision) return setStatus("This model cannot see images (it was started without --mmproj).", true);
-    if (!TYPES.includes(file.type)) {
-      setStatus(`Cannot attach ${file.name}: only PNG, JPEG, GIF and BMP images are taken.`, true);
+    const problem = refusal(file);
+    if (problem) {
+      setStatus(problem, true);
       continue;
     }
     const reader = new FileReader();
     reader.onload = () => {
-      state.attachments.push(reader.result);
+      const url = reader.result;
+      state.attachments.push(kindOf(file) === "image" ? {url}
+        : {name: file.name, format: audioFormat(file), data: url.slice(url.indexOf(",") + 1)});
       drawAttachments();
     };
     reader.onerror = () => setStatus(`Cannot read ${file.name}.`, true);
@@ -61,35 +92,26 @@ function addFiles(files) {
 
 // The attachments of the message being written, each with a button that removes it.
 function drawAttachments() {
-  $("attachments").replaceChildren(...state.attachments.map((url, i) => {
+  const remove = (i) => () => {
+    state.attachments.splice(i, 1);
+    drawAttachments();
+  };
+  $("attachments").replaceChildren(...state.attachments.map((a, i) => {
+    if (!a.url) return clipChip(a, remove(i));
     const item = el("figure", "attachment");
-    item.append(thumbnail(url), button("×", () => {
-      state.attachments.splice(i, 1);
-      drawAttachments();
-    }, "quiet small remove"));
+    item.append(thumbnail(a.url), button("×", remove(i), "quiet small remove"));
     item.lastChild.setAttribute("aria-label", "Remove this image");
     return item;
   }));
   $("attachments").hidden = !state.attachments.length;
 }
 
-// The images of the message being sent; the composer is empty again.
+// The media of the message being sent, as its stored fields; the composer is empty again.
 export function takeAttachments() {
-  const images = state.attachments;
+  const taken = state.attachments;
   state.attachments = [];
   drawAttachments();
-  return images;
-}
-
-export function thumbnail(url) {
-  const img = el("img", "thumb");
-  img.src = url;
-  img.alt = "attached image";
-  return img;
-}
-
-// A stored user message as the API takes it: its images first, then its text.
-export function apiContent(m) {
-  if (!m.images || !m.images.length) return m.content;
-  return [...m.images.map((url) => ({type: "image_url", image_url: {url}})), {type: "text", text: m.content}];
+  const images = taken.filter((a) => a.url).map((a) => a.url);
+  const audio = taken.filter((a) => !a.url);
+  return {...(images.length ? {images} : {}), ...(audio.length ? {audio} : {})};
 }

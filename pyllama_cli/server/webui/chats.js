@@ -3,6 +3,7 @@
 import {STORE, $, state, store, el, button, setStatus} from "./util.js";
 import {drawMessages} from "./view.js";
 import {stop, reattach} from "./stream.js";
+import {keptClip} from "./media.js";
 
 export function saveChats() {
   store(STORE.chats, state.chats.map((chat) => ({...chat, messages: chat.messages.map(storedMessage)})));
@@ -12,6 +13,7 @@ export function saveChats() {
 function storedMessage(m) {
   const out = {role: m.role, content: m.content};
   for (const k of ["images", "reasoning", "stats", "error", "stream"]) if (m[k]) out[k] = m[k];
+  if (m.audio) out.audio = m.audio.map(keptClip);
   return out;
 }
 

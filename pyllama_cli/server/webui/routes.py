@@ -27,7 +27,7 @@ ASSETS = {f"/webui/{f.name}": (f.name, MEDIA_TYPES[ext]) for f in files(__packag
           if (ext := "." + f.name.rpartition(".")[2]) in MEDIA_TYPES}
 # What the API-key check lets through: the page and its two files, never an API route.
 PAGE_PATHS = frozenset({PAGE, *ASSETS})
-CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' data:; "
+CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' data:; media-src data:; "
        "form-action 'none'; frame-ancestors 'none'; base-uri 'none'")
 # X-Frame-Options: what browsers that predate CSP's frame-ancestors read instead.
 HEADERS = {"Content-Security-Policy": CSP, "X-Frame-Options": "DENY", "X-Content-Type-Options": "nosniff",

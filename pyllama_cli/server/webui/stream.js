@@ -7,7 +7,8 @@ import {$, state, el, setStatus, chatTitle} from "./util.js";
 import {api, errorText, loadProps, renderMarkdown, readEvents} from "./api.js";
 import {saveChats, drawList, systemPrompt} from "./chats.js";
 import {drawMessages, reasoningNode, showHTML} from "./view.js";
-import {apiContent, takeAttachments} from "./attach.js";
+import {takeAttachments} from "./attach.js";
+import {apiContent} from "./media.js";
 
 const RENDER_EVERY_MS = 400;  // how often a streaming answer is re-rendered as Markdown
 
@@ -16,9 +17,9 @@ export function send(event) {
   const text = $("input").value;
   if ((!text.trim() && !state.attachments.length) || state.running) return;
   const chat = state.current;
-  if (!chat.messages.length && chat.title === "New chat") chat.title = text.trim() ? chatTitle(text) : "Image";
-  const images = takeAttachments();
-  chat.messages.push({role: "user", content: text, ...(images.length ? {images} : {})});
+  const media = takeAttachments();
+  if (!chat.messages.length && chat.title === "New chat") chat.title = text.trim() ? chatTitle(text) : media.images ? "Image" : "Audio";
+  chat.messages.push({role: "user", content: text, ...media});
   $("input").value = "";
   drawList();
   drawMessages();

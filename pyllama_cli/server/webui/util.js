@@ -5,7 +5,7 @@ export const STORE = {settings: "pyllama.settings", chats: "pyllama.conversation
 
 export const $ = (id) => document.getElementById(id);
 export const state = {chats: [], current: null, models: [], nCtx: null, running: null, settings: {},
-  vision: false, attachments: [], visionOf: {}};
+  vision: false, audio: false, attachments: [], modalitiesOf: {}};
 
 export function load(key, fallback) {
   try {

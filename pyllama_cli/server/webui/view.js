@@ -3,7 +3,7 @@
 import {$, state, el, button, copy} from "./util.js";
 import {rendered, renderMarkdown} from "./api.js";
 import {regenerate, answer} from "./stream.js";
-import {thumbnail} from "./attach.js";
+import {thumbnail, clipChip} from "./media.js";
 
 export function drawMessages() {
   const box = $("messages");
@@ -22,6 +22,11 @@ function messageNode(chat, m, index) {
       const images = el("div", "images");
       images.append(...m.images.map(thumbnail));
       node.append(images);
+    }
+    if (m.audio) {
+      const clips = el("div", "clips");
+      clips.append(...m.audio.map((clip) => clipChip(clip)));
+      node.append(clips);
     }
     node.append(el("div", "body plain", m.content),
       actions(button("Edit", () => editMessage(chat, index, node), "quiet small edit"),
@@ -95,9 +100,9 @@ function editMessage(chat, index, node) {
   box.rows = Math.min(12, box.value.split("\n").length + 1);
   const resend = () => {
     if (!box.value.trim()) return;
-    const images = chat.messages[index].images;  // an edit changes the text; the images stay
+    const {images, audio} = chat.messages[index];  // an edit changes the text; the media stay
     chat.messages = chat.messages.slice(0, index);
-    chat.messages.push({role: "user", content: box.value, ...(images ? {images} : {})});
+    chat.messages.push({role: "user", content: box.value, ...(images ? {images} : {}), ...(audio ? {audio} : {})});
     drawMessages();
     answer(chat);
   };
