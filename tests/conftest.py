@@ -4,18 +4,27 @@ other flags start their own)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import replace
-from pathlib import Path
-from typing import Any
+import os
+import sys
 
-import pytest
+# The suite starts a few hundred `python -m pyllama_cli` children. With PYTHONDONTWRITEBYTECODE set (as
+# on this project's machines) a fresh clone has no bytecode, so each child compiled pyllama_cli's
+# modules from source again (~0.1 s of CPU a start); let the first import write it for the rest.
+sys.dont_write_bytecode = False
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
-from tests.fixtures.make_gguf import TINY, write_llama_gguf
-from tests.fixtures.think_templates import OPENS_THINK
-from tests.helpers import SHARED_API_KEY
-from tests.test_prompt_cache import _serve
-from tests.test_serve import Server, _start
+from collections.abc import Iterator  # noqa: E402
+from dataclasses import replace  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import pytest  # noqa: E402
+
+from tests.fixtures.make_gguf import TINY, write_llama_gguf  # noqa: E402
+from tests.fixtures.think_templates import OPENS_THINK  # noqa: E402
+from tests.helpers import SHARED_API_KEY  # noqa: E402
+from tests.test_prompt_cache import _serve  # noqa: E402
+from tests.test_serve import Server, _start  # noqa: E402
 
 _USER_DIR_VARS = ("HF_HOME", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "PYLLAMA_HOME", "XDG_CACHE_HOME",
                   "XDG_DATA_HOME", "XDG_CONFIG_HOME", "LLAMA_CACHE")
