@@ -127,6 +127,9 @@ class MediaPrompt:
                 held += position - chunk.start  # inside a text chunk: a cell a position (an image is never cut)
         return held + max(position - len(self.tokens), 0)
 
+    def in_media(self, position: int) -> bool:
+        return any(c.media and c.start <= position < c.start + c.n_pos for c in self.chunks)
+
     def chunk_start(self, position: int) -> int:
         """The start of the chunk that holds `position` (evaluation restarts at a chunk's start)."""
         for chunk in self.chunks:
@@ -134,22 +137,44 @@ class MediaPrompt:
                 return chunk.start
         return position
 
-    def evaluate(self, lctx: Any, start: int, n_batch: int, seq_id: int = 0) -> None:
-        """Decode the chunks from position `start` (a chunk's start) on into sequence `seq_id`, with the
-        logits of the last position.
+    def evaluate(self, lctx: Any, start: int, n_batch: int, seq_id: int = 0, end: int | None = None) -> None:
+        """Decode positions `start` to `end` (the prompt's end by default) into sequence `seq_id`, with the
+        logits of the prompt's last position when `end` is the prompt's end. `start` is a chunk's start or
+        inside text, and so is `end`: an image is decoded whole, and text may stop anywhere, so that a
+        memory that cannot cut a sequence (recurrent) never holds a position it must give back.
 
         Raises:
             PyllamaError: libmtmd could not encode an image or decode a chunk.
         """
+        end = len(self.tokens) if end is None else end
+        todo = [c for c in self.chunks if c.start + c.n_pos > start and c.start < end]
+        for k, chunk in enumerate(todo):
+            whole = chunk.start >= start and chunk.start + chunk.n_pos <= end
+            if chunk.media or whole:
+                self._evaluate_chunk(lctx, chunk, n_batch, seq_id, k == len(todo) - 1 and end == len(self.tokens))
+            else:  # part of a text chunk: its tokens at their positions
+                self._decode_text(lctx, max(start, chunk.start), min(end, chunk.start + chunk.n_pos), n_batch, seq_id)
+
+    def _evaluate_chunk(self, lctx: Any, chunk: _Chunk, n_batch: int, seq_id: int, logits_last: bool) -> None:
         lib = self.lib
         new_n_past = lib.llama_cpp.llama_pos(0)
-        todo = [c for c in self.chunks if c.start >= start]
-        for k, chunk in enumerate(todo):
-            status = lib.mtmd_helper_eval_chunk_single(self.projector.handle, lctx, chunk.handle, chunk.start, seq_id,
-                                                       n_batch, k == len(todo) - 1, ctypes.byref(new_n_past))
-            if status != 0:
-                raise PyllamaError(f"libmtmd could not evaluate the prompt's {'media' if chunk.media else 'text'} "
-                                   f"at position {chunk.start} (status {status})", hint="see the log with -v")
+        status = lib.mtmd_helper_eval_chunk_single(self.projector.handle, lctx, chunk.handle, chunk.start, seq_id,
+                                                   n_batch, logits_last, ctypes.byref(new_n_past))
+        if status != 0:
+            raise PyllamaError(f"libmtmd could not evaluate the prompt's {'media' if chunk.media else 'text'} "
+                               f"at position {chunk.start} (status {status})", hint="see the log with -v")
+
+    def _decode_text(self, lctx: Any, start: int, end: int, n_batch: int, seq_id: int) -> None:
+        from ..model.native import Batch
+
+        with Batch(n_batch) as batch:
+            for first in range(start, end, n_batch):
+                batch.fill(self.tokens[first:min(first + n_batch, end)], first, seq_id,
+                           logits_last=min(first + n_batch, end) == len(self.tokens))
+                status = self.lib.llama_cpp.llama_decode(lctx, batch.raw)
+                if status != 0:
+                    raise PyllamaError(f"the prompt's text at position {first} could not be decoded (status {status})",
+                                       hint="see the log with -v")
 
     @property
     def ends_with_text(self) -> bool:
@@ -170,12 +195,14 @@ class MediaPrompt:
 def prefill_slot(media: MediaPrompt, ctx: Any, seq_id: int, reuse: int) -> int:
     """Evaluate a server slot's prompt with media into sequence `seq_id` (its first `reuse` positions are
     cached already), all but the last token, which the scheduler's batch evaluates with the other slots'
-    tokens to get its logits. Returns how many positions the sequence now holds."""
+    tokens to get its logits. Returns how many positions the sequence now holds.
+
+    The last token is never decoded here: a recurrent or hybrid memory (Qwen3.5) cannot give it back."""
     last = len(media.tokens) - 1
-    start = media.chunk_start(min(reuse, last))
+    start = min(reuse, last)
+    start = media.chunk_start(start) if media.in_media(start) else start  # an image is evaluated whole
     ctx.remove_tokens(seq_id, start, -1)
-    media.evaluate(ctx.handle, start, ctx.n_batch, seq_id)
-    ctx.remove_tokens(seq_id, last, -1)
+    media.evaluate(ctx.handle, start, ctx.n_batch, seq_id, end=last)
     media.close()  # its chunks are in the KV cache now
     return last
 

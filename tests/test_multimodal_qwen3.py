@@ -1,0 +1,151 @@
+"""Qwen3-VL: M-RoPE positions plus deepstack, whose image embeddings are wider than the text model.
+
+The fixture (make_gguf's TINY_QWEN3VL, make_mmproj's QWEN3VL) has one deepstack layer: each image
+embedding is 2 x 256 floats, the first 256 the text model's input and the next 256 added to its first
+layer's output, so the model takes embeddings of 512 (llama.cpp's n_embd_inp) though its width is 256.
+Images make as many embeddings and positions as Qwen2-VL's: the 96x48 PNG 6 x 3 = 18 over 6 positions.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.make_gguf import TINY_QWEN2VL, TINY_QWEN3VL, write_llama_gguf
+from tests.fixtures.make_mmproj import QWEN2VL, QWEN3VL, QWEN35, write_mmproj_gguf
+from tests.fixtures.make_qwen35 import write_qwen35_gguf
+from tests.helpers import run_cli
+from tests.test_multimodal_mrope import MIDDLE, QUESTION, ours, pictures  # noqa: F401 - pictures: a fixture
+from tests.test_multimodal_reference import needs_mtmd_cli, theirs
+from tests.test_serve import Server, _start
+
+
+@pytest.fixture(scope="module")
+def qwen3(models_dir: Path) -> tuple[Path, Path]:
+    return (write_llama_gguf(models_dir / "tiny-qwen3vl.gguf", TINY_QWEN3VL),
+            write_mmproj_gguf(models_dir / "mmproj-tiny-qwen3vl.gguf", QWEN3VL))
+
+
+def test_prompt_tokens_count_every_embedding(qwen3: tuple[Path, Path], pictures: dict[str, Path]) -> None:  # noqa: F811
+    text, n_prompt = ours(qwen3, pictures["png"])
+    assert text.strip()
+    assert n_prompt == 48 + 18  # the chat turn's 48 text tokens and the 6 x 3 image's 18 embeddings
+
+
+@pytest.mark.parametrize("text_model, projector, sizes", [
+    (TINY_QWEN3VL, QWEN2VL, (256, 512)),  # a Qwen2-VL projector's 256 wide embeddings, no deepstack slice
+    (TINY_QWEN2VL, QWEN3VL, (512, 256)),  # a deepstack projector for a model that takes its width only
+], ids=["qwen2vl-projector", "qwen3vl-projector"])
+def test_a_projector_of_another_width_is_one_error_line(models_dir: Path, pictures: dict[str, Path],  # noqa: F811
+                                                        text_model, projector, sizes) -> None:
+    model = write_llama_gguf(models_dir / f"{text_model.name}.gguf", text_model)
+    mmproj = write_mmproj_gguf(models_dir / f"mmproj-for-{text_model.name}.gguf", projector)
+    result = run_cli("complete", "-m", str(model), "--mmproj", str(mmproj), "--image", str(pictures["png"]),
+                     "-p", QUESTION, "-n", "2")
+    assert result.exit_code == 1
+    assert result.stderr.splitlines() == [
+        f"Error: the projector {mmproj.name} makes embeddings of size {sizes[0]}, but the text model takes "
+        f"embeddings of size {sizes[1]}", "Hint: use the mmproj file made for this model"]
+
+
+@pytest.mark.reference
+@needs_mtmd_cli
+@pytest.mark.parametrize("kind, prompt", [("png", QUESTION), ("jpeg", MIDDLE)], ids=["png-first", "jpeg-around"])
+def test_complete_matches_mtmd_cli(qwen3: tuple[Path, Path], pictures: dict[str, Path], kind: str,  # noqa: F811
+                                   prompt: str) -> None:
+    expected = theirs(qwen3[0], qwen3[1], pictures[kind], question=prompt)
+    assert expected[0].strip()
+    assert ours(qwen3, pictures[kind], prompt) == expected
+
+
+@pytest.fixture(scope="module")
+def qwen3_server(qwen3: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    srv = _start(qwen3[0], tmp_path_factory.mktemp("serve-qwen3vl") / "stderr.log", "--mmproj", str(qwen3[1]),
+                 "-c", "512", "--parallel", "1")
+    yield srv
+    srv.stop()
+
+
+def test_serve_image_url_gives_completes_text(qwen3_server: Server, qwen3: tuple[Path, Path],
+                                             pictures: dict[str, Path]) -> None:  # noqa: F811
+    url = f"data:image/jpeg;base64,{base64.b64encode(pictures['jpeg'].read_bytes()).decode()}"
+    answer = qwen3_server.client().chat.completions.create(
+        model="any", max_tokens=8, temperature=0,
+        messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                               {"type": "text", "text": QUESTION}]}])
+    assert (answer.choices[0].message.content, answer.usage.prompt_tokens) == ours(qwen3, pictures["jpeg"])
+    assert answer.usage.prompt_tokens == 48 + 15  # the 48x80 JPEG: 3 x 5 embeddings
+
+
+# ---- Qwen3.5: M-RoPE over a hybrid memory (a recurrent layer and an attention layer)
+# Its recurrent state cannot be cut at a position: a slot's next request reuses the prompt's cells only
+# from a context checkpoint (core/serving/checkpoints.py). llama-mtmd-cli prints special tokens as text
+# and complete does not, so the prompts here are ones whose 8 greedy tokens have none.
+TELL = "Tell me what the picture shows."
+
+
+@pytest.fixture(scope="module")
+def qwen35(models_dir: Path) -> tuple[Path, Path]:
+    return (write_qwen35_gguf(models_dir / "tiny-qwen35.gguf"),
+            write_mmproj_gguf(models_dir / "mmproj-tiny-qwen35.gguf", QWEN35))
+
+
+@pytest.mark.reference
+@needs_mtmd_cli
+@pytest.mark.parametrize("kind, prompt", [("png", MIDDLE), ("jpeg", TELL)], ids=["png-around", "jpeg-first"])
+def test_qwen35_complete_matches_mtmd_cli(qwen35: tuple[Path, Path], pictures: dict[str, Path], kind: str,  # noqa: F811
+                                          prompt: str) -> None:
+    expected = theirs(qwen35[0], qwen35[1], pictures[kind], question=prompt)
+    assert expected[0].strip()
+    assert ours(qwen35, pictures[kind], prompt) == expected
+
+
+@pytest.fixture(scope="module")
+def qwen35_server(qwen35: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    srv = _start(qwen35[0], tmp_path_factory.mktemp("serve-qwen35") / "stderr.log", "--mmproj", str(qwen35[1]),
+                 "-c", "512", "--parallel", "1")
+    yield srv
+    srv.stop()
+
+
+def _ask(server: Server, image: Path, question: str) -> tuple[str, int, int]:
+    url = f"data:image/png;base64,{base64.b64encode(image.read_bytes()).decode()}"
+    answer = server.client().chat.completions.create(
+        model="any", max_tokens=8, temperature=0,
+        messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                               {"type": "text", "text": question}]}])
+    details = answer.usage.prompt_tokens_details
+    return answer.choices[0].message.content, answer.usage.prompt_tokens, (details.cached_tokens if details else 0) or 0
+
+
+def test_qwen35_serve_reuses_a_checkpoint_after_the_image(qwen35_server: Server, qwen35: tuple[Path, Path],
+                                                         pictures: dict[str, Path]) -> None:  # noqa: F811
+    """The same question again restores the checkpoint taken before the prompt's last token; another
+    question after the same image finds no checkpoint before it (they sit at the prompt's end) and starts
+    over. Each answer is complete's."""
+    expected = ours(qwen35, pictures["png"], TELL)
+    assert _ask(qwen35_server, pictures["png"], TELL) == (*expected, 0)
+    assert _ask(qwen35_server, pictures["png"], TELL) == (*expected, expected[1] - 1)
+    assert _ask(qwen35_server, pictures["png"], QUESTION) == (*ours(qwen35, pictures["png"], QUESTION), 0)
+
+
+def test_qwen35_chat_second_turn_as_serve_answers(qwen35_server: Server, qwen35: tuple[Path, Path],
+                                                  pictures: dict[str, Path]) -> None:  # noqa: F811
+    """chat's second turn cannot cut the recurrent state back to the shared prefix: it evaluates the
+    conversation again, and answers as the server does."""
+    model, projector = qwen35
+    result = run_cli("chat", "-m", str(model), "--mmproj", str(projector), "--temp", "0", "-n", "8", "-c", "512",
+                     stdin=f"/image {pictures['jpeg']}\n{TELL}\nTell me more.\n")
+    assert result.exit_code == 0, result.stderr
+    first, second = (line.strip("\n") for line in result.stdout.split("\n\n")[:2])
+    assert first == ours(qwen35, pictures["jpeg"], TELL)[0]
+    url = f"data:image/jpeg;base64,{base64.b64encode(pictures['jpeg'].read_bytes()).decode()}"
+    messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                             {"type": "text", "text": TELL}]},
+                {"role": "assistant", "content": first}, {"role": "user", "content": "Tell me more."}]
+    answer = qwen35_server.client().chat.completions.create(model="any", max_tokens=8, temperature=0,
+                                                            messages=messages)
+    assert second == answer.choices[0].message.content
