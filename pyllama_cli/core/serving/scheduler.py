@@ -17,8 +17,7 @@ share the longest prefix with its prompt, and only the rest of the prompt is eva
 LoRA adapters apply to the whole context, so a step runs the slots of one adapter set only (the
 sets of the busy slots take turns, step by step), and a slot's cached tokens are reused only by a
 request with the adapter set that made them (see lora_sets.py; the prompt cache, cache/, keeps
-each entry's set too).
-The HTTP layer only submits jobs and reads `JobStream`s; it never touches llama.cpp.
+each entry's set too). The HTTP layer only submits jobs and reads `JobStream`s; it never touches llama.cpp.
 """
 
 from __future__ import annotations
@@ -387,7 +386,8 @@ class ParallelEngine(Engine):
         pad_slot = candidate if candidate is not None and self._padding.choose() else None
         self._pad = None
         turn_slots = [s for s in self.slots if turn is None or s.lora == turn]
-        chunks = self._checkpoints.plan(self.slots, plan_prefill(turn_slots, room))  # cut where checkpoints go
+        ubatch_room = room - self._ctx.n_batch + self._ctx.n_ubatch
+        chunks = self._checkpoints.plan(self.slots, plan_prefill(turn_slots, room, ubatch_room))  # cut at checkpoints
         for slot in self.slots:
             slot.batch_index, slot.in_batch = -1, False
             if turn is not None and slot.state != IDLE and slot.lora != turn:

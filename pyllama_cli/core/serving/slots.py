@@ -114,13 +114,23 @@ def plan_drafts(slots: list[Slot], spec: Any, n_ctx: int, room: int) -> int:
     return used
 
 
-def plan_prefill(slots: list[Slot], room: int) -> dict[int, int]:
+def plan_prefill(slots: list[Slot], room: int, ubatch_room: int) -> dict[int, int]:
     """How many prompt tokens each prefilling slot evaluates this step, within `room`: the shortest
     rest first. An agent's later turn (a few dozen new tokens after a cached prefix) then gets its
     first token in the next step instead of waiting behind another conversation's long first prompt,
-    which loses only those few tokens of room (llama-server fills the room in slot order)."""
+    which loses only those few tokens of room (llama-server fills the room in slot order).
+
+    A step that gives someone a token (a slot generating, or a prompt that ends within one ubatch)
+    stops at one ubatch (`ubatch_room`: n_ubatch less the step's other tokens). llama_decode returns
+    only when its whole batch is done, so more of another prompt would hold those tokens back by a
+    pass over the model per ubatch, passes that cost the same in the steps after."""
+    prefilling = sorted((s for s in slots if s.state == PREFILL), key=lambda s: (len(s.pending), s.id))
+    gives_tokens = any(s.state == GENERATING for s in slots) or (
+        bool(prefilling) and len(prefilling[0].pending) <= ubatch_room)
+    if gives_tokens and ubatch_room > 0:
+        room = min(room, ubatch_room)
     chunks: dict[int, int] = {}
-    for slot in sorted((s for s in slots if s.state == PREFILL), key=lambda s: (len(s.pending), s.id)):
+    for slot in prefilling:
         chunks[slot.id] = min(len(slot.pending), max(room, 0))
         room -= chunks[slot.id]
     return chunks
