@@ -18,7 +18,7 @@ from tests.fixtures.make_gguf import TINY_QWEN2VL, TINY_QWEN3VL, write_llama_ggu
 from tests.fixtures.make_mmproj import QWEN2VL, QWEN3VL, QWEN35, write_mmproj_gguf
 from tests.fixtures.make_qwen35 import write_qwen35_gguf
 from tests.helpers import run_cli
-from tests.test_multimodal_mrope import MIDDLE, QUESTION, ours, pictures  # noqa: F401 - pictures: a fixture
+from tests.test_multimodal_mrope import MIDDLE, QUESTION, _ask, ours, pictures  # noqa: F401 - pictures: a fixture
 from tests.test_multimodal_reference import needs_mtmd_cli, theirs
 from tests.test_serve import Server, _start
 
@@ -109,16 +109,6 @@ def qwen35_server(qwen35: tuple[Path, Path], tmp_path_factory: pytest.TempPathFa
                  "-c", "512", "--parallel", "1")
     yield srv
     srv.stop()
-
-
-def _ask(server: Server, image: Path, question: str) -> tuple[str, int, int]:
-    url = f"data:image/png;base64,{base64.b64encode(image.read_bytes()).decode()}"
-    answer = server.client().chat.completions.create(
-        model="any", max_tokens=8, temperature=0,
-        messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
-                                               {"type": "text", "text": question}]}])
-    details = answer.usage.prompt_tokens_details
-    return answer.choices[0].message.content, answer.usage.prompt_tokens, (details.cached_tokens if details else 0) or 0
 
 
 def test_qwen35_serve_reuses_a_checkpoint_after_the_image(qwen35_server: Server, qwen35: tuple[Path, Path],
