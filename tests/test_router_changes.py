@@ -190,3 +190,18 @@ def test_a_server_of_one_model_adds_and_removes_none(server: Server) -> None:
         status, body = error(response)
         assert (status, body["code"]) == (400, "not_router")
         assert body["message"].startswith("this server serves one model and cannot ")
+
+
+def test_sigterm_ends_models_sse_at_once_not_after_the_grace(tiny_model: Path, tmp_path: Path) -> None:
+    """/models/sse is no request to wait for: a stopping router ends it at once, where it used to hold
+    the stop for the whole --shutdown-grace (3 s) like an unfinished answer."""
+    other = write_llama_gguf(tmp_path / "other.gguf", replace(TINY, seed=2))
+    server = spawn_serve(tmp_path / "stderr.log", ["-m", str(other), "-m", str(tiny_model), "-c", "512"])
+    try:
+        Events(server.url)
+        started = time.monotonic()
+        server.proc.terminate()
+        assert server.proc.wait(timeout=15) == 0
+        assert time.monotonic() - started < 1.5
+    finally:
+        server.stop()

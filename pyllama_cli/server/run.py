@@ -233,9 +233,12 @@ def server_class() -> type:
     class Server(uvicorn.Server):
         stop_signal: int | None = None
         on_stop: Any = None
+        on_signal: Any = None  # at once: what is no request to wait for (the router's event streams)
         grace: float = 3.0
 
         def handle_exit(self, sig: int, frame: Any) -> None:
+            if self.stop_signal is None and self.on_signal is not None:
+                _soon(self.on_signal)  # not inside whatever the signal interrupted
             if self.stop_signal is None and self.on_stop is not None:
                 timer = threading.Timer(self.grace, self.on_stop)
                 timer.daemon = True
@@ -256,3 +259,13 @@ def server_class() -> type:
                     signal.signal(sig, handler)
 
     return Server
+
+
+def _soon(action: Any) -> None:
+    """Run `action` on the running event loop's next turn (a signal handler may have cut into its code)."""
+    import asyncio
+
+    try:
+        asyncio.get_running_loop().call_soon(action)
+    except RuntimeError:  # no loop running: nothing to cut into
+        action()

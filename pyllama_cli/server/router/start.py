@@ -199,6 +199,7 @@ def serve_router(socks: list[socket.socket], models: list[PoolModel], preload: t
     server = run.server_class()(run.uvicorn_config(create_app(router, settings), settings.limits, verbose=verbose))
     server.grace = settings.limits.shutdown_grace
     server.on_stop = lambda: router.cancel_all(ServerShutdown())
+    server.on_signal = router.changes.events.close  # /models/sse waits for no answer: it ends at once
     address, ids = run.url(socks[0]), ", ".join(m.id for m in models)
     most = f"up to {options.models_max} loaded at once" if options.models_max > 0 else "no limit on loaded models"
     say(f"listening on {', '.join(run.url(s) for s in socks)} - router mode, {len(models)} models: {ids}")
