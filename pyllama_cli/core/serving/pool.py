@@ -79,6 +79,7 @@ class PoolModel:
     engine: Engine | None = None
     error: BaseException | None = None
     leases: int = 0
+    waiting: int = 0  # requests waiting for its load: once loaded it is theirs, not room for another load
     loads: int = 0  # loads started, for /metrics
     retired: EngineStats | None = None  # the totals of its engines already unloaded (None: none yet)
     last_used: float = field(default_factory=time.monotonic)  # when its last request ended
@@ -89,7 +90,7 @@ class PoolModel:
 
     @property
     def busy(self) -> bool:
-        if self.leases > 0:
+        if self.leases > 0 or self.waiting > 0:
             return True
         if self.engine is None or self.state != LOADED:
             return False
@@ -219,7 +220,11 @@ class EnginePool:
                 return model
             elif model.state == LOADING:
                 assert model._loading is not None
-                await asyncio.shield(model._loading)
+                model.waiting += 1  # else another load waiting for room could take it before this request
+                try:
+                    await asyncio.shield(model._loading)
+                finally:
+                    model.waiting -= 1
             elif model.state == FAILED and not retry_failed:
                 assert model.error is not None
                 raise model.error.with_traceback(None)  # raised again per request: keep no old frames
