@@ -273,6 +273,39 @@ def test_a_lone_model_with_sleep_idle_seconds_keeps_its_alias_and_sleeps_without
         srv.stop()
 
 
+def test_a_sleeping_server_answers_metrics_as_it_fell_asleep_and_counts_requests_once_awake(
+        tiny_model: Path, tmp_path: Path) -> None:
+    srv = spawn_serve(tmp_path / "stderr.log", ["-m", str(tiny_model), "-c", "256", "--sleep-idle-seconds", "1"])
+    try:
+        def metrics() -> str:
+            response = httpx.get(f"{srv.url}/metrics", timeout=30)
+            assert response.status_code == 200
+            return response.text
+
+        def sleeping() -> bool:
+            return httpx.get(f"{srv.url}/props", timeout=30).json()["is_sleeping"]
+
+        _complete(srv, {"prompt": "hi", "n_predict": 3, "ignore_eos": True})
+        metrics()  # closes the throughput window: the next scrape shows empty ones, as the sleeping server will
+        awake = metrics()
+        deadline = time.monotonic() + 20
+        while not sleeping():  # polls that neither count as requests nor keep the model awake
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        assert metrics() == awake
+        assert httpx.get(f"{srv.url}/v1/models", timeout=30).status_code == 200
+        assert httpx.get(f"{srv.url}/health", timeout=30).status_code == 200
+        assert metrics() == awake and sleeping()  # the listing is counted, not shown yet; nothing woke it
+        assert httpx.post(f"{srv.url}/tokenize", json={"content": "hi"}, timeout=60).status_code == 200
+        assert not sleeping()
+        requests = dict(re.findall(r'^pyllama_requests_total\{endpoint="([^"]+)",status="200"\} (\d+)$', metrics(),
+                                   re.MULTILINE))
+        assert requests == {"/completion": "1", "/v1/models": "1", "/tokenize": "1"}
+        assert _llamacpp_series(awake)["llamacpp:tokens_predicted_total"] == ("counter", 3)
+    finally:
+        srv.stop()
+
+
 def test_embeddings_count_their_prompt_and_decodes_in_metrics(models_dir: Path, tmp_path: Path) -> None:
     model = write_llama_gguf(models_dir / "tiny-embed.gguf", replace(TINY, embedding_only=True))
     embedding_server = spawn_serve(tmp_path / "stderr.log", ["-m", str(model), "-c", "512", "--embeddings"])

@@ -283,3 +283,30 @@ def test_rpc_in_router_mode_needs_models_max_1(folder: Path) -> None:
     result = run_cli(*args)
     assert (result.exit_code, result.stderr.strip().splitlines()) == (
         1, ["Error: --rpc in router mode runs one model at a time", "Hint: add --models-max 1"])
+
+
+def test_metrics_show_the_moment_of_sleep_only_while_every_model_sleeps(folder: Path, tmp_path: Path) -> None:
+    server = _start(tmp_path / "stderr.log", "-m", str(folder / "alpha.gguf"), "-m", str(folder / "beta.gguf"),
+                    "-c", "512")
+    try:
+        def metrics() -> str:
+            return httpx.get(f"{server.url}/metrics", timeout=30).text
+
+        def loaded(text: str) -> dict[str, str]:
+            return dict(re.findall(r'^pyllama_model_loaded\{model="(\w+)"\} (\d)$', text, re.MULTILINE))
+
+        assert server.chat("alpha", keep_alive="10m").status_code == 200
+        assert server.chat("beta", keep_alive=0).status_code == 200
+        server.wait_status("beta", "unloaded")
+        assert loaded(metrics()) == {"alpha": "1", "beta": "0"}  # beta sleeps, alpha does not: live
+        assert httpx.post(f"{server.url}/models/unload", json={"model": "alpha"}, timeout=30).status_code == 200
+        assert loaded(metrics()) == {"alpha": "0", "beta": "0"}  # unloaded by hand, not asleep: live
+        assert server.chat("alpha", keep_alive=0).status_code == 200
+        server.wait_status("alpha", "unloaded")
+        assert loaded(metrics()) == {"alpha": "1", "beta": "0"}  # every model asleep: as alpha fell asleep
+        asleep = metrics()
+        assert server.status("beta") == "unloaded" and metrics() == asleep
+        assert server.chat("beta", keep_alive="10m").status_code == 200
+        assert loaded(metrics()) == {"alpha": "0", "beta": "1"}
+    finally:
+        server.stop()

@@ -92,6 +92,8 @@ def create_app(models: ModelSet, settings: ServerSettings) -> FastAPI:
         webui.add_routes(app, models)
     vertex.add_routes(app)  # AIP_MODE=PREDICTION only: Vertex AI's /predict over the routes above
     app.state.metrics = Metrics(route.path for route in app.routes)
+    if settings.metrics:  # a sleeping server answers /metrics with what it showed when it fell asleep
+        models.on_sleep(lambda: app.state.metrics.fall_asleep(models))
     # Added innermost first: metrics see every answer, CORS headers go on errors too.
     app.add_middleware(LeaseMiddleware)  # a model is held until its answer is sent (router mode)
     app.add_middleware(LoneSurrogateMiddleware)  # no route ever sees half a UTF-16 pair

@@ -37,11 +37,15 @@ class LlamaCppSeries:
         self._lock = threading.Lock()
         self._last: dict[str, EngineStats] = {}
 
-    def render(self, models: list[tuple[str, EngineStats]]) -> list[str]:
-        """`models`: (labels, totals) of each model; labels is "" with one model."""
+    def render(self, models: list[tuple[str, EngineStats]], *, commit: bool = True,
+               settled: bool = False) -> list[str]:
+        """`models`: (labels, totals) of each model; labels is "" with one model. `commit`: this is a
+        scrape, the gauges' next window starts now; `settled`: as a scrape right after one would show it
+        (empty windows)."""
         with self._lock:
-            last = {label: self._last.get(label, EngineStats()) for label, _ in models}
-            self._last.update(dict(models))
+            last = {label: stats if settled else self._last.get(label, EngineStats()) for label, stats in models}
+            if commit:
+                self._last.update(dict(models))
         lines: list[str] = []
         for name, help_text, read in _COUNTERS:
             _series(lines, name, "counter", help_text, [(label, read(stats)) for label, stats in models])
@@ -59,6 +63,11 @@ class LlamaCppSeries:
         for name, help_text, read2 in gauges:
             _series(lines, name, "gauge", help_text, [(label, read2(stats, last[label])) for label, stats in models])
         return lines
+
+    def commit(self, models: list[tuple[str, EngineStats]]) -> None:
+        """Start the gauges' next window at these totals (a scrape was answered from a snapshot of them)."""
+        with self._lock:
+            self._last.update(dict(models))
 
 
 def _series(lines: list[str], name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:

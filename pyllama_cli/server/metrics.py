@@ -1,5 +1,12 @@
 """Prometheus metrics: HTTP counters kept here, generation figures read from the engines when scraped
-(labelled `model="ID"` on a server of several models)."""
+(labelled `model="ID"` on a server of several models).
+
+The request counters leave out the monitoring reads (GET /metrics, /health, /v1/health, /props), as
+Prometheus' own instrumentation leaves out its scrapes: probes would make up most of the count, and
+they must not change what a sleeping server shows. While every model sleeps (unloaded for idleness,
+--sleep-idle-seconds), /metrics answers the text of the moment the server fell asleep, as
+llama-server's cached metrics do; requests made meanwhile are counted, and show once it wakes.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +14,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -18,6 +26,7 @@ if TYPE_CHECKING:
     from .model_set import ModelSet
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+UNCOUNTED = frozenset({"/metrics", "/health", "/v1/health", "/props"})  # GET (and HEAD) only: see above
 
 
 class Metrics:
@@ -29,6 +38,7 @@ class Metrics:
         self._requests: Counter[tuple[str, int]] = Counter()
         self._llamacpp = LlamaCppSeries()
         self.started = int(time.time())  # the Process-Start-Time-Unix header (llama-server's)
+        self._snapshot: _Snapshot | None = None  # what /metrics shows while the server sleeps
 
     def observe(self, path: str, status: int) -> None:
         endpoint = path if path in self.endpoints else "other"  # bounded labels, whatever clients probe
@@ -36,7 +46,20 @@ class Metrics:
             self._requests[(endpoint, status)] += 1
 
     def render(self, models: ModelSet) -> str:
-        """Every series; the engines' are labelled by model on a server of several (`model="ID"`)."""
+        """Every series; the engines' are labelled by model on a server of several (`model="ID"`). While
+        every model sleeps: the snapshot fall_asleep() took."""
+        snapshot = self._snapshot if models.asleep() else None
+        if snapshot is None:
+            self._snapshot = None
+            return self._render(models)
+        return snapshot.serve(self._llamacpp)
+
+    def fall_asleep(self, models: ModelSet) -> None:
+        """Keep this moment's text for the scrapes while the server sleeps (its last model still loaded)."""
+        self._snapshot = _Snapshot(self._render(models, commit=False),
+                                   self._render(models, commit=False, settled=True), _lifetime(models))
+
+    def _render(self, models: ModelSet, *, commit: bool = True, settled: bool = False) -> str:
         with self._lock:
             requests = sorted(self._requests.items())
         engines = [(label_pair("model", label) if label is not None else "", engine, engine.stats())
@@ -66,9 +89,31 @@ class Metrics:
         _prompt_cache_series(lines, engines)
         for name, kind, help_text, samples in models.model_series():
             _metric(lines, name, kind, help_text, samples)
-        lines += self._llamacpp.render([(label_pair("model", label) if label is not None else "", stats)
-                                        for label, stats in models.lifetime_stats()])
+        lines += self._llamacpp.render(_lifetime(models), commit=commit, settled=settled)
         return "\n".join(lines) + "\n"
+
+
+@dataclass
+class _Snapshot:
+    """/metrics of a sleeping server: its first scrape shows the throughput window up to the sleep and
+    closes it (llama-server's bucket), the later ones show empty windows."""
+
+    first: str
+    settled: str
+    totals: list[tuple[str, EngineStats]]
+    shown: bool = False
+
+    def serve(self, series: LlamaCppSeries) -> str:
+        if self.shown:
+            return self.settled
+        series.commit(self.totals)
+        self.shown = True
+        return self.first
+
+
+def _lifetime(models: ModelSet) -> list[tuple[str, EngineStats]]:
+    return [(label_pair("model", label) if label is not None else "", stats)
+            for label, stats in models.lifetime_stats()]
 
 
 def _prompt_cache_series(lines: list[str], engines: list[tuple[str, Any, EngineStats]]) -> None:
@@ -127,7 +172,8 @@ def _rate(n: int, seconds: float) -> float:
 
 
 class MetricsMiddleware:
-    """Counts every response (errors from other middleware included) by endpoint and status."""
+    """Counts every response (errors from other middleware included) by endpoint and status, but for
+    the monitoring reads (UNCOUNTED)."""
 
     def __init__(self, app: ASGIApp, metrics: Metrics):
         self.app = app
@@ -138,6 +184,9 @@ class MetricsMiddleware:
             await self.app(scope, receive, send)
             return
         path = scope["path"]
+        if path in UNCOUNTED and scope["method"] in ("GET", "HEAD"):
+            await self.app(scope, receive, send)
+            return
 
         async def observe(message: Message) -> None:
             if message["type"] == "http.response.start":

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -98,6 +98,15 @@ class ModelSet(ABC):
     def model_series(self) -> list[tuple[str, str, str, list[tuple[str, float]]]]:
         """Extra /metrics series about the models themselves: (name, type, help, samples)."""
         return []
+
+    def asleep(self) -> bool:
+        """Whether every model is unloaded for idleness (--sleep-idle-seconds): llama-server's sleep."""
+        return False
+
+    def on_sleep(self, hook: Callable[[], None]) -> None:
+        """Run `hook` as the server falls asleep, just before its last model unloads (a server that never
+        sleeps never runs it)."""
+        del hook
 
     @abstractmethod
     def served(self) -> Iterator[ServedModel]:

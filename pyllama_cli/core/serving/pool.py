@@ -10,6 +10,9 @@ leased and never unloaded, so a request can never lose its model between finding
 * A model idle for its keep-alive (the last request's `keep_alive`, else `idle_seconds`) is unloaded;
   0 unloads it as soon as its last request ends, a negative value keeps it.
 * A model that fails to load stays failed (its requests get the error) until `load()` is asked again.
+* The pool is `asleep` from the moment an idle unload leaves no model loaded or loading until the next
+  load starts (llama-server's sleeping state); `on_sleep` runs just before that unload, the model still
+  loaded, so that the server can keep what it showed then (its /metrics text).
 
 Everything here runs on the event loop except the engines' own threads, whose load callbacks come
 back through `call_soon_threadsafe`; closing an engine (joining its thread, freeing the model) runs in
@@ -118,6 +121,8 @@ class EnginePool:
         self._changed: asyncio.Event | None = None
         self._reaper: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.asleep = False  # every model unloaded for idleness (see the module docstring)
+        self.on_sleep: Callable[[], None] | None = None
 
     # ---------------------------------------------------------------- requests
 
@@ -137,7 +142,7 @@ class EnginePool:
         model.leases -= 1
         model.last_used = time.monotonic()
         if model.keep_alive == 0 and model.state == LOADED and not model.busy:
-            self._start_unload(model, "keep_alive 0")
+            self._start_unload(model, "keep_alive 0", idle=True)
         self._notify()
 
     async def load(self, model_id: str) -> PoolModel:
@@ -232,6 +237,7 @@ class EnginePool:
                 retry_failed = False  # one new try per call
                 # The load is a task of its own: a client that leaves while it waits does not stop it.
                 model.state, model.error = LOADING, None
+                self.asleep = False  # a load wakes the server
                 model._loading = asyncio.get_running_loop().create_task(self._load(model))
 
     async def _load(self, model: PoolModel) -> None:
@@ -296,11 +302,17 @@ class EnginePool:
 
     # ---------------------------------------------------------------- unloading
 
-    def _start_unload(self, model: PoolModel, why: str) -> None:
-        """Mark the model unloaded at once (new requests load it again) and free it in a worker thread."""
+    def _start_unload(self, model: PoolModel, why: str, *, idle: bool = False) -> None:
+        """Mark the model unloaded at once (new requests load it again) and free it in a worker thread;
+        `idle`: unloaded for idleness, which puts the pool to sleep when no other model is up."""
+        falls_asleep = idle and model.engine is not None and model._closing is None and not any(
+            m is not model and m.state in (LOADED, LOADING) for m in self.models.values())
+        if falls_asleep and self.on_sleep is not None:
+            self.on_sleep()
         engine, model.engine, model.state = model.engine, None, UNLOADED
         if engine is None or model._closing is not None:
             return
+        self.asleep = falls_asleep  # any other unload leaves some model up, or was asked for
         last = engine.stats()  # /metrics' totals outlive the engine
         model.retired = last if model.retired is None else model.retired.plus(last)
         self._report(f"unloading model {model.id!r} ({why})")
@@ -320,7 +332,7 @@ class EnginePool:
             for model in self.loaded():
                 limit = model.keep_alive if model.keep_alive is not None else self.idle_seconds
                 if limit >= 0 and not model.busy and model.idle_seconds() >= limit:
-                    self._start_unload(model, f"idle for {limit:g} s")
+                    self._start_unload(model, f"idle for {limit:g} s", idle=True)
 
     def _notify(self) -> None:
         if self._changed is not None:

@@ -181,6 +181,12 @@ class Router(ModelSet):
              [(label_pair("model", m.id), int(m.state == LOADED)) for m in models]),
         ]
 
+    def asleep(self) -> bool:
+        return self.pool.asleep
+
+    def on_sleep(self, hook: Callable[[], None]) -> None:
+        self.pool.on_sleep = hook
+
     def cancel_all(self, reason: BaseException | None = None) -> None:
         self.changes.events.close()  # /models/sse streams end, so the server can stop
         self.pool.cancel_all(reason)
