@@ -308,7 +308,10 @@ class EnginePool:
         falls_asleep = idle and model.engine is not None and model._closing is None and not any(
             m is not model and m.state in (LOADED, LOADING) for m in self.models.values())
         if falls_asleep and self.on_sleep is not None:
-            self.on_sleep()
+            try:
+                self.on_sleep()
+            except Exception as exc:  # noqa: BLE001 - a failed hook must not stop the unload (or the reaper)
+                self._report(f"while falling asleep: {exc}")
         engine, model.engine, model.state = model.engine, None, UNLOADED
         if engine is None or model._closing is not None:
             return
