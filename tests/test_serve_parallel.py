@@ -151,13 +151,11 @@ def test_a_short_prompt_rest_is_evaluated_whole_beside_a_long_one(engine: Parall
     long.state, long.cached, long.pending = PREFILL, [], [1] + [300] * 2099
     short.state, short.cached, short.pending = PREFILL, [], [1, 400, 401, 402, 403]
     assert engine._build_batch()
-    # The step gives the short one its first token, so it stops at one ubatch: llama_decode would return
-    # that token only after the whole batch, a pass over the model per ubatch of the long prompt.
-    n_ubatch = engine._ctx.n_ubatch
-    assert n_ubatch < engine._ctx.n_batch
-    assert _batch_seq_ids(engine) == [0] * (n_ubatch - 5) + [2] * 5
-    assert (len(short.pending), len(long.pending)) == (0, 2100 - (n_ubatch - 5))
-    assert short.batch_index == n_ubatch - 1 and long.batch_index == -1
+    # The step ends the short prompt, so it carries none of the long one: llama_decode returns the short
+    # one's first token only when its whole batch is done.
+    assert _batch_seq_ids(engine) == [2] * 5
+    assert (len(short.pending), len(long.pending)) == (0, 2100)
+    assert short.batch_index == 4 and long.batch_index == -1
 
 
 def test_a_long_prompt_alone_fills_the_batch_and_beside_a_generating_slot_one_ubatch(engine: ParallelEngine) -> None:

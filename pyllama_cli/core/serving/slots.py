@@ -121,17 +121,18 @@ def plan_prefill(slots: list[Slot], room: int, ubatch_room: int) -> dict[int, in
     which loses only those few tokens of room (llama-server fills the room in slot order).
 
     A step that gives someone a token (a slot generating, or a prompt that ends within one ubatch)
-    stops at one ubatch (`ubatch_room`: n_ubatch less the step's other tokens). llama_decode returns
-    only when its whole batch is done, so more of another prompt would hold those tokens back by a
-    pass over the model per ubatch, passes that cost the same in the steps after."""
+    stops at one ubatch (`ubatch_room`: n_ubatch less the step's other tokens), and a step that ends
+    a prompt carries no part of a prompt it does not end. llama_decode returns only when its whole
+    batch is done, so more of another prompt would hold those tokens back by the time that part takes,
+    time it costs the same in the steps after."""
     prefilling = sorted((s for s in slots if s.state == PREFILL), key=lambda s: (len(s.pending), s.id))
-    gives_tokens = any(s.state == GENERATING for s in slots) or (
-        bool(prefilling) and len(prefilling[0].pending) <= ubatch_room)
-    if gives_tokens and ubatch_room > 0:
+    ends_one = bool(prefilling) and len(prefilling[0].pending) <= ubatch_room
+    if (ends_one or any(s.state == GENERATING for s in slots)) and ubatch_room > 0:
         room = min(room, ubatch_room)
     chunks: dict[int, int] = {}
     for slot in prefilling:
-        chunks[slot.id] = min(len(slot.pending), max(room, 0))
+        rest = len(slot.pending)
+        chunks[slot.id] = rest if rest <= room else (0 if ends_one else max(room, 0))
         room -= chunks[slot.id]
     return chunks
 
