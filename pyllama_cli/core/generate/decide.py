@@ -45,7 +45,7 @@ class Turn:
     """One generation's decisions and statistics, from the end of its prefill to its last token."""
 
     def __init__(self, model: object, *, max_tokens: int, stop: Sequence[str], n_ctx: int, ignore_eos: bool,
-                 grammar: bool, stats: GenerationStats, started: float | None = None):
+                 grammar: bool, stats: GenerationStats, started: float | None = None, show_cut_character: bool = False):
         self.model = model
         self.max_tokens = max_tokens
         self.n_ctx = n_ctx
@@ -56,6 +56,7 @@ class Turn:
         self.generation_started = 0.0
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._matcher = StopMatcher(stop)
+        self.show_cut_character = show_cut_character
 
     def prefilled(self) -> None:
         """The prompt is in the KV cache: its time is measured, generation's starts."""
@@ -93,9 +94,11 @@ class Turn:
 
     def finish(self, reason: str) -> str:
         """End the generation; return the text still held back (none after a stop string). Bytes of a
-        character cut short (the budget ran out inside it) are dropped, as llama-server drops them,
-        rather than shown as U+FFFD: the text ends at the last whole character."""
-        tail = "" if reason == STOP_STOP else self._matcher.flush(self._decoder.decode(b"", final=False))
+        character cut short (the budget ran out inside it) are dropped, as llama-server drops them: the
+        text ends at the last whole character. With `show_cut_character` (complete and chat) they end it
+        as U+FFFD, where llama-completion prints their bytes."""
+        held = self._decoder.decode(b"", final=self.show_cut_character)
+        tail = "" if reason == STOP_STOP else self._matcher.flush(held)
         self._decoder.reset()
         if self.generation_started:
             self.stats.generation_ms = (time.perf_counter() - self.generation_started) * 1000

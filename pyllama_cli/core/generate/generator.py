@@ -121,7 +121,7 @@ class Generator:
         stats.seed = sampler.settings.seed
         # a shift makes room: no full context; M-RoPE images take more cells than positions
         n_ctx = context_room(self.media, self.ctx.n_ctx) if self.shift_keep is None else 2**62
-        turn = Turn(self.model, max_tokens=max_tokens, stop=stop, n_ctx=n_ctx, stats=stats,
+        turn = Turn(self.model, max_tokens=max_tokens, stop=stop, n_ctx=n_ctx, stats=stats, show_cut_character=True,
                     ignore_eos=sampler.settings.ignore_eos, grammar=bool(sampler.settings.grammar))
         try:
             stats.n_cached = prompt_cells(self.media, self.prefill(prompt, stop_flag))
