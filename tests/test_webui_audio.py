@@ -67,7 +67,7 @@ def test_an_attached_clip_is_answered_as_the_api_answers_survives_a_reload_and_g
     send(browser, QUESTION)
     wait_answered(browser)
     assert chips(browser, ATTACHED) == []  # it went with the message
-    assert chips(browser, ".message.user .clip") == [("a.wav", "0:01")]
+    wait(browser, lambda d: chips(d, ".message.user .clip") == [("a.wav", "0:01")])  # its player reads the length
 
     part = audio_part(wav, "wav")
     text = api_answer(hearing, [{"role": "user", "content": [part, {"type": "text", "text": QUESTION}]}])[
