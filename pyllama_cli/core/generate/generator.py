@@ -59,8 +59,8 @@ class Generator:
         """Evaluate the part of `prompt` not already cached; return how many positions were reused."""
         self.check_fits(prompt_cells(self.media, len(prompt)))
         reuse = reusable_prefix(self.cached, prompt)
-        if self.media is not None and self.media.in_media(reuse):  # an image is never cut: it is evaluated whole
-            reuse = self.media.chunk_start(reuse)
+        if self.media is not None:  # an image is never cut: it is evaluated whole
+            reuse = self.media.cut_before(reuse)
         # Drop everything past the reused prefix, including entries an aborted decode left behind. A
         # recurrent or hybrid memory (Qwen3.5) cannot cut its state before its end: it starts over.
         if not self.ctx.remove_tokens(0, reuse, -1):

@@ -127,13 +127,11 @@ class MediaPrompt:
                 held += position - chunk.start  # inside a text chunk: a cell a position (an image is never cut)
         return held + max(position - len(self.tokens), 0)
 
-    def in_media(self, position: int) -> bool:
-        return any(c.media and c.start <= position < c.start + c.n_pos for c in self.chunks)
-
-    def chunk_start(self, position: int) -> int:
-        """The start of the chunk that holds `position` (evaluation restarts at a chunk's start)."""
+    def cut_before(self, position: int) -> int:
+        """Where evaluation may restart to reuse the first `position` positions: `position` itself, or the
+        start of the image (or clip) it falls inside, which is evaluated whole."""
         for chunk in self.chunks:
-            if chunk.start <= position < chunk.start + chunk.n_pos:
+            if chunk.media and chunk.start <= position < chunk.start + chunk.n_pos:
                 return chunk.start
         return position
 
@@ -199,8 +197,7 @@ def prefill_slot(media: MediaPrompt, ctx: Any, seq_id: int, reuse: int) -> int:
 
     The last token is never decoded here: a recurrent or hybrid memory (Qwen3.5) cannot give it back."""
     last = len(media.tokens) - 1
-    start = min(reuse, last)
-    start = media.chunk_start(start) if media.in_media(start) else start  # an image is evaluated whole
+    start = media.cut_before(min(reuse, last))
     ctx.remove_tokens(seq_id, start, -1)
     media.evaluate(ctx.handle, start, ctx.n_batch, seq_id, end=last)
     media.close()  # its chunks are in the KV cache now
