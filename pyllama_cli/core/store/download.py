@@ -11,6 +11,8 @@ and the ref), so the cache stays exactly as huggingface_hub would have written i
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -91,3 +93,35 @@ def _write_body(answer: Any, out: Any, have: int, size: int, tqdm_class: Any, la
         if bar is not None:
             bar.close()
     return have
+
+
+def progress_reporter(report: Callable[[str, int, int], None], every_s: float = 0.0) -> type:
+    """A tqdm stand-in for `tqdm_class` that draws nothing: `report(file, bytes done, bytes in all)` when
+    each file's download starts, when it is whole, and after a chunk at most every `every_s` seconds (a
+    server turns it into its API's progress events)."""
+
+    class Progress:
+        def __init__(self, *args: Any, total: int | None = None, initial: int = 0, desc: str = "", **_: Any):
+            self.file, self.total, self.n = str(desc or "model"), int(total or 0), int(initial or 0)
+            self.said = time.monotonic()
+            report(self.file, self.n, self.total)
+
+        def update(self, n: float | None = 1) -> None:
+            self.n += int(n or 0)
+            if self.n >= self.total or time.monotonic() - self.said >= every_s:
+                self.said = time.monotonic()
+                report(self.file, self.n, self.total)
+
+        def close(self) -> None:
+            pass
+
+        def __enter__(self) -> Any:
+            return self
+
+        def __exit__(self, *exc: Any) -> None:
+            self.close()
+
+        def __getattr__(self, name: str) -> Any:  # anything else tqdm offers is a no-op here
+            return lambda *args, **kwargs: None
+
+    return Progress

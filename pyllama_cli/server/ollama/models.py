@@ -285,35 +285,14 @@ def _pull(spec: str, report: Any) -> None:
 
 
 def _progress_class(report: Any, repo: str) -> type:
-    """A tqdm stand-in that turns a download's progress into ollama's `pulling <digest>` objects."""
+    """Progress as ollama's `pulling <digest>` objects, a file's digest standing for its name in `repo`."""
+    from ...core.store.download import progress_reporter
 
-    class Progress:
-        def __init__(self, *args: Any, total: int | None = None, initial: int = 0, desc: str = "", **_: Any):
-            self.total, self.n = int(total or 0), int(initial or 0)
-            self.digest = "sha256:" + hashlib.sha256(f"{repo}/{desc}".encode()).hexdigest()
-            self._send()
+    def pulling(file: str, done: int, total: int) -> None:
+        digest = "sha256:" + hashlib.sha256(f"{repo}/{file}".encode()).hexdigest()
+        report({"status": f"pulling {digest[7:19]}", "digest": digest, "total": total, "completed": done})
 
-        def _send(self) -> None:
-            report({"status": f"pulling {self.digest[7:19]}", "digest": self.digest, "total": self.total,
-                    "completed": self.n})
-
-        def update(self, n: int = 1) -> None:
-            self.n += int(n or 0)
-            self._send()
-
-        def close(self) -> None:
-            pass
-
-        def __enter__(self) -> Any:
-            return self
-
-        def __exit__(self, *exc: Any) -> None:
-            self.close()
-
-        def __getattr__(self, name: str) -> Any:  # anything else tqdm offers is a no-op here
-            return lambda *args, **kwargs: None
-
-    return Progress
+    return progress_reporter(pulling)
 
 
 def _remove(name: str, spec: str) -> None:

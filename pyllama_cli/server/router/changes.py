@@ -229,26 +229,10 @@ def _download(request: ModelRequest, progress: Callable[[str, int, int], None]) 
 
 
 def _progress_class(progress: Callable[[str, int, int], None]) -> type:
-    """A tqdm class that draws nothing and reports each file's bytes instead (as download_progress)."""
-    from tqdm.auto import tqdm
+    """Each file's bytes as download_progress: when it starts, at most every PROGRESS_EVERY_S, and whole."""
+    from ...core.store.download import progress_reporter
 
-    class Progress(tqdm):  # type: ignore[misc, valid-type]
-        def __init__(self, *args: Any, **kwargs: Any):
-            kwargs["disable"] = True
-            super().__init__(*args, **kwargs)
-            self.file = str(kwargs.get("desc") or "model")
-            self.done, self.size = int(kwargs.get("initial") or 0), int(kwargs.get("total") or 0)
-            self.said = time.monotonic()
-            progress(self.file, self.done, self.size)
-
-        def update(self, n: float | None = 1) -> bool | None:
-            self.done += int(n or 0)
-            if self.done >= self.size or time.monotonic() - self.said >= PROGRESS_EVERY_S:
-                self.said = time.monotonic()
-                progress(self.file, self.done, self.size)
-            return None
-
-    return Progress
+    return progress_reporter(progress, every_s=PROGRESS_EVERY_S)
 
 
 def _delete(model: PoolModel) -> None:
