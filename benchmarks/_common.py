@@ -128,6 +128,14 @@ def turn_order(round_index: int, tools: Sequence[T]) -> Sequence[T]:
     return tools if round_index % 2 == 0 else tools[::-1]
 
 
+def mirrored_order(round_index: int, tools: Sequence[T]) -> list[T]:
+    """Each tool twice per round, mirrored (A,B,B,A; the next round B,A,A,B): a tool's mean over its
+    two runs then sits at the same mean time as the other's, so a drift that is steady across the
+    round (another VM's load rising or falling) cancels out of the round's ratio."""
+    first = list(turn_order(round_index, tools))
+    return first + first[::-1]
+
+
 def print_ratio_table(rows: Sequence[tuple[str, float, float, str]], *, higher_is_better: bool) -> None:
     """Print `metric | llama.cpp | pyllama | ratio | target` rows; ratio = pyllama / llama.cpp."""
     print(f"{'metric':<28} {'llama.cpp':>12} {'pyllama':>12} {'ratio':>8}  target")

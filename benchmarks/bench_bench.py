@@ -1,9 +1,11 @@
 """`pyllama bench` vs llama.cpp's `llama-bench`: the t/s each reports for the same tests.
 
 Both tools measure pp and tg on the realistic-shape model with the same threads and options
-(`-p 256 -n 64 -r 5` by default), each writing `-o json`; runs are interleaved A,B,A,B and the
-table compares the median of each tool's avg_ts; then come the median of per-round ratios and the
-ratio of each tool's best round (the least disturbed one on a shared machine). Target: pyllama's
+(`-p 256 -n 64 -r 5` by default), each writing `-o json`. A round runs each tool twice, mirrored
+(A,B,B,A, then B,A,A,B), and a tool's figure for the round is the mean of its two runs' avg_ts, so
+a drift in the machine's speed that is steady across the round cancels out of the round's ratio.
+The table compares the median of each tool's round figures; then come the median of per-round
+ratios and the ratio of each tool's best round (the least disturbed one on a shared machine). Target: pyllama's
 pp t/s at least 1.0x llama-bench's and tg at least 0.97x (the same native decodes on the same
 thread pools: the wrapper must add no measurable cost). The load average is printed before and
 after: run it alone on the machine.
@@ -15,6 +17,7 @@ after: run it alone on the machine.
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 
 from _common import (
@@ -25,7 +28,7 @@ from _common import (
     print_pp_tg_report,
     pyllama_cmd,
     run_timed,
-    turn_order,
+    mirrored_order,
 )
 
 
@@ -43,6 +46,10 @@ def same_model(ref: bytes, ours: bytes) -> None:
         sys.exit(f"the two tools measured different things:\n  llama-bench {a}\n  pyllama     {b}")
 
 
+def _pair(values: list[float]) -> str:
+    return "/".join(f"{v:.2f}" for v in values)
+
+
 def main() -> None:
     p = base_parser(__doc__.splitlines()[0])
     p.add_argument("-p", "--n-prompt", type=int, default=256)
@@ -56,16 +63,21 @@ def main() -> None:
     runs: dict[str, dict[str, list[float]]] = {"ref": {"pp": [], "tg": []}, "ours": {"pp": [], "tg": []}}
     print(f"before: {load_note()}")
     for i in range(args.repeat):
-        order = [("ref", [tool, *common]), ("ours", [*pyllama_cmd(), "bench", *common])]
-        outputs = {}
-        for name, cmd in turn_order(i, order):
-            _, proc = run_timed(cmd)
+        order = {"ref": [tool, *common], "ours": [*pyllama_cmd(), "bench", *common]}
+        outputs: dict[str, bytes] = {}
+        this_round: dict[str, dict[str, list[float]]] = {"ref": {"pp": [], "tg": []}, "ours": {"pp": [], "tg": []}}
+        for name in mirrored_order(i, ("ref", "ours")):
+            _, proc = run_timed(order[name])
             outputs[name] = proc.stdout
             for kind, ts in avg_ts(proc.stdout).items():
-                runs[name][kind].append(ts)
+                this_round[name][kind].append(ts)
         same_model(outputs["ref"], outputs["ours"])
-        print(f"round {i + 1}: llama-bench pp {runs['ref']['pp'][-1]:.2f} tg {runs['ref']['tg'][-1]:.2f} | "
-              f"pyllama pp {runs['ours']['pp'][-1]:.2f} tg {runs['ours']['tg'][-1]:.2f} t/s", file=sys.stderr)
+        for name, kinds in this_round.items():
+            for kind, values in kinds.items():
+                runs[name][kind].append(statistics.fmean(values))
+        print(f"round {i + 1}: llama-bench pp {_pair(this_round['ref']['pp'])} tg {_pair(this_round['ref']['tg'])} | "
+              f"pyllama pp {_pair(this_round['ours']['pp'])} tg {_pair(this_round['ours']['tg'])} t/s",
+              file=sys.stderr)
     print_pp_tg_report(runs, (f"pp{args.n_prompt} t/s ({args.threads} threads)",
                               f"tg{args.n_gen} t/s ({args.threads} threads)"), (">= 1.00", ">= 0.97"))
     print(f"after: {load_note()}")

@@ -1,7 +1,9 @@
 """`pyllama perplexity` against `llama-perplexity`: the same numbers, and the wall time side by side.
 
 Both tools score the same text on the realistic-shape model (8 chunks of 512 by default, 4 chunks
-per decode as llama-perplexity batches them), interleaved A,B then B,A... Every run's [i] values and
+per decode as llama-perplexity batches them). A round runs each tool twice, mirrored (A,B,B,A, then
+B,A,A,B), and a tool's time for the round is the mean of its two runs, so a drift in the machine's
+speed that is steady across the round cancels out of the round's ratio. Every run's [i] values and
 final estimate must agree to all printed decimals; the wall time (process start, model load and all)
 is reported as the median ratio and the median of per-round ratios, target <= 1.03x. The load
 average is printed before and after: run it alone on the machine.
@@ -16,6 +18,7 @@ checks that the printed tables agree.
 from __future__ import annotations
 
 import re
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -31,7 +34,7 @@ from _common import (
     pyllama_cmd,
     run_cpu_timed,
     run_timed,
-    turn_order,
+    mirrored_order,
 )
 
 _CHUNK_LINE = re.compile(r"(\[\d+\][0-9.]+,)+")
@@ -67,6 +70,24 @@ def scores(output: bytes, n_chunks: int) -> tuple[str, str] | None:
     return chunks.group(0), final.group(0)
 
 
+def _pair(runs: list, field: int) -> str:
+    return "/".join(f"{r[field]:.2f}" for r in runs)
+
+
+def _check_scores(ref, our, n_chunks: int) -> tuple[str, str] | None:
+    """The figures both runs printed, once checked equal; None when llama-perplexity's were lost."""
+    our_scores = scores(our.stdout + our.stderr, n_chunks)
+    if our_scores is None:
+        raise SystemExit(f"no perplexity figures in pyllama's output:\n{our.stderr.decode()[-2000:]}")
+    ref_scores = scores(ref.stdout + ref.stderr, n_chunks)
+    if ref_scores is None:
+        print("  (llama-perplexity's output lost lines this run; not compared)", file=sys.stderr)
+        return None
+    if ref_scores != our_scores:
+        raise SystemExit(f"PPL differs:\n  llama-perplexity: {ref_scores}\n  pyllama:          {our_scores}")
+    return ref_scores
+
+
 def compare_ppl(args, ref_bin: Path, model: Path, text: Path) -> list[tuple[str, float, float, str]]:
     common = ["-m", str(model), "-f", str(text), "-c", str(args.ctx), "--chunks", str(args.chunks),
               "-t", str(args.threads)]
@@ -75,24 +96,20 @@ def compare_ppl(args, ref_bin: Path, model: Path, text: Path) -> list[tuple[str,
     ref_times, our_times, ref_cpu, our_cpu = [], [], [], []
     compared = None
     for i in range(args.repeat):
-        timed = {name: run_cpu_timed(cmd) for name, cmd in turn_order(i, [("ref", ref_cmd), ("ours", our_cmd)])}
-        (t_ref, c_ref, ref), (t_our, c_our, our) = timed["ref"], timed["ours"]
+        cmds = {"ref": ref_cmd, "ours": our_cmd}
+        runs: dict[str, list] = {"ref": [], "ours": []}
+        for name in mirrored_order(i, ("ref", "ours")):
+            runs[name].append(run_cpu_timed(cmds[name]))
+        t_ref, c_ref = (statistics.fmean(r[k] for r in runs["ref"]) for k in (0, 1))
+        t_our, c_our = (statistics.fmean(r[k] for r in runs["ours"]) for k in (0, 1))
         ref_times.append(t_ref)
         our_times.append(t_our)
         ref_cpu.append(c_ref)
         our_cpu.append(c_our)
-        print(f"run {i + 1}: llama-perplexity {t_ref:.2f} s ({c_ref:.2f} s CPU), pyllama {t_our:.2f} s "
-              f"({c_our:.2f} s CPU)", file=sys.stderr)
-        our_scores = scores(our.stdout + our.stderr, args.chunks)
-        if our_scores is None:
-            raise SystemExit(f"no perplexity figures in pyllama's output:\n{our.stderr.decode()[-2000:]}")
-        ref_scores = scores(ref.stdout + ref.stderr, args.chunks)
-        if ref_scores is None:
-            print("  (llama-perplexity's output lost lines this run; not compared)", file=sys.stderr)
-        elif ref_scores != our_scores:
-            raise SystemExit(f"PPL differs:\n  llama-perplexity: {ref_scores}\n  pyllama:          {our_scores}")
-        else:
-            compared = ref_scores
+        print(f"round {i + 1}: llama-perplexity {_pair(runs['ref'], 0)} s ({_pair(runs['ref'], 1)} s CPU), "
+              f"pyllama {_pair(runs['ours'], 0)} s ({_pair(runs['ours'], 1)} s CPU)", file=sys.stderr)
+        for ref, our in zip((r[2] for r in runs["ref"]), (r[2] for r in runs["ours"])):
+            compared = _check_scores(ref, our, args.chunks) or compared
     if compared is None:
         raise SystemExit("no run of llama-perplexity printed all its figures; nothing was compared")
     print(f"PPL equal: yes, {compared[1]}  (both tools, every chunk equal: {compared[0]})")

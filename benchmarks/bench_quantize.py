@@ -3,9 +3,10 @@
 First a byte-identity check: both tools quantize the same input to Q8_0, Q4_0, Q4_K_M, Q6_K and F16
 (and Q4_K_M with an importance matrix); every pair of outputs must have the same sha256.
 Then whole-process wall time (and CPU time, which noise from other work barely moves) for the timed
-types, interleaved A,B,B,A,... each from a synced, empty output folder; the table reports medians
-and their ratio, and a line per type gives the median of each round's ratio (a round's two runs are
-seconds apart, so the machine's drift over minutes leaves it alone). Target: pyllama within 1.05x
+types, each run from a synced, empty output folder. A round runs each tool twice, mirrored (A,B,B,A,
+then B,A,A,B), and takes the mean of each tool's two runs, so a drift in the machine's speed that is
+steady across the round cancels out of its ratio. The table reports the medians of the rounds and
+their ratio, and a line per type gives the median of each round's ratio. Target: pyllama within 1.05x
 of llama-quantize.
 
     python benchmarks/bench_quantize.py [--llama-cpp-bin DIR] [-m MODEL.gguf] [-t N] [--repeat 3]
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -32,6 +34,7 @@ from _common import (
     bench_model,
     llama_cpp_bin,
     median,
+    mirrored_order,
     print_ratio_table,
     pyllama_cmd,
     run_cpu_timed,
@@ -89,12 +92,15 @@ def time_types(tool: str, model: Path, folder: Path, threads: int, types: list[s
         runs: dict[str, list[tuple[float, float]]] = {"ref": [], "ours": []}
         for i in range(repeat):
             # Each run starts from an empty folder with no dirty pages, so neither tool pays for
-            # flushing the other's output.
-            for who in turn_order(i, ("ref", "ours")):
+            # flushing the other's output. A round's two runs of a tool are averaged (see below).
+            this_round: dict[str, list[tuple[float, float]]] = {"ref": [], "ours": []}
+            for who in mirrored_order(i, ("ref", "ours")):
                 clean(folder)
                 os.sync()
                 time.sleep(SETTLE_S)
-                runs[who].append(run_cpu_timed(ref_cmd if who == "ref" else our_cmd)[:2])
+                this_round[who].append(run_cpu_timed(ref_cmd if who == "ref" else our_cmd)[:2])
+            for who, pair in this_round.items():
+                runs[who].append((statistics.fmean(w for w, _ in pair), statistics.fmean(c for _, c in pair)))
         clean(folder)
         ref_runs, our_runs = runs["ref"], runs["ours"]
         print(f"{qtype}: wall/cpu (s) llama.cpp {[(round(w, 2), round(c, 2)) for w, c in ref_runs]} "
