@@ -108,6 +108,27 @@ def test_perplexity_runs_on_one_pool(tiny_model: Path, text_file: Path, tmp_path
     assert logged(log) == [ONE_POOL_2]
 
 
+def test_imatrix_runs_on_one_pool(tiny_model: Path, text_file: Path, tmp_path: Path) -> None:
+    log, out = tmp_path / "llama.log", tmp_path / "imatrix.gguf"
+    result = run_cli("imatrix", "-m", str(tiny_model), "-f", str(text_file), "-c", "32", "--chunks", "2",
+                     "-t", "2", "-o", str(out), "--log-file", str(log))
+    assert result.exit_code == 0, result.stderr
+    assert out.is_file()
+    assert logged(log) == [ONE_POOL_2]
+
+
+def test_embed_runs_on_one_pool(tiny_model: Path, tmp_path: Path) -> None:
+    log = tmp_path / "llama.log"
+    result = run_cli("embed", "-m", str(tiny_model), "-p", "hello there", "-t", "1", "--log-file", str(log))
+    assert result.exit_code == 0, result.stderr
+    # The tiny model names no pooling: the first context finds that out and is replaced by a mean-pooling one.
+    assert logged(log) == [ONE_POOL_1, ONE_POOL_1]
+    result = run_cli("embed", "-m", str(tiny_model), "-p", "hello there", "-t", "1", "--pooling", "last",
+                     "--log-file", str(log))
+    assert result.exit_code == 0, result.stderr
+    assert logged(log) == [ONE_POOL_1] * 3
+
+
 def test_bench_makes_a_pool_per_test_with_that_tests_threads_and_placement(tiny_model: Path) -> None:
     result = run_cli("bench", "-m", str(tiny_model), "-t", "1,2", "-p", "8", "-n", "2", "-r", "1", "-C", "0x1",
                      "--poll", "0", "-o", "json", "-v")
