@@ -109,7 +109,7 @@ def test_quantize_loads_only_what_it_needs(src: Path, tmp_path: Path) -> None:
 
 def test_quantize_loads_no_load_flags_and_no_model_runtime(src: Path, tmp_path: Path) -> None:
     # quantize has no load flags and loads no model: the flags' modules (devices, CPU placement,
-    # adapters, KV cache, --fit) and Model/Context's cost every start without them.
+    # adapters, KV cache, --fit), LoadSettings and Model/Context's cost every start without them.
     code = (
         "import sys\n"
         "from pyllama_cli.cli import run\n"
@@ -117,7 +117,8 @@ def test_quantize_loads_no_load_flags_and_no_model_runtime(src: Path, tmp_path: 
         "except SystemExit as e:\n    assert e.code in (0, None), e.code\n"
         "print(sorted(m for m in sys.modules if m.startswith(('pyllama_cli.options.hardware', "
         "'pyllama_cli.options.adapters', 'pyllama_cli.options.kv_cache', 'pyllama_cli.options.context', "
-        "'pyllama_cli.core.model.native', 'pyllama_cli.core.model.sizing'))))\n"
+        "'pyllama_cli.core.model.native', 'pyllama_cli.core.model.sizing', 'pyllama_cli.core.model.settings', "
+        "'pyllama_cli.core.model.adapters'))))\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
     assert proc.returncode == 0, proc.stderr

@@ -13,12 +13,12 @@ import inspect
 import typing
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from ..core.model.resolve import DEFAULT_QUANT, ModelRequest, ModelRequests
-from ..core.model.settings import (
+from ..core.model.limits import (
     DEFAULT_N_BATCH,
     DEFAULT_N_CTX,
     DEFAULT_N_GPU_LAYERS,
@@ -28,10 +28,12 @@ from ..core.model.settings import (
     INT32_MAX,
     MAX_THREADS,
     UINT32_MAX,
-    LoadSettings,
 )
 from ..errors import UsageError
 from .llama_env import with_llama_env
+
+if TYPE_CHECKING:
+    from ..core.model.settings import LoadSettings
 
 # The modules of the load flags (devices, CPU placement, adapters, KV cache, context, --fit) are
 # imported where the flags are first needed: commands without them (quantize, tokenize, info) then
@@ -196,6 +198,7 @@ def model_requests(kwargs: dict[str, Any]) -> ModelRequests:
 
 def load_settings(kwargs: dict[str, Any]) -> LoadSettings:
     """Pop the load flags out of a command's keyword arguments."""
+    from ..core.model.settings import LoadSettings  # here, not at the top: quantize, tokenize and info never build one
     from .adapters import adapter_settings
     from .context import context_settings
     from .hardware.cpu import cpu_settings

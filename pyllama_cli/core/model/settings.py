@@ -12,22 +12,20 @@ from pathlib import Path
 
 from ...errors import UsageError
 from .adapters import AdapterSettings
+from .limits import (  # noqa: F401 - re-exported: the load settings' defaults and bounds live in limits
+    DEFAULT_N_BATCH,
+    DEFAULT_N_CTX,
+    DEFAULT_N_GPU_LAYERS,
+    DEFAULT_N_UBATCH,
+    DEFAULT_POLL,
+    DEFAULT_SEED,
+    FLASH_ATTN_CHOICES,
+    INT32_MAX,
+    MAX_THREADS,
+    PRIORITIES,
+    UINT32_MAX,
+)
 
-DEFAULT_N_CTX = 0  # 0 = the model's trained context length
-DEFAULT_N_BATCH = 2048
-DEFAULT_N_UBATCH = 512
-DEFAULT_N_GPU_LAYERS = -1  # -1 = every layer (when the build supports offload)
-DEFAULT_SEED = -1  # -1 = random
-FLASH_ATTN_CHOICES = ("auto", "on", "off")
-# llama.cpp reads counts (-c, -b, -n, ...) as 32-bit ints and seeds as 32-bit unsigned: bigger values would
-# wrap around on the way into the C structs.
-INT32_MAX = 2**31 - 1
-UINT32_MAX = 2**32 - 1
-# ggml's GGML_MAX_N_THREADS: asked for more, ggml aborts, or crashes creating the threads.
-MAX_THREADS = 512
-DEFAULT_POLL = 50  # ggml's hybrid polling: workers spin a while for the next graph before they sleep
-# ggml_sched_priority: --prio's values, as llama.cpp names them.
-PRIORITIES = {-1: "low", 0: "normal", 1: "medium", 2: "high", 3: "realtime"}
 _MAX_MASK_DIGITS = MAX_THREADS // 4  # one hex digit per 4 CPUs: llama.cpp reads at most 128
 
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from ...errors import Interrupted, UsageError
 from ..gguf.ftypes import QuantType
 from ..gguf.reader import read_gguf
-from ..model.settings import MAX_THREADS
+from ..model.limits import MAX_THREADS
 from ..paths import output_target, require_folder
 from .arguments import KvOverride, QuantizeRequest
 # commands/quantize.py calls these as quantizer.NAME, so they stay reachable here.
