@@ -87,43 +87,44 @@ def test_summary_names_sizes_ratio_and_time(src: Path, tmp_path: Path) -> None:
     assert line.endswith(" s")
 
 
+def _quantize_in_child(src: Path, out: Path, then: str) -> list[str]:
+    """Run `quantize SRC OUT Q8_0` in a fresh interpreter, then the code `then`; return its stdout lines."""
+    code = (
+        "import sys\n"
+        "from pyllama_cli.cli import run\n"
+        f"try:\n    run(['quantize', {str(src)!r}, {str(out)!r}, 'Q8_0'])\n"
+        "except SystemExit as e:\n    assert e.code in (0, None), e.code\n"
+        + then
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert out.is_file()
+    return proc.stdout.splitlines()
+
+
 def test_quantize_loads_only_what_it_needs(src: Path, tmp_path: Path) -> None:
     # Start-up time counts against a job that takes a second: quantize must not import numpy, rich
     # (off a terminal) or llama-cpp-python's high-level API, and the bindings it loads must still
     # serve a later, full `import llama_cpp`.
-    code = (
-        "import sys\n"
-        "from pyllama_cli.cli import run\n"
-        f"try:\n    run(['quantize', {str(src)!r}, {str(tmp_path / 'q.gguf')!r}, 'Q8_0'])\n"
-        "except SystemExit as e:\n    assert e.code in (0, None), e.code\n"
+    lines = _quantize_in_child(src, tmp_path / "q.gguf", (
         "print(sorted(m for m in ('numpy', 'rich', 'jinja2', 'llama_cpp', 'llama_cpp.llama') if m in sys.modules))\n"
         "bindings = sys.modules['llama_cpp.llama_cpp']\n"
         "import llama_cpp\n"
         "print(llama_cpp.llama_cpp is bindings, callable(llama_cpp.Llama))\n"
-    )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines()[-2:] == ["[]", "True True"]
-    assert (tmp_path / "q.gguf").is_file()
+    ))
+    assert lines[-2:] == ["[]", "True True"]
 
 
 def test_quantize_loads_no_load_flags_and_no_model_runtime(src: Path, tmp_path: Path) -> None:
     # quantize has no load flags and loads no model: the flags' modules (devices, CPU placement,
     # adapters, KV cache, --fit), LoadSettings and Model/Context's cost every start without them.
-    code = (
-        "import sys\n"
-        "from pyllama_cli.cli import run\n"
-        f"try:\n    run(['quantize', {str(src)!r}, {str(tmp_path / 'q.gguf')!r}, 'Q8_0'])\n"
-        "except SystemExit as e:\n    assert e.code in (0, None), e.code\n"
+    lines = _quantize_in_child(src, tmp_path / "q.gguf", (
         "print(sorted(m for m in sys.modules if m.startswith(('pyllama_cli.options.hardware', "
         "'pyllama_cli.options.adapters', 'pyllama_cli.options.kv_cache', 'pyllama_cli.options.context', "
         "'pyllama_cli.core.model.native', 'pyllama_cli.core.model.sizing', 'pyllama_cli.core.model.settings', "
         "'pyllama_cli.core.model.adapters'))))\n"
-    )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines()[-1] == "[]"
-    assert (tmp_path / "q.gguf").is_file()
+    ))
+    assert lines[-1] == "[]"
 
 
 def test_tensors_that_fall_back_to_another_type_are_noted(tmp_path: Path) -> None:
