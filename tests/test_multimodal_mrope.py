@@ -89,9 +89,14 @@ def test_context_limit_counts_cells_not_positions(qwen: tuple[Path, Path], model
 @pytest.mark.parametrize("prompt", [QUESTION, MIDDLE], ids=["image-first", "text-around"])
 def test_complete_matches_mtmd_cli(qwen: tuple[Path, Path], pictures: dict[str, Path], kind: str,
                                    prompt: str) -> None:
-    expected = theirs(qwen[0], qwen[1], pictures[kind], question=prompt)
+    assert_complete_matches_mtmd_cli(qwen, pictures[kind], prompt)
+
+
+def assert_complete_matches_mtmd_cli(model: tuple[Path, Path], image: Path, prompt: str) -> None:
+    """complete's greedy answer and prompt size for (text model, projector) are llama-mtmd-cli's."""
+    expected = theirs(model[0], model[1], image, question=prompt)
     assert expected[0].strip()
-    assert ours(qwen, pictures[kind], prompt) == expected
+    assert ours(model, image, prompt) == expected
 
 
 # ---- serve: the scheduler's path, and a second request that reuses the slot's cells
@@ -99,10 +104,14 @@ def test_complete_matches_mtmd_cli(qwen: tuple[Path, Path], pictures: dict[str, 
 
 @pytest.fixture(scope="module")
 def qwen_server(qwen: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = _start(qwen[0], tmp_path_factory.mktemp("serve-qwen2vl") / "stderr.log", "--mmproj", str(qwen[1]),
-                 "-c", "512", "--parallel", "1")
+    srv = vision_server(qwen, tmp_path_factory.mktemp("serve-qwen2vl"))
     yield srv
     srv.stop()
+
+
+def vision_server(model: tuple[Path, Path], folder: Path) -> Server:
+    """`serve` of (text model, projector) with one slot of 512 cells, its log in `folder`."""
+    return _start(model[0], folder / "stderr.log", "--mmproj", str(model[1]), "-c", "512", "--parallel", "1")
 
 
 def _ask(server: Server, image: Path, question: str) -> tuple[str, int, int]:

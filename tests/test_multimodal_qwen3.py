@@ -18,9 +18,17 @@ from tests.fixtures.make_gguf import TINY_QWEN2VL, TINY_QWEN3VL, write_llama_ggu
 from tests.fixtures.make_mmproj import QWEN2VL, QWEN3VL, QWEN35, write_mmproj_gguf
 from tests.fixtures.make_qwen35 import write_qwen35_gguf
 from tests.helpers import run_cli
-from tests.test_multimodal_mrope import MIDDLE, QUESTION, _ask, ours, pictures  # noqa: F401 - pictures: a fixture
-from tests.test_multimodal_reference import needs_mtmd_cli, theirs
-from tests.test_serve import Server, _start
+from tests.test_multimodal_mrope import (  # noqa: F401 - pictures: a fixture
+    MIDDLE,
+    QUESTION,
+    _ask,
+    assert_complete_matches_mtmd_cli,
+    ours,
+    pictures,
+    vision_server,
+)
+from tests.test_multimodal_reference import needs_mtmd_cli
+from tests.test_serve import Server
 
 
 @pytest.fixture(scope="module")
@@ -56,15 +64,12 @@ def test_a_projector_of_another_width_is_one_error_line(models_dir: Path, pictur
 @pytest.mark.parametrize("kind, prompt", [("png", QUESTION), ("jpeg", MIDDLE)], ids=["png-first", "jpeg-around"])
 def test_complete_matches_mtmd_cli(qwen3: tuple[Path, Path], pictures: dict[str, Path], kind: str,  # noqa: F811
                                    prompt: str) -> None:
-    expected = theirs(qwen3[0], qwen3[1], pictures[kind], question=prompt)
-    assert expected[0].strip()
-    assert ours(qwen3, pictures[kind], prompt) == expected
+    assert_complete_matches_mtmd_cli(qwen3, pictures[kind], prompt)
 
 
 @pytest.fixture(scope="module")
 def qwen3_server(qwen3: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = _start(qwen3[0], tmp_path_factory.mktemp("serve-qwen3vl") / "stderr.log", "--mmproj", str(qwen3[1]),
-                 "-c", "512", "--parallel", "1")
+    srv = vision_server(qwen3, tmp_path_factory.mktemp("serve-qwen3vl"))
     yield srv
     srv.stop()
 
@@ -98,15 +103,12 @@ def qwen35(models_dir: Path) -> tuple[Path, Path]:
 @pytest.mark.parametrize("kind, prompt", [("png", MIDDLE), ("jpeg", TELL)], ids=["png-around", "jpeg-first"])
 def test_qwen35_complete_matches_mtmd_cli(qwen35: tuple[Path, Path], pictures: dict[str, Path], kind: str,  # noqa: F811
                                           prompt: str) -> None:
-    expected = theirs(qwen35[0], qwen35[1], pictures[kind], question=prompt)
-    assert expected[0].strip()
-    assert ours(qwen35, pictures[kind], prompt) == expected
+    assert_complete_matches_mtmd_cli(qwen35, pictures[kind], prompt)
 
 
 @pytest.fixture(scope="module")
 def qwen35_server(qwen35: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = _start(qwen35[0], tmp_path_factory.mktemp("serve-qwen35") / "stderr.log", "--mmproj", str(qwen35[1]),
-                 "-c", "512", "--parallel", "1")
+    srv = vision_server(qwen35, tmp_path_factory.mktemp("serve-qwen35"))
     yield srv
     srv.stop()
 
