@@ -20,7 +20,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 from pathlib import Path
 
@@ -28,6 +28,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
 T = TypeVar("T")
+R = TypeVar("R")
+C = TypeVar("C")
 
 DEFAULT_REF_BIN = Path("~/.cache/pyllama-ref/bin").expanduser()
 BENCH_DIR = Path(os.environ.get("PYLLAMA_BENCH_DIR", "~/.cache/pyllama-bench")).expanduser()
@@ -134,6 +136,20 @@ def mirrored_order(round_index: int, tools: Sequence[T]) -> list[T]:
     round (another VM's load rising or falling) cancels out of the round's ratio."""
     first = list(turn_order(round_index, tools))
     return first + first[::-1]
+
+
+def mirrored_round(round_index: int, commands: Mapping[str, C], run: Callable[[C], R]) -> dict[str, list[R]]:
+    """`run(command)` for each tool's command twice, in `mirrored_order`; each tool's two results in
+    the order they ran."""
+    results: dict[str, list[R]] = {tool: [] for tool in commands}
+    for tool in mirrored_order(round_index, list(commands)):
+        results[tool].append(run(commands[tool]))
+    return results
+
+
+def pair_text(values: Sequence[float], digits: int = 2) -> str:
+    """A round's two figures of one tool, as "a/b"."""
+    return "/".join(f"{v:.{digits}f}" for v in values)
 
 
 def print_ratio_table(rows: Sequence[tuple[str, float, float, str]], *, higher_is_better: bool) -> None:

@@ -28,7 +28,8 @@ from _common import (
     print_pp_tg_report,
     pyllama_cmd,
     run_timed,
-    mirrored_order,
+    mirrored_round,
+    pair_text,
 )
 
 
@@ -46,10 +47,6 @@ def same_model(ref: bytes, ours: bytes) -> None:
         sys.exit(f"the two tools measured different things:\n  llama-bench {a}\n  pyllama     {b}")
 
 
-def _pair(values: list[float]) -> str:
-    return "/".join(f"{v:.2f}" for v in values)
-
-
 def main() -> None:
     p = base_parser(__doc__.splitlines()[0])
     p.add_argument("-p", "--n-prompt", type=int, default=256)
@@ -62,21 +59,18 @@ def main() -> None:
               "-r", str(args.repetitions), "-o", "json"]
     runs: dict[str, dict[str, list[float]]] = {"ref": {"pp": [], "tg": []}, "ours": {"pp": [], "tg": []}}
     print(f"before: {load_note()}")
+    commands = {"ref": [tool, *common], "ours": [*pyllama_cmd(), "bench", *common]}
     for i in range(args.repeat):
-        order = {"ref": [tool, *common], "ours": [*pyllama_cmd(), "bench", *common]}
-        outputs: dict[str, bytes] = {}
-        this_round: dict[str, dict[str, list[float]]] = {"ref": {"pp": [], "tg": []}, "ours": {"pp": [], "tg": []}}
-        for name in mirrored_order(i, ("ref", "ours")):
-            _, proc = run_timed(order[name])
-            outputs[name] = proc.stdout
-            for kind, ts in avg_ts(proc.stdout).items():
-                this_round[name][kind].append(ts)
-        same_model(outputs["ref"], outputs["ours"])
+        outputs = mirrored_round(i, commands, lambda cmd: run_timed(cmd)[1].stdout)
+        for ref, ours in zip(outputs["ref"], outputs["ours"]):
+            same_model(ref, ours)
+        parsed = {name: [avg_ts(out) for out in outs] for name, outs in outputs.items()}
+        this_round = {name: {kind: [ts[kind] for ts in rows] for kind in ("pp", "tg")} for name, rows in parsed.items()}
         for name, kinds in this_round.items():
             for kind, values in kinds.items():
                 runs[name][kind].append(statistics.fmean(values))
-        print(f"round {i + 1}: llama-bench pp {_pair(this_round['ref']['pp'])} tg {_pair(this_round['ref']['tg'])} | "
-              f"pyllama pp {_pair(this_round['ours']['pp'])} tg {_pair(this_round['ours']['tg'])} t/s",
+        print(f"round {i + 1}: llama-bench pp {pair_text(this_round['ref']['pp'])} tg {pair_text(this_round['ref']['tg'])} | "
+              f"pyllama pp {pair_text(this_round['ours']['pp'])} tg {pair_text(this_round['ours']['tg'])} t/s",
               file=sys.stderr)
     print_pp_tg_report(runs, (f"pp{args.n_prompt} t/s ({args.threads} threads)",
                               f"tg{args.n_gen} t/s ({args.threads} threads)"), (">= 1.00", ">= 0.97"))

@@ -34,7 +34,8 @@ from _common import (
     pyllama_cmd,
     run_cpu_timed,
     run_timed,
-    mirrored_order,
+    mirrored_round,
+    pair_text,
 )
 
 _CHUNK_LINE = re.compile(r"(\[\d+\][0-9.]+,)+")
@@ -70,10 +71,6 @@ def scores(output: bytes, n_chunks: int) -> tuple[str, str] | None:
     return chunks.group(0), final.group(0)
 
 
-def _pair(runs: list, field: int) -> str:
-    return "/".join(f"{r[field]:.2f}" for r in runs)
-
-
 def _check_scores(ref, our, n_chunks: int) -> tuple[str, str] | None:
     """The figures both runs printed, once checked equal; None when llama-perplexity's were lost."""
     our_scores = scores(our.stdout + our.stderr, n_chunks)
@@ -96,18 +93,16 @@ def compare_ppl(args, ref_bin: Path, model: Path, text: Path) -> list[tuple[str,
     ref_times, our_times, ref_cpu, our_cpu = [], [], [], []
     compared = None
     for i in range(args.repeat):
-        cmds = {"ref": ref_cmd, "ours": our_cmd}
-        runs: dict[str, list] = {"ref": [], "ours": []}
-        for name in mirrored_order(i, ("ref", "ours")):
-            runs[name].append(run_cpu_timed(cmds[name]))
+        runs = mirrored_round(i, {"ref": ref_cmd, "ours": our_cmd}, run_cpu_timed)
         t_ref, c_ref = (statistics.fmean(r[k] for r in runs["ref"]) for k in (0, 1))
         t_our, c_our = (statistics.fmean(r[k] for r in runs["ours"]) for k in (0, 1))
         ref_times.append(t_ref)
         our_times.append(t_our)
         ref_cpu.append(c_ref)
         our_cpu.append(c_our)
-        print(f"round {i + 1}: llama-perplexity {_pair(runs['ref'], 0)} s ({_pair(runs['ref'], 1)} s CPU), "
-              f"pyllama {_pair(runs['ours'], 0)} s ({_pair(runs['ours'], 1)} s CPU)", file=sys.stderr)
+        print(f"round {i + 1}: llama-perplexity {pair_text([r[0] for r in runs['ref']])} s "
+              f"({pair_text([r[1] for r in runs['ref']])} s CPU), pyllama {pair_text([r[0] for r in runs['ours']])} s "
+              f"({pair_text([r[1] for r in runs['ours']])} s CPU)", file=sys.stderr)
         for ref, our in zip((r[2] for r in runs["ref"]), (r[2] for r in runs["ours"])):
             compared = _check_scores(ref, our, args.chunks) or compared
     if compared is None:

@@ -20,6 +20,7 @@ share of each timed job. --preset bench-1b times the same on TinyLlama-1.1B's sh
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import statistics
@@ -34,7 +35,7 @@ from _common import (
     bench_model,
     llama_cpp_bin,
     median,
-    mirrored_order,
+    mirrored_round,
     print_ratio_table,
     pyllama_cmd,
     run_cpu_timed,
@@ -55,6 +56,15 @@ def commands(tool: str, model: Path, out: Path, qtype: str, threads: int, flags:
 def clean(folder: Path) -> None:
     for path in folder.glob("*.gguf"):
         path.unlink()
+
+
+def timed_from_clean(folder: Path, cmd: list) -> tuple[float, float]:
+    """(wall, CPU) seconds of `cmd`, started from an empty folder with no dirty pages, so neither tool
+    pays for flushing the other's output."""
+    clean(folder)
+    os.sync()
+    time.sleep(SETTLE_S)
+    return run_cpu_timed(cmd)[:2]
 
 
 def check_identity(tool: str, model: Path, folder: Path, threads: int, preset: str) -> None:
@@ -91,14 +101,7 @@ def time_types(tool: str, model: Path, folder: Path, threads: int, types: list[s
         ref_cmd, our_cmd = commands(tool, model, folder / "x.gguf", qtype, threads, [])
         runs: dict[str, list[tuple[float, float]]] = {"ref": [], "ours": []}
         for i in range(repeat):
-            # Each run starts from an empty folder with no dirty pages, so neither tool pays for
-            # flushing the other's output. A round's two runs of a tool are averaged (see below).
-            this_round: dict[str, list[tuple[float, float]]] = {"ref": [], "ours": []}
-            for who in mirrored_order(i, ("ref", "ours")):
-                clean(folder)
-                os.sync()
-                time.sleep(SETTLE_S)
-                this_round[who].append(run_cpu_timed(ref_cmd if who == "ref" else our_cmd)[:2])
+            this_round = mirrored_round(i, {"ref": ref_cmd, "ours": our_cmd}, functools.partial(timed_from_clean, folder))
             for who, pair in this_round.items():
                 runs[who].append((statistics.fmean(w for w, _ in pair), statistics.fmean(c for _, c in pair)))
         clean(folder)
