@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import httpx
 import numpy as np
 import pytest
 
+from tests.fixtures.make_gguf import TINY, write_llama_gguf
 from tests.helpers import CliResult, run_cli
 from tests.test_serve import Server, spawn_serve
 
@@ -64,6 +66,15 @@ def test_each_pooling_gives_its_own_vectors(tiny_model: Path) -> None:
     ends = np.cumsum(n_tokens) - 1
     assert np.allclose(pooled["last"], pooled["none"][ends], atol=1e-6)
     assert not np.allclose(pooled["mean"], pooled["last"])
+
+
+@pytest.mark.parametrize(("named", "pools_as"), [(2, "cls"), (3, "last"), (1, "mean"), (0, "mean"), (0xFFFFFFFF, "mean")])
+def test_without_pooling_the_model_s_own_is_used_and_mean_when_it_names_none(
+        tmp_path: Path, named: int, pools_as: str) -> None:
+    # Read from the model's metadata (`llama.pooling_type`); 0 is llama.cpp's "none", and a value it has no
+    # name for leaves the choice to the context llama.cpp makes.
+    model = write_llama_gguf(tmp_path / "pooled.gguf", replace(TINY, pooling=named))
+    assert np.array_equal(vectors(model), vectors(model, "--pooling", pools_as))
 
 
 def test_normalisations(tiny_model: Path) -> None:

@@ -47,6 +47,23 @@ def check_pooling(path: Path, pooling: int) -> None:
                          hint="rank pooling is for rerankers; use --pooling mean, cls, last or none")
 
 
+def named_pooling(model: Any) -> int | None:
+    """The pooling the model's metadata names (`<arch>.pooling_type`), as llama.cpp's context takes it:
+    none when the key is absent. None when the value is not one of llama.cpp's types (the context decides).
+
+    Read from the loaded model, so that a model without pooling costs one context, not a probe and then a
+    second one (a probe's KV cache and compute buffers are the size of the real context's)."""
+    arch = model.meta("general.architecture")
+    value = model.meta(f"{arch}.pooling_type") if arch else None
+    if value is None:
+        return POOLING_TYPES["none"]
+    try:
+        named = int(value)
+    except ValueError:
+        return None
+    return named if named in POOLING_TYPES.values() else None
+
+
 def embedding_context(model: Any, settings: Any, pooling: int) -> Any:
     """A context that returns embeddings with `pooling` (-1: the model's own; mean when it has none).
     Pooling needs a whole input in one micro-batch, so the micro-batch is the batch."""
@@ -60,9 +77,12 @@ def embedding_context(model: Any, settings: Any, pooling: int) -> Any:
     # max(outputs, sequences) but allows only n_batch outputs, and aborts (-b 128) if sequences exceed it.
     n_seq = min(MAX_SEQUENCES, settings.n_batch)
     shared = {"embeddings": True, "n_seq_max": n_seq, "kv_unified": True}
+    if pooling == UNSPECIFIED and named_pooling(model) == lib.LLAMA_POOLING_TYPE_NONE:
+        pooling = lib.LLAMA_POOLING_TYPE_MEAN
     if pooling != UNSPECIFIED:
         return Context(model, settings, pooling_type=pooling, **shared)
     ctx = Context(model, settings, **shared)
+    # The model's own pooling; a value llama.cpp has no name for may still come out as none, pooled by mean too.
     if lib.llama_pooling_type(ctx.handle) == lib.LLAMA_POOLING_TYPE_NONE:
         ctx.close()
         ctx = Context(model, settings, pooling_type=lib.LLAMA_POOLING_TYPE_MEAN, **shared)
