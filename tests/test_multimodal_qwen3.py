@@ -29,6 +29,7 @@ from tests.test_multimodal_mrope import (  # noqa: F401 - pictures: a fixture
 )
 from tests.test_multimodal_reference import needs_mtmd_cli
 from tests.test_serve import Server
+from tests.test_serve_fidelity import LLAMA_SERVER, _llama_server
 
 
 @pytest.fixture(scope="module")
@@ -113,15 +114,43 @@ def qwen35_server(qwen35: tuple[Path, Path], tmp_path_factory: pytest.TempPathFa
     srv.stop()
 
 
+# The 96x48 PNG's prompts: 18 positions before the image, then its 18 cells over 6 positions.
+IMAGE_END_CELLS = 18 + 18
+
+
 def test_qwen35_serve_reuses_a_checkpoint_after_the_image(qwen35_server: Server, qwen35: tuple[Path, Path],
                                                          pictures: dict[str, Path]) -> None:  # noqa: F811
-    """The same question again restores the checkpoint taken before the prompt's last token; another
-    question after the same image finds no checkpoint before it (they sit at the prompt's end) and starts
-    over. Each answer is complete's."""
+    """The text after the image is evaluated in the scheduler's batches, which save checkpoints where
+    they save them for any prompt. The same question again restores the one 4 tokens before the end;
+    another question after the same image restores the one before its text, and the image is not
+    evaluated again. Each answer is complete's."""
     expected = ours(qwen35, pictures["png"], TELL)
     assert _ask(qwen35_server, pictures["png"], TELL) == (*expected, 0)
-    assert _ask(qwen35_server, pictures["png"], TELL) == (*expected, expected[1] - 1)
-    assert _ask(qwen35_server, pictures["png"], QUESTION) == (*ours(qwen35, pictures["png"], QUESTION), 0)
+    assert _ask(qwen35_server, pictures["png"], TELL) == (*expected, expected[1] - 4)
+    for question in (QUESTION, "Describe it."):
+        assert _ask(qwen35_server, pictures["png"], question) == (*ours(qwen35, pictures["png"], question),
+                                                                   IMAGE_END_CELLS)
+
+
+@pytest.mark.reference
+@pytest.mark.skipif(LLAMA_SERVER is None or not LLAMA_SERVER.is_file(),
+                    reason="set LLAMA_CPP_BIN to a folder with llama-server")
+def test_qwen35_serve_answers_and_caches_as_llama_server_and_keeps_the_image_it_evaluates_again(
+        qwen35: tuple[Path, Path], pictures: dict[str, Path], tmp_path: Path) -> None:  # noqa: F811
+    proc, url = _llama_server(qwen35[0], tmp_path / "llama-server.log", 1, "--mmproj", str(qwen35[1]), "-c", "512")
+    llama_server = Server(proc, url, tmp_path / "llama-server.log")
+    serve = vision_server(qwen35, tmp_path)
+    try:
+        questions = (TELL, TELL, QUESTION)
+        theirs = [_ask(llama_server, pictures["png"], q) for q in questions]
+        mine = [_ask(serve, pictures["png"], q) for q in questions]
+    finally:
+        llama_server.stop()
+        serve.stop()
+    assert [answer[:2] for answer in mine] == [answer[:2] for answer in theirs]
+    assert [answer[2] for answer in mine[:2]] == [answer[2] for answer in theirs[:2]]
+    # llama-server restores a checkpoint only near a prompt's end: before another question it keeps one token.
+    assert (theirs[2][2], mine[2][2]) == (1, IMAGE_END_CELLS)
 
 
 def test_qwen35_chat_second_turn_as_serve_answers(qwen35_server: Server, qwen35: tuple[Path, Path],

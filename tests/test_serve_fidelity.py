@@ -66,10 +66,11 @@ def _chats(n: int, seed: int = 41) -> list[list[dict[str, str]]]:
 CHATS = _chats(20)
 
 
-def _llama_server(model: Path, log: Path, np: int) -> tuple[subprocess.Popen, str]:
+def _llama_server(model: Path, log: Path, np: int, *flags: str) -> tuple[subprocess.Popen, str]:
+    """llama-server with -c 2048 -t 1 -np `np` and `flags` (a later -c wins), once it answers /health."""
     port = free_port()
     with open(log, "wb") as sink:
-        proc = subprocess.Popen([str(LLAMA_SERVER), "-m", str(model), "-c", "2048", "-t", "1", "-np", str(np),
+        proc = subprocess.Popen([str(LLAMA_SERVER), "-m", str(model), "-c", "2048", "-t", "1", "-np", str(np), *flags,
                                  "--host", "127.0.0.1", "--port", str(port)], stdout=sink, stderr=sink)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60

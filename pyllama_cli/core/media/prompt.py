@@ -112,6 +112,11 @@ class MediaPrompt:
         return sum(chunk.n_tokens for chunk in self.chunks)
 
     @property
+    def media_end(self) -> int:
+        """The position after the prompt's last image or clip (0 when it has none)."""
+        return max((chunk.start + chunk.n_pos for chunk in self.chunks if chunk.media), default=0)
+
+    @property
     def extra_cells(self) -> int:
         """How many more cells than positions the prompt takes (M-RoPE images; 0 for other projectors)."""
         return self.n_cells - len(self.tokens)
@@ -190,18 +195,23 @@ class MediaPrompt:
             pass
 
 
-def prefill_slot(media: MediaPrompt, ctx: Any, seq_id: int, reuse: int) -> int:
+def prefill_slot(media: MediaPrompt, ctx: Any, seq_id: int, reuse: int, *, text_after: bool = False) -> int:
     """Evaluate a server slot's prompt with media into sequence `seq_id` (its first `reuse` positions are
     cached already), all but the last token, which the scheduler's batch evaluates with the other slots'
     tokens to get its logits. Returns how many positions the sequence now holds.
 
-    The last token is never decoded here: a recurrent or hybrid memory (Qwen3.5) cannot give it back."""
+    The last token is never decoded here: a recurrent or hybrid memory (Qwen3.5) cannot give it back.
+    With `text_after` (a memory that takes context checkpoints), the text after the last image is left
+    to the scheduler as well, as llama-server leaves it to its prompt batches: they save checkpoints
+    where they save them for any prompt, the one before a short question included, so another question
+    after the same image restores that instead of evaluating the image again."""
     last = len(media.tokens) - 1
     start = media.cut_before(min(reuse, last))
+    end = max(start, min(last, media.media_end)) if text_after else last
     ctx.remove_tokens(seq_id, start, -1)
-    media.evaluate(ctx.handle, start, ctx.n_batch, seq_id, end=last)
+    media.evaluate(ctx.handle, start, ctx.n_batch, seq_id, end=end)
     media.close()  # its chunks are in the KV cache now
-    return last
+    return end
 
 
 def prompt_cells(media: MediaPrompt | None, n_positions: int) -> int:

@@ -31,9 +31,20 @@ PARTIAL_ONLY = 1  # LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY: the cells that cannot be
 @dataclass
 class Checkpoint:
     n_tokens: int  # prompt tokens the sequence held when it was saved
-    pos_min: int
+    pos_min: int  # the memory's positions (llama_memory_seq_pos_min/max) when it was saved
     pos_max: int
     data: bytes
+
+    @property
+    def last(self) -> int:
+        """The prompt position of pos_max. The same, but right after an M-RoPE image: the memory holds its
+        cells at fewer positions than the image takes in the prompt (its text goes on at the prompt's)."""
+        return self.n_tokens - 1
+
+    @property
+    def first(self) -> int:
+        """The prompt position of pos_min, by the same offset."""
+        return self.pos_min + self.last - self.pos_max
 
 
 @dataclass
@@ -74,11 +85,16 @@ class Checkpoints:
         self.states = SequenceStates(settings.ram_bytes) if settings is not None and settings.ram_mib != 0 else None
         self.slots = [SlotCheckpoints() for _ in range(n_slots)]
 
+    @property
+    def takes_checkpoints(self) -> bool:
+        """Whether prompts are cut into batches and checkpoints saved before them (see plan)."""
+        return self.active and self.limit > 0
+
     def cut_chunk(self, slot: Any, chunk: int) -> int:
         """The prompt tokens a slot evaluates this step: `chunk`, ended early at the first boundary inside
         it: a user message's start (the last one, or one past MIN_STEP since the last checkpoint), or
         4 + n_ubatch or 4 tokens before the prompt's end (at most n_batch)."""
-        done, n_prompt, starts = len(slot.cached), slot.stats.n_prompt, slot.job.user_starts
+        done, n_prompt, starts = len(slot.cached), _prompt_positions(slot), slot.job.user_starts
         saved = self.slots[slot.id].saved
         boundaries = [b for b in starts if b == starts[-1] or not saved or b > saved[-1].n_tokens + MIN_STEP]
         offsets = (LAST_BATCH + self.ctx.n_ubatch, LAST_BATCH)
@@ -102,7 +118,7 @@ class Checkpoints:
     def plan(self, slots: list[Any], chunks: dict[int, int]) -> dict[int, int]:
         """This step's prompt chunks (plan_prefill's) cut at the checkpoint boundaries, and the checkpoints
         saved before they are evaluated."""
-        if not self.active or self.limit == 0:
+        if not self.takes_checkpoints:
             return chunks
         for slot in slots:
             if chunks.get(slot.id, 0) > 0:
@@ -119,12 +135,12 @@ class Checkpoints:
         kept, saved = n_common, self.slots[slot_id].saved
         threshold = max(0, kept - self.n_swa - (0 if kept < n_prompt else 1))
         if 0 < kept <= n_cached and int(lib.llama_memory_seq_pos_min(self.ctx.memory, slot_id)) >= threshold:
-            usable = [c for c in saved if c.pos_max <= kept and (c.pos_min < threshold or c.pos_min == 0)]
+            usable = [c for c in saved if c.last <= kept and (c.first < threshold or c.pos_min == 0)]
             if usable and self._load(slot_id, usable[-1]):
-                kept = min(kept, max(usable[-1].pos_min + 1, usable[-1].pos_max), usable[-1].n_tokens)
+                kept = min(kept, max(usable[-1].first + 1, usable[-1].last), usable[-1].n_tokens)
             else:
                 kept = 0
-        saved[:] = [c for c in saved if c.pos_max <= kept]
+        saved[:] = [c for c in saved if c.last <= kept]
         return kept
 
     def before_decode(self, slot: Any, chunk: int) -> None:
@@ -133,7 +149,7 @@ class Checkpoints:
         message (the last one, the first checkpoint, or one past MIN_STEP)."""
         from ..model.native import lib
 
-        slot_id, n_start, n_prompt, starts = slot.id, len(slot.cached), slot.stats.n_prompt, slot.job.user_starts
+        slot_id, n_start, n_prompt, starts = slot.id, len(slot.cached), _prompt_positions(slot), slot.job.user_starts
         saved = self.slots[slot_id].saved
         near_end = n_prompt < n_start + chunk + self.ctx.n_ubatch
         last_user = bool(starts) and n_start == starts[-1]
@@ -167,6 +183,12 @@ class Checkpoints:
         data = checkpoint.data
         buffer = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
         return int(lib.llama_state_seq_set_data_ext(self.ctx.handle, buffer, len(data), slot_id, PARTIAL_ONLY)) != 0
+
+
+def _prompt_positions(slot: Any) -> int:
+    """A prefilling slot's prompt length in positions, the unit of its cached tokens and of the boundaries
+    (its stats count cells: more than positions past an M-RoPE image)."""
+    return len(slot.cached) + len(slot.pending)
 
 
 # ---------------------------------------------------------------- where user messages start

@@ -262,7 +262,7 @@ class ParallelEngine(Engine):
                 continue
             self._start_all(starting)
             self._drop_cancelled()
-            prefill_media(self.slots, self._ctx, self._fail)
+            prefill_media(self.slots, self._ctx, self._fail, self._checkpoints.takes_checkpoints)
             if self._build_batch():
                 self._decode_and_sample()
             self._flush()

@@ -40,13 +40,14 @@ class Slot:
     lora: tuple[float, ...] = ()  # the LoRA scales the request runs with, and that made the cached tokens
     media: Any = None  # a prompt with images (core/media's MediaPrompt) whose chunks libmtmd still has to evaluate
 
-    def prefill_media(self, ctx: Any) -> None:
+    def prefill_media(self, ctx: Any, text_after: bool = False) -> None:
         """Evaluate the images of a request that just started (and its text up to the last token, which
-        the next batch evaluates with the other slots' tokens, for its logits)."""
+        the next batch evaluates with the other slots' tokens, for its logits; with `text_after`, the
+        scheduler's batches evaluate all the text after the last image: see prefill_slot)."""
         from ..media.prompt import prefill_slot
 
         media, self.media = self.media, None
-        held = prefill_slot(media, ctx, self.id, len(self.cached))
+        held = prefill_slot(media, ctx, self.id, len(self.cached), text_after=text_after)
         self.cached, self.pending = list(media.tokens[:held]), list(media.tokens[held:])
 
     def plan_draft(self, n_ctx: int, n_max: int, n_min: int) -> list[int]:
@@ -233,12 +234,13 @@ def check_slot_fits(media: Any, n_positions: int, n_ctx_slot: int) -> tuple[int,
     return n_prompt, context_room(media, n_ctx_slot)
 
 
-def prefill_media(slots: list[Slot], ctx: Any, fail: Callable[[Slot, Exception], None]) -> None:
+def prefill_media(slots: list[Slot], ctx: Any, fail: Callable[[Slot, Exception], None], text_after: bool = False) -> None:
     """libmtmd encodes the images of requests that just started (seconds for a large model), outside the
-    scheduler's lock, so that requests keep arriving meanwhile; a request whose media fail goes to `fail`."""
+    scheduler's lock, so that requests keep arriving meanwhile; a request whose media fail goes to `fail`.
+    `text_after`: leave the text after the last image to the scheduler's batches (Slot.prefill_media)."""
     for slot in slots:
         if slot.media is not None:
             try:
-                slot.prefill_media(ctx)
+                slot.prefill_media(ctx, text_after)
             except Exception as exc:  # noqa: BLE001 - one bad request must not stop the others
                 fail(slot, exc)
