@@ -170,3 +170,51 @@ def test_qwen35_chat_second_turn_as_serve_answers(qwen35_server: Server, qwen35:
     answer = qwen35_server.client().chat.completions.create(model="any", max_tokens=8, temperature=0,
                                                             messages=messages)
     assert second == answer.choices[0].message.content
+
+
+def test_qwen35_chat_turns_restore_a_checkpoint_instead_of_evaluating_the_conversation_again(
+        qwen35: tuple[Path, Path], pictures: dict[str, Path]) -> None:  # noqa: F811
+    """chat evaluates a prompt in the server's batches, with checkpoints before them. The re-rendered
+    conversation differs from the cache inside the last answer, where the recurrent state cannot be cut,
+    so the next turn restores the checkpoint saved 4 tokens before the previous prompt's end (the image
+    is not evaluated again) and answers as a chat that started over does. Before, each turn started over."""
+    from pyllama_cli.core.generate.conversation import Conversation, open_chat_engine
+    from pyllama_cli.core.generate.sampling import SamplingSettings
+    from pyllama_cli.core.media.check import read_media
+    from pyllama_cli.core.media.projector import Projector
+    from pyllama_cli.core.media.settings import ProjectorSettings
+    from pyllama_cli.core.model.native import Model
+    from pyllama_cli.core.model.resolve import ResolvedModel
+    from pyllama_cli.core.model.session import Session
+    from pyllama_cli.core.model.settings import LoadSettings
+
+    settings, greedy = LoadSettings(n_ctx=512, n_threads=1), SamplingSettings(temperature=0)
+
+    def chat(turns: list[str], fresh_last: bool) -> tuple[list[str], list[tuple[int, int]]]:
+        model = Model.load(qwen35[0], settings)
+        engine = open_chat_engine(Session(ResolvedModel(qwen35[0], (qwen35[0],)), model), settings)
+        engine.projector = Projector.load(qwen35[1], model, ProjectorSettings(path=qwen35[1]), 1)
+        conv, answers, counts = Conversation(), [], []
+        conv.attach_media(read_media(pictures["jpeg"]))
+        try:
+            for i, text in enumerate(turns):
+                conv.add_user(text)
+                if fresh_last and i == len(turns) - 1:
+                    engine.generator.reset()
+                answers.append("".join(engine.answer(conv.to_messages(), greedy, max_tokens=8)))
+                conv.add_assistant(answers[-1])
+                counts.append((engine.stats.n_cached, engine.stats.n_prompt))
+        finally:
+            engine.close()
+            engine.projector.close()
+            engine.ctx.close()
+            model.close()
+        return answers, counts
+
+    turns = [TELL, "Tell me more.", "And the colours?"]
+    answers, counts = chat(turns, fresh_last=False)
+    started_over, fresh = chat(turns, fresh_last=True)
+    assert answers == started_over
+    assert fresh[-1][0] == 0
+    # Each later turn keeps everything before its previous user message: the image (18 cells) and more.
+    assert [n_cached for n_cached, _ in counts] == [0] + [n_prompt - 4 for _, n_prompt in counts[:-1]]

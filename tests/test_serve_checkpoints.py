@@ -14,7 +14,7 @@ import pytest
 from pyllama_cli.core.generate.sampling import SamplingSettings
 from pyllama_cli.core.model.settings import LoadSettings
 from pyllama_cli.core.serving.cache.settings import CacheSettings
-from pyllama_cli.core.serving.checkpoints import user_start_marker
+from pyllama_cli.core.generate.context_checkpoints import user_start_marker
 from pyllama_cli.core.serving.jobs import GenerationJob, JobStream
 from pyllama_cli.core.serving.scheduler import ParallelEngine
 from pyllama_cli.core.serving.slots import PREFILL

@@ -10,6 +10,8 @@
 - `prompt_cache`: `--prompt-cache FILE` on disk.
 - `conversation`: a chat conversation and the engine that answers it.
 - `speculative`: `--spec-type`/`-md`: drafters and the check of a draft in one batch.
+- `context_checkpoints`: llama-server's context checkpoints for a memory that cannot be cut anywhere
+  (recurrent, hybrid, sliding windows): where prompt batches end, saving and restoring (chat and serve).
 
 May import: `core.constrain`, `core.text`, `core.model`, `core.paths`, `core.interrupt`, `pyllama_cli.errors`.
 """

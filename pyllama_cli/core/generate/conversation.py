@@ -222,6 +222,7 @@ def _overflow(n: int, reserve: int, n_ctx: int, shift: bool) -> ContextOverflow:
 
 
 _MAX_SNAPSHOTS = 8
+CHAT_CHECKPOINTS = 3  # the last prompt's: its last user message's start, 4 + n_ubatch and 4 before its end
 
 
 class ChatEngine:
@@ -239,8 +240,12 @@ class ChatEngine:
         self.ctx = ctx
         self.template = template
         self.template_name = template_name
-        self.generator = Generator(model, ctx, speculation)
+        # A memory that cannot be cut anywhere (Qwen3.5, sliding windows) keeps the last prompt's checkpoints
+        # between turns: before its last user message (undo, then a new message) and near its end (the next
+        # turn, /regen). Each holds a recurrent state or a window of cells: tens to hundreds of MiB.
+        self.generator = Generator(model, ctx, speculation, checkpoints=CHAT_CHECKPOINTS)
         self.speculation = speculation  # closed with the engine (a draft model's context)
+        self._user_marker: list[int] | None = None  # the tokens a user message starts with (checkpoints)
         self.bos_text = _token_text(model, model.bos)
         self.eos_text = _token_text(model, model.eos)
         self.turn_end = TURN_END_MARKERS.get(template_name, ())
@@ -308,8 +313,21 @@ class ChatEngine:
         if prompt is None:
             prompt = self._tokenize(text)
         stream = self.generator.stream(prompt, sampling, max_tokens=max_tokens,
-                                       stop=tuple(stop) + self.turn_end, stop_flag=stop_flag)
+                                       stop=tuple(stop) + self.turn_end, stop_flag=stop_flag,
+                                       user_starts=self._user_starts(prompt))
         return self._remember_turn(text, prompt, stream)
+
+    def _user_starts(self, prompt: list[int]) -> tuple[int, ...]:
+        """Where the prompt's user messages start, for a generator that saves checkpoints before them."""
+        if self.generator.checkpoints is None:
+            return ()
+        from .context_checkpoints import find_user_starts, user_start_marker
+
+        if self._user_marker is None:
+            text = user_start_marker(lambda m: self.render(m, add_generation_prompt=False))
+            self._user_marker = (self.model.tokenize(text.encode("utf-8"), add_special=False,
+                                                     parse_special=True).tolist() if text else [])
+        return find_user_starts(prompt, self._user_marker)
 
     def _media_tokens(self, text: str, media: list[Any]) -> list[int]:
         """The prompt's tokens with its images (placeholders), which the generator evaluates through libmtmd."""

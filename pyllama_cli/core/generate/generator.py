@@ -18,6 +18,7 @@ from typing import Any
 from ...errors import ContextOverflow, Interrupted, PyllamaError
 from ..media.prompt import context_room, prompt_cells
 from ..model.native import Batch, Context, Model
+from .context_checkpoints import Checkpoint, cut_chunk, memory_n_swa, restore, save, saves_before
 from .decide import STOP_CONTEXT, STOP_INTERRUPTED, Turn, reusable_prefix
 from .sampling import Sampler, SamplingSettings
 from .speculative import Speculation, Verified, draft_room, safe_draft, verify
@@ -27,9 +28,17 @@ from .stats import GenerationStats
 class Generator:
     """Generates from one model/context pair, keeping the KV cache between calls."""
 
-    def __init__(self, model: Model, ctx: Context, speculation: Speculation | None = None):
+    def __init__(self, model: Model, ctx: Context, speculation: Speculation | None = None, *,
+                 checkpoints: int = 0):
+        """`checkpoints`: how many context checkpoints to keep (0: none) for a memory that cannot be cut
+        anywhere (recurrent, hybrid, sliding windows). Prompts are then evaluated in llama-server's batches
+        with checkpoints saved before them, so a later prompt that shares less than the cache holds
+        restores one instead of starting over (chat)."""
         self.model = model
         self.ctx = ctx
+        self.n_swa = memory_n_swa(model, ctx.swa_full) if checkpoints > 0 else None
+        self.checkpoints: list[Checkpoint] | None = [] if self.n_swa is not None else None
+        self.max_checkpoints = checkpoints
         self.cached: list[int] = []  # tokens whose keys/values sit in sequence 0
         self.speculation = speculation
         self.drafter = speculation.drafter(0) if speculation is not None else None
@@ -47,6 +56,8 @@ class Generator:
         """Forget the KV cache (the next prompt is evaluated whole)."""
         self.ctx.clear_memory()
         self.cached = []
+        if self.checkpoints is not None:
+            self.checkpoints.clear()
 
     def check_fits(self, n_prompt: int) -> None:
         if n_prompt >= self.ctx.n_ctx:
@@ -55,37 +66,68 @@ class Generator:
                 hint=f"raise the context with -c/--ctx-size (e.g. -c {_next_pow2(n_prompt + 256)})",
             )
 
-    def prefill(self, prompt: Sequence[int], stop_flag: Callable[[], bool] = lambda: False) -> int:
-        """Evaluate the part of `prompt` not already cached; return how many positions were reused."""
+    def prefill(self, prompt: Sequence[int], stop_flag: Callable[[], bool] = lambda: False,
+                user_starts: Sequence[int] = ()) -> int:
+        """Evaluate the part of `prompt` not already cached; return how many positions were reused.
+        `user_starts`: where the prompt's user messages start (checkpoints are saved before them)."""
         self.check_fits(prompt_cells(self.media, len(prompt)))
         reuse = reusable_prefix(self.cached, prompt)
         if self.media is not None:  # an image is never cut: it is evaluated whole
             reuse = self.media.cut_before(reuse)
+        if self.checkpoints is not None and reuse < len(self.cached):  # a cut the memory may not make
+            reuse = restore(self.ctx, 0, self.checkpoints, self.n_swa or 0, len(self.cached), reuse, len(prompt))
         # Drop everything past the reused prefix, including entries an aborted decode left behind. A
         # recurrent or hybrid memory (Qwen3.5) cannot cut its state before its end: it starts over.
         if not self.ctx.remove_tokens(0, reuse, -1):
             self.ctx.clear_memory(data=False)
             reuse = 0
+            if self.checkpoints is not None:
+                self.checkpoints.clear()
         self.cached = list(prompt[:reuse])
         self.ctx.abort_check = stop_flag
         try:
             with self.ctx.abortable():
+                if self.checkpoints is not None:
+                    self._evaluate_in_checkpoint_batches(prompt, user_starts, stop_flag)
+                    return reuse
                 if self.media is not None:
                     self._evaluate_media(reuse, stop_flag)
                     self.cached = list(prompt)
-                for start in range(len(self.cached), len(prompt), self.ctx.n_batch):
-                    chunk = prompt[start:start + self.ctx.n_batch]
-                    self.batch.fill(chunk, start, logits_last=start + len(chunk) == len(prompt))
-                    self.ctx.decode(self.batch)
-                    self.cached.extend(int(t) for t in chunk)
+                self._evaluate_text(prompt, len(prompt))
         finally:
             self.ctx.abort_check = None
         return reuse
 
-    def _evaluate_media(self, start: int, stop_flag: Callable[[], bool]) -> None:
-        """The prompt's libmtmd chunks from `start` on; a Ctrl-C that aborted a decode is Interrupted."""
+    def _evaluate_text(self, prompt: Sequence[int], end: int) -> None:
+        """Decode the prompt's tokens after those cached, up to `end`, in batches of n_batch."""
+        for start in range(len(self.cached), end, self.ctx.n_batch):
+            chunk = prompt[start:min(start + self.ctx.n_batch, end)]
+            self.batch.fill(chunk, start, logits_last=start + len(chunk) == len(prompt))
+            self.ctx.decode(self.batch)
+            self.cached.extend(int(t) for t in chunk)
+
+    def _evaluate_in_checkpoint_batches(self, prompt: Sequence[int], user_starts: Sequence[int],
+                                        stop_flag: Callable[[], bool]) -> None:
+        """Evaluate the prompt as the server's scheduler does for such a memory: its images (and the text
+        before them) through libmtmd, then its text in batches that end where llama-server's end, with a
+        checkpoint saved before each batch where llama-server saves one (context_checkpoints.py)."""
+        assert self.checkpoints is not None
+        n_prompt = len(prompt)
+        if self.media is not None and len(self.cached) < self.media.media_end:
+            self._evaluate_media(len(self.cached), stop_flag, end=self.media.media_end)
+            self.cached = list(prompt[:self.media.media_end])
+        while len(self.cached) < n_prompt:
+            done = len(self.cached)
+            chunk = cut_chunk(done, min(self.ctx.n_batch, n_prompt - done), n_prompt, user_starts, self.checkpoints,
+                              self.ctx.n_batch, self.ctx.n_ubatch)
+            if saves_before(done, chunk, n_prompt, user_starts, self.checkpoints, self.ctx.n_ubatch):
+                save(self.ctx, 0, done, self.checkpoints, self.max_checkpoints)
+            self._evaluate_text(prompt, done + chunk)
+
+    def _evaluate_media(self, start: int, stop_flag: Callable[[], bool], end: int | None = None) -> None:
+        """The prompt's libmtmd chunks from `start` on (to `end`); a Ctrl-C that aborted a decode is Interrupted."""
         try:
-            self.media.evaluate(self.ctx.handle, start, self.ctx.n_batch)
+            self.media.evaluate(self.ctx.handle, start, self.ctx.n_batch, end=end)
         except PyllamaError:
             if stop_flag():
                 raise Interrupted("evaluation interrupted") from None
@@ -101,6 +143,7 @@ class Generator:
         stop_flag: Callable[[], bool] = lambda: False,
         on_token: Callable[[int], None] | None = None,
         after_prefill: Callable[[], None] | None = None,
+        user_starts: Sequence[int] = (),
     ) -> Iterator[str]:
         """Yield generated text for `prompt`; `self.stats` is complete once the iterator ends.
 
@@ -114,6 +157,7 @@ class Generator:
                 still holds the distribution it was drawn from (the server's logprobs read it).
             after_prefill: called once the prompt is in the KV cache, before the first token is sampled
                 (complete's --prompt-cache saves the state there).
+            user_starts: where the prompt's user messages start (see prefill).
         """
         stats = self.stats = GenerationStats(n_prompt=prompt_cells(self.media, len(prompt)))
         sampler = Sampler(self.model, sampling)
@@ -124,7 +168,7 @@ class Generator:
         turn = Turn(self.model, max_tokens=max_tokens, stop=stop, n_ctx=n_ctx, stats=stats, show_cut_character=True,
                     ignore_eos=sampler.settings.ignore_eos, grammar=bool(sampler.settings.grammar))
         try:
-            stats.n_cached = prompt_cells(self.media, self.prefill(prompt, stop_flag))
+            stats.n_cached = prompt_cells(self.media, self.prefill(prompt, stop_flag, user_starts))
         except BaseException:
             sampler.close()
             stats.stop_reason = STOP_INTERRUPTED

@@ -328,6 +328,7 @@ class Context:
         self.n_ctx = int(lib.llama_n_ctx(handle))
         self.n_batch = int(params.n_batch)
         self.n_ubatch = int(params.n_ubatch)
+        self.swa_full = bool(params.swa_full)  # whether a sliding-window memory keeps every cell (no checkpoints)
         self.memory = lib.llama_get_memory(handle)
         self._settle_after_decode = _computes_elsewhere(settings)
         try:

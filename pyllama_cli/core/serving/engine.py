@@ -161,7 +161,7 @@ class Engine(ABC):
         checkpoints = getattr(self, "_checkpoints", None)
         if checkpoints is None or not checkpoints.active:
             return ()
-        from .checkpoints import find_user_starts, user_start_marker
+        from ..generate.context_checkpoints import find_user_starts, user_start_marker
 
         markers = self._user_markers
         if template not in markers:

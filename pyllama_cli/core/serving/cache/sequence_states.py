@@ -1,5 +1,5 @@
 """llama-server's prompt cache for a memory that cannot be cut anywhere (sliding-window attention,
-recurrent): whole sequence states kept with their context checkpoints (serving/checkpoints.py), and
+recurrent): whole sequence states kept with their context checkpoints (generate/context_checkpoints.py), and
 swapped into a slot by llama-server's rules, so a conversation that comes back after another one
 reuses what llama-server reuses. The other memories use --cache-ram's own routes (prompt_cache.py).
 
