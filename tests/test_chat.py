@@ -621,3 +621,33 @@ def test_single_turn_that_cannot_be_answered_exits_1_without_reading_on(tiny_mod
     assert result.exit_code == 1
     assert chrome(result)[0] == "Error: chat template failed to render: ZeroDivisionError: division by zero"
     assert result.stdout == ""
+
+
+def test_a_sliding_window_turn_that_reuses_cells_no_longer_held_restores_a_checkpoint(models_dir: Path) -> None:
+    # The window (96 positions) keeps about 256 cells: after a 300-token answer the cells of the prompt's
+    # start are gone. When the next prompt differs from the cache right after the previous prompt (its
+    # answer re-rendered otherwise), cutting there would leave those positions unseen; the turn restores
+    # the checkpoint 4 tokens before the previous prompt's end instead, and answers as a fresh chat does.
+    from tests.fixtures.make_gguf import WIDE_SWA, write_llama_gguf
+
+    path = write_llama_gguf(models_dir / "wide-swa.gguf", WIDE_SWA)
+    settings = LoadSettings(n_ctx=1024, n_batch=64, n_ubatch=64, n_threads=1)
+    model = Model.load(path, settings)
+    engine = open_chat_engine(Session(ResolvedModel(path, (path,)), model), settings)
+    try:
+        conv = Conversation(system="Be brief.")
+        conv.add_user("tell me a long story")
+        answer = "".join(engine.answer(conv.to_messages(), GREEDY, max_tokens=300))
+        first = engine.stats
+        assert first.n_generated == 300
+        conv.add_assistant("a shorter story than the one told")  # not the answer's tokens
+        conv.add_user("and then?")
+        again = "".join(engine.answer(conv.to_messages(), GREEDY, max_tokens=16))
+        assert engine.stats.n_cached == first.n_prompt - 5  # less one position, as llama-server takes a window's
+        engine.generator.reset()
+        assert "".join(engine.answer(conv.to_messages(), GREEDY, max_tokens=16)) == again
+        assert engine.stats.n_cached == 0 and answer
+    finally:
+        engine.close()
+        engine.ctx.close()
+        model.close()
