@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures.make_gguf import TINY_QWEN2VL, TINY_QWEN3VL, write_llama_gguf
+from tests.fixtures.make_gguf import TINY_QWEN2VL, TINY_QWEN3VL, TINY_QWEN3VLMOE, write_llama_gguf
 from tests.fixtures.make_mmproj import QWEN2VL, QWEN3VL, QWEN35, write_mmproj_gguf
-from tests.fixtures.make_qwen35 import write_qwen35_gguf
+from tests.fixtures.make_qwen35 import TINY_QWEN35MOE, write_qwen35_gguf
 from tests.helpers import run_cli
 from tests.test_multimodal_mrope import (  # noqa: F401 - pictures: a fixture
     MIDDLE,
@@ -86,6 +86,34 @@ def test_serve_image_url_gives_completes_text(qwen3_server: Server, qwen3: tuple
     assert answer.usage.prompt_tokens == 48 + 15  # the 48x80 JPEG: 3 x 5 embeddings
 
 
+# ---- Qwen3-VL-MoE: the same layers with a router over experts in place of each feed-forward block
+
+
+@pytest.fixture(scope="module")
+def qwen3moe(qwen3: tuple[Path, Path], models_dir: Path) -> tuple[Path, Path]:
+    return write_llama_gguf(models_dir / "tiny-qwen3vlmoe.gguf", TINY_QWEN3VLMOE), qwen3[1]
+
+
+@pytest.mark.reference
+@needs_mtmd_cli
+@pytest.mark.parametrize("kind, prompt", [("png", QUESTION), ("jpeg", MIDDLE)], ids=["png-first", "jpeg-around"])
+def test_qwen3vlmoe_complete_matches_mtmd_cli(qwen3moe: tuple[Path, Path], pictures: dict[str, Path],  # noqa: F811
+                                              kind: str, prompt: str) -> None:
+    assert_complete_matches_mtmd_cli(qwen3moe, pictures[kind], prompt)
+
+
+def test_qwen3vlmoe_serve_gives_completes_text_and_reuses_the_image(
+        qwen3moe: tuple[Path, Path], pictures: dict[str, Path], tmp_path: Path) -> None:  # noqa: F811
+    serve = vision_server(qwen3moe, tmp_path)
+    try:
+        expected = ours(qwen3moe, pictures["png"])
+        assert expected[1] == 48 + 18  # as Qwen3-VL's: the same projector
+        assert _ask(serve, pictures["png"], QUESTION) == (*expected, 0)
+        assert _ask(serve, pictures["png"], QUESTION) == (*expected, expected[1] - 1)  # all but the last token
+    finally:
+        serve.stop()
+
+
 # ---- Qwen3.5: M-RoPE over a hybrid memory (a recurrent layer and an attention layer)
 # Its recurrent state cannot be cut at a position: a slot's next request reuses the prompt's cells only
 # from a context checkpoint (core/serving/checkpoints.py). llama-mtmd-cli prints special tokens as text
@@ -99,12 +127,35 @@ def qwen35(models_dir: Path) -> tuple[Path, Path]:
             write_mmproj_gguf(models_dir / "mmproj-tiny-qwen35.gguf", QWEN35))
 
 
+@pytest.fixture(scope="module")
+def qwen35moe(qwen35: tuple[Path, Path], models_dir: Path) -> tuple[Path, Path]:
+    """The mixture-of-experts variant (qwen35moe: 4 experts, 2 a token, and a shared one), same projector."""
+    return write_qwen35_gguf(models_dir / "tiny-qwen35moe.gguf", TINY_QWEN35MOE), qwen35[1]
+
+
 @pytest.mark.reference
 @needs_mtmd_cli
 @pytest.mark.parametrize("kind, prompt", [("png", MIDDLE), ("jpeg", TELL)], ids=["png-around", "jpeg-first"])
 def test_qwen35_complete_matches_mtmd_cli(qwen35: tuple[Path, Path], pictures: dict[str, Path], kind: str,  # noqa: F811
                                           prompt: str) -> None:
     assert_complete_matches_mtmd_cli(qwen35, pictures[kind], prompt)
+
+
+@pytest.mark.reference
+@needs_mtmd_cli
+def test_qwen35moe_complete_matches_mtmd_cli(qwen35moe: tuple[Path, Path], pictures: dict[str, Path]) -> None:  # noqa: F811
+    assert_complete_matches_mtmd_cli(qwen35moe, pictures["jpeg"], TELL)
+
+
+def test_qwen35moe_serve_answers_as_complete_and_reuses_the_checkpoint_after_the_image(
+        qwen35moe: tuple[Path, Path], pictures: dict[str, Path], tmp_path: Path) -> None:  # noqa: F811
+    serve = vision_server(qwen35moe, tmp_path)
+    try:
+        expected = ours(qwen35moe, pictures["png"], TELL)
+        assert _ask(serve, pictures["png"], TELL) == (*expected, 0)
+        assert _ask(serve, pictures["png"], QUESTION) == (*ours(qwen35moe, pictures["png"], QUESTION), IMAGE_END_CELLS)
+    finally:
+        serve.stop()
 
 
 @pytest.fixture(scope="module")
