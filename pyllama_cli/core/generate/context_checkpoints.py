@@ -86,6 +86,16 @@ def saves_before(n_start: int, chunk: int, n_prompt: int, starts: Sequence[int],
     return near_end or last_user or not saved or n_start > saved[-1].n_tokens + MIN_STEP
 
 
+def next_batch(ctx: Any, seq_id: int, done: int, chunk: int, n_prompt: int, starts: Sequence[int],
+               saved: list[Checkpoint], limit: int) -> int:
+    """The prompt tokens sequence `seq_id` evaluates next of the `chunk` planned (cut_chunk), with a checkpoint
+    saved before them where llama-server saves one (saves_before)."""
+    chunk = cut_chunk(done, chunk, n_prompt, starts, saved, ctx.n_batch, ctx.n_ubatch)
+    if saves_before(done, chunk, n_prompt, starts, saved, ctx.n_ubatch):
+        save(ctx, seq_id, done, saved, limit)
+    return chunk
+
+
 # ---------------------------------------------------------------- saving and restoring
 
 
@@ -173,6 +183,12 @@ def user_start_marker(render: Callable[[list[dict[str, str]]], str]) -> str:
             continue
         kept.append(segment)
     return "".join(kept).strip()
+
+
+def user_marker_tokens(render: Callable[[list[dict[str, str]]], str], tokenize: Callable[[str], list[int]]) -> list[int]:
+    """The tokens of user_start_marker's text ([] when the template has none), for find_user_starts."""
+    text = user_start_marker(render)
+    return tokenize(text) if text else []
 
 
 def find_user_starts(ids: list[int], marker: list[int]) -> tuple[int, ...]:

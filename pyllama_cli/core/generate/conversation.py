@@ -321,12 +321,12 @@ class ChatEngine:
         """Where the prompt's user messages start, for a generator that saves checkpoints before them."""
         if self.generator.checkpoints is None:
             return ()
-        from .context_checkpoints import find_user_starts, user_start_marker
+        from .context_checkpoints import find_user_starts, user_marker_tokens
 
         if self._user_marker is None:
-            text = user_start_marker(lambda m: self.render(m, add_generation_prompt=False))
-            self._user_marker = (self.model.tokenize(text.encode("utf-8"), add_special=False,
-                                                     parse_special=True).tolist() if text else [])
+            self._user_marker = user_marker_tokens(
+                lambda m: self.render(m, add_generation_prompt=False),
+                lambda text: self.model.tokenize(text.encode("utf-8"), add_special=False, parse_special=True).tolist())
         return find_user_starts(prompt, self._user_marker)
 
     def _media_tokens(self, text: str, media: list[Any]) -> list[int]:

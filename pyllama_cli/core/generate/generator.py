@@ -18,7 +18,7 @@ from typing import Any
 from ...errors import ContextOverflow, Interrupted, PyllamaError
 from ..media.prompt import context_room, prompt_cells
 from ..model.native import Batch, Context, Model
-from .context_checkpoints import Checkpoint, cut_chunk, memory_n_swa, restore, save, saves_before
+from .context_checkpoints import Checkpoint, memory_n_swa, next_batch, restore
 from .decide import STOP_CONTEXT, STOP_INTERRUPTED, Turn, reusable_prefix
 from .sampling import Sampler, SamplingSettings
 from .speculative import Speculation, Verified, draft_room, safe_draft, verify
@@ -118,10 +118,8 @@ class Generator:
             self.cached = list(prompt[:self.media.media_end])
         while len(self.cached) < n_prompt:
             done = len(self.cached)
-            chunk = cut_chunk(done, min(self.ctx.n_batch, n_prompt - done), n_prompt, user_starts, self.checkpoints,
-                              self.ctx.n_batch, self.ctx.n_ubatch)
-            if saves_before(done, chunk, n_prompt, user_starts, self.checkpoints, self.ctx.n_ubatch):
-                save(self.ctx, 0, done, self.checkpoints, self.max_checkpoints)
+            chunk = next_batch(self.ctx, 0, done, min(self.ctx.n_batch, n_prompt - done), n_prompt, user_starts,
+                               self.checkpoints, self.max_checkpoints)
             self._evaluate_text(prompt, done + chunk)
 
     def _evaluate_media(self, start: int, stop_flag: Callable[[], bool], end: int | None = None) -> None:

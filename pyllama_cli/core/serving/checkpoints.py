@@ -8,15 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..generate.context_checkpoints import (
-    MAX_CHECKPOINTS,
-    Checkpoint,
-    cut_chunk,
-    memory_n_swa,
-    restore,
-    save,
-    saves_before,
-)
+from ..generate.context_checkpoints import MAX_CHECKPOINTS, Checkpoint, memory_n_swa, next_batch, restore
 
 
 @dataclass
@@ -50,12 +42,6 @@ class Checkpoints:
         """Whether prompts are cut into batches and checkpoints saved before them (see plan)."""
         return self.active and self.limit > 0
 
-    def cut_chunk(self, slot: Any, chunk: int) -> int:
-        """The prompt tokens a slot evaluates this step: `chunk`, ended early at the first boundary inside
-        it (context_checkpoints.cut_chunk)."""
-        return cut_chunk(len(slot.cached), chunk, _prompt_positions(slot), slot.job.user_starts,
-                         self.slots[slot.id].saved, self.ctx.n_batch, self.ctx.n_ubatch)
-
     def kept_prefix(self, slot: Any, prompt: list[int], allowed: bool) -> int:
         """The prompt tokens slot `slot` keeps in its cache (`allowed`: the request may reuse any), at least
         one short of the whole prompt, as reusable_prefix."""
@@ -76,21 +62,14 @@ class Checkpoints:
             return chunks
         for slot in slots:
             if chunks.get(slot.id, 0) > 0:
-                chunks[slot.id] = self.cut_chunk(slot, chunks[slot.id])
-                self.before_decode(slot, chunks[slot.id])
+                chunks[slot.id] = next_batch(self.ctx, slot.id, len(slot.cached), chunks[slot.id], _prompt_positions(slot),
+                                             slot.job.user_starts, self.slots[slot.id].saved, self.limit)
         return chunks
 
     def reuse(self, slot_id: int, n_cached: int, n_common: int, n_prompt: int) -> int:
         """How many prompt tokens the slot keeps of the `n_common` its `n_cached` share with the new prompt
         (context_checkpoints.restore)."""
         return restore(self.ctx, slot_id, self.slots[slot_id].saved, self.n_swa, n_cached, n_common, n_prompt)
-
-    def before_decode(self, slot: Any, chunk: int) -> None:
-        """Save a checkpoint of the slot's sequence before this step's `chunk` of its prompt is evaluated,
-        where llama-server saves one (context_checkpoints.saves_before)."""
-        n_start, saved = len(slot.cached), self.slots[slot.id].saved
-        if saves_before(n_start, chunk, _prompt_positions(slot), slot.job.user_starts, saved, self.ctx.n_ubatch):
-            save(self.ctx, slot.id, n_start, saved, self.limit)
 
     def forget(self, slot_id: int) -> None:
         """The slot's sequence was emptied or replaced: its checkpoints no longer apply."""

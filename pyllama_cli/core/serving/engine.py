@@ -161,12 +161,13 @@ class Engine(ABC):
         checkpoints = getattr(self, "_checkpoints", None)
         if checkpoints is None or not checkpoints.active:
             return ()
-        from ..generate.context_checkpoints import find_user_starts, user_start_marker
+        from ..generate.context_checkpoints import find_user_starts, user_marker_tokens
 
         markers = self._user_markers
         if template not in markers:
-            text = user_start_marker(lambda m: self.render_chat(m, template=template, add_generation_prompt=False))
-            markers[template] = self.tokenize(text, add_special=False, parse_special=True) if text else []
+            markers[template] = user_marker_tokens(
+                lambda m: self.render_chat(m, template=template, add_generation_prompt=False),
+                lambda text: self.tokenize(text, add_special=False, parse_special=True))
         return find_user_starts(ids, markers[template])
 
     def is_eog(self, token: int) -> bool:
