@@ -62,10 +62,11 @@ def test_a_projector_of_another_width_is_one_error_line(models_dir: Path, pictur
 
 @pytest.mark.reference
 @needs_mtmd_cli
+@pytest.mark.parametrize("model", ["qwen3", "qwen3moe"])  # Qwen3-VL, and its MoE variant (below)
 @pytest.mark.parametrize("kind, prompt", [("png", QUESTION), ("jpeg", MIDDLE)], ids=["png-first", "jpeg-around"])
-def test_complete_matches_mtmd_cli(qwen3: tuple[Path, Path], pictures: dict[str, Path], kind: str,  # noqa: F811
-                                   prompt: str) -> None:
-    assert_complete_matches_mtmd_cli(qwen3, pictures[kind], prompt)
+def test_complete_matches_mtmd_cli(request: pytest.FixtureRequest, model: str, pictures: dict[str, Path],  # noqa: F811
+                                   kind: str, prompt: str) -> None:
+    assert_complete_matches_mtmd_cli(request.getfixturevalue(model), pictures[kind], prompt)
 
 
 @pytest.fixture(scope="module")
@@ -92,14 +93,6 @@ def test_serve_image_url_gives_completes_text(qwen3_server: Server, qwen3: tuple
 @pytest.fixture(scope="module")
 def qwen3moe(qwen3: tuple[Path, Path], models_dir: Path) -> tuple[Path, Path]:
     return write_llama_gguf(models_dir / "tiny-qwen3vlmoe.gguf", TINY_QWEN3VLMOE), qwen3[1]
-
-
-@pytest.mark.reference
-@needs_mtmd_cli
-@pytest.mark.parametrize("kind, prompt", [("png", QUESTION), ("jpeg", MIDDLE)], ids=["png-first", "jpeg-around"])
-def test_qwen3vlmoe_complete_matches_mtmd_cli(qwen3moe: tuple[Path, Path], pictures: dict[str, Path],  # noqa: F811
-                                              kind: str, prompt: str) -> None:
-    assert_complete_matches_mtmd_cli(qwen3moe, pictures[kind], prompt)
 
 
 def test_qwen3vlmoe_serve_gives_completes_text_and_reuses_the_image(
@@ -135,16 +128,11 @@ def qwen35moe(qwen35: tuple[Path, Path], models_dir: Path) -> tuple[Path, Path]:
 
 @pytest.mark.reference
 @needs_mtmd_cli
+@pytest.mark.parametrize("model", ["qwen35", "qwen35moe"])
 @pytest.mark.parametrize("kind, prompt", [("png", MIDDLE), ("jpeg", TELL)], ids=["png-around", "jpeg-first"])
-def test_qwen35_complete_matches_mtmd_cli(qwen35: tuple[Path, Path], pictures: dict[str, Path], kind: str,  # noqa: F811
-                                          prompt: str) -> None:
-    assert_complete_matches_mtmd_cli(qwen35, pictures[kind], prompt)
-
-
-@pytest.mark.reference
-@needs_mtmd_cli
-def test_qwen35moe_complete_matches_mtmd_cli(qwen35moe: tuple[Path, Path], pictures: dict[str, Path]) -> None:  # noqa: F811
-    assert_complete_matches_mtmd_cli(qwen35moe, pictures["jpeg"], TELL)
+def test_qwen35_complete_matches_mtmd_cli(request: pytest.FixtureRequest, model: str,
+                                          pictures: dict[str, Path], kind: str, prompt: str) -> None:  # noqa: F811
+    assert_complete_matches_mtmd_cli(request.getfixturevalue(model), pictures[kind], prompt)
 
 
 def test_qwen35moe_serve_answers_as_complete_and_reuses_the_checkpoint_after_the_image(
